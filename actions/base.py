@@ -1,0 +1,90 @@
+"""The Action protocol: observe (I/O) -> plan (pure) -> apply -> verify -> revert.
+
+One module per implementation; `actions.registry` maps the policy's `type:` to the class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from core.outcome import Outcome
+from core.query import QueryResult
+from core.signal import Signal
+from core.target import Target
+
+if TYPE_CHECKING:
+    import aiohttp
+    from kubernetes_asyncio.client import ApiClient
+
+
+class ActionParams(BaseModel):
+    """Base of every action's parameters: strict, so a typo in a policy is a load error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One concrete change an action decided on, computed without I/O.
+
+    `before` is what was observed, `after` what apply will make true; revert restores `before`.
+    A step with `noop=True` is journaled and skipped: the world is already as wanted.
+    """
+
+    action: str
+    target: str
+    summary: str
+    before: Mapping[str, Any] = field(default_factory=dict)
+    after: Mapping[str, Any] = field(default_factory=dict)
+    noop: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "target": self.target,
+            "summary": self.summary,
+            "before": dict(self.before),
+            "after": dict(self.after),
+            "noop": self.noop,
+        }
+
+
+QueryFn = Callable[[str], Awaitable[QueryResult]]
+EventFn = Callable[..., Awaitable[None]]
+
+
+@dataclass
+class ActionDeps:
+    """What the daemon lends to actions: shared clients, created once for the app's lifetime."""
+
+    http: "aiohttp.ClientSession | None" = None
+    kube: "ApiClient | None" = None
+    query: QueryFn | None = None  # instant PromQL query -> QueryResult
+    record_event: EventFn | None = None  # Kubernetes Event on the target (no-op outside a cluster)
+    triton_timeout_seconds: float = 30.0
+
+
+class Action(Protocol):
+    kind: ClassVar[str]
+    Params: ClassVar[type[ActionParams]]
+
+    def __init__(self, deps: ActionDeps) -> None: ...
+
+    async def observe(self, target: Target, params: Any) -> Mapping[str, Any]:
+        """Read the current state needed to plan. Raises ActionError on failure."""
+
+    def plan(
+        self, target: Target, params: Any, observed: Mapping[str, Any], signal: Signal
+    ) -> Step:
+        """Pure: decide the change from what was observed. No I/O."""
+
+    async def apply(self, step: Step, target: Target, params: Any) -> Outcome:
+        """Make `step.after` true."""
+
+    async def verify(self, step: Step, target: Target, params: Any) -> Outcome:
+        """Check that `step.after` holds now."""
+
+    async def revert(self, step: Step, target: Target, params: Any) -> Outcome:
+        """Restore `step.before` exactly."""

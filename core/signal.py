@@ -1,0 +1,64 @@
+"""Signal: one immutable observation that a policy may act on (an alert, a detection, a tick)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any, Mapping
+
+
+class SignalSource(str, Enum):
+    ALERT = "alert"
+    DETECTOR = "detector"
+    SCHEDULE = "schedule"
+
+
+class SignalStatus(str, Enum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What was seen, on what, and when.
+
+    `name` is the alert name, the detector kind (e.g. ``tail_anomaly``) or ``schedule``.
+    `dedup_key` identifies the occurrence: the same key seen twice is one event
+    (Alertmanager resends groups; a detector re-confirms the same episode).
+    """
+
+    source: SignalSource
+    name: str
+    labels: Mapping[str, str]
+    observed_at: datetime
+    dedup_key: str
+    status: SignalStatus = SignalStatus.FIRING
+    value: float | None = None
+    policy: str | None = None  # detector and schedule signals belong to the policy that declared them
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly dict for the journal and logs."""
+        return {
+            "source": self.source.value,
+            "name": self.name,
+            "labels": dict(self.labels),
+            "observed_at": self.observed_at.isoformat(),
+            "dedup_key": self.dedup_key,
+            "status": self.status.value,
+            "value": self.value,
+            "policy": self.policy,
+            "details": _jsonable(self.details),
+        }
+
+
+def stable_key(*parts: Any) -> str:
+    """A short, stable hash of JSON-able parts; used for dedup keys of non-alert signals."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

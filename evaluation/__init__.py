@@ -1,0 +1,1 @@
+"""Offline evaluation of detectors on labeled data (NAB). Not imported by the daemon."""
