@@ -53,6 +53,12 @@ class Step:
 
 QueryFn = Callable[[str], Awaitable[QueryResult]]
 EventFn = Callable[..., Awaitable[None]]
+EndpointsFn = Callable[[Target], Awaitable[list[str]]]
+
+
+async def static_endpoints(target: Target) -> list[str]:
+    """Triton base URLs listed in the policy (local mode, or outside a cluster)."""
+    return list(target.triton_endpoints)
 
 
 @dataclass
@@ -63,6 +69,8 @@ class ActionDeps:
     kube: "ApiClient | None" = None
     query: QueryFn | None = None  # instant PromQL query -> QueryResult
     record_event: EventFn | None = None  # Kubernetes Event on the target (no-op outside a cluster)
+    # Ready Triton replicas of a target: static URLs, or a Service's EndpointSlices in a cluster.
+    endpoints: EndpointsFn = static_endpoints
     triton_timeout_seconds: float = 30.0
 
 

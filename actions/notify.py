@@ -1,0 +1,60 @@
+"""`notify`: POST a JSON message about the signal to an HTTP endpoint (chat webhook, pager bridge)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import aiohttp
+from pydantic import Field
+
+from actions.base import ActionDeps, ActionParams, Step
+from core.outcome import Outcome
+from core.signal import Signal
+from core.target import Target
+
+KIND = "notify"
+
+
+class NotifyParams(ActionParams):
+    url: str = Field(pattern=r"^https?://")
+    message: str = "tailguard: {signal} on {target}"
+    timeout_seconds: float = Field(5.0, gt=0, alias="timeoutSeconds")
+
+
+class Notify:
+    kind = KIND
+    Params = NotifyParams
+
+    def __init__(self, deps: ActionDeps) -> None:
+        self._deps = deps
+
+    async def observe(self, target: Target, params: NotifyParams) -> Mapping[str, Any]:
+        return {}
+
+    def plan(self, target: Target, params: NotifyParams, observed: Mapping[str, Any],
+             signal: Signal) -> Step:
+        text = params.message.format(signal=signal.name, target=target.key, value=signal.value)
+        return Step(KIND, target.key, f"notify {params.url}",
+                    after={"url": params.url, "body": {"text": text, "signal": signal.summary()}})
+
+    async def apply(self, step: Step, target: Target, params: NotifyParams) -> Outcome:
+        session = self._deps.http
+        owned = session is None
+        session = session or aiohttp.ClientSession()
+        try:
+            async with session.post(step.after["url"], json=step.after["body"],
+                                    timeout=aiohttp.ClientTimeout(total=params.timeout_seconds)) as resp:
+                if resp.status >= 300:
+                    return Outcome.failure(f"notify endpoint answered {resp.status}",
+                                           retryable=resp.status >= 500)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return Outcome.failure(f"notify failed: {type(exc).__name__}: {exc}", retryable=True)
+        finally:
+            if owned:
+                await session.close()
+        return Outcome.success("notified")
+
+    async def verify(self, step: Step, target: Target, params: NotifyParams) -> Outcome:
+        return Outcome.noop("a sent message needs no verification")
+
+    async def revert(self, step: Step, target: Target, params: NotifyParams) -> Outcome:
+        return Outcome.noop("a sent message cannot be unsent")

@@ -1,0 +1,13 @@
+"""The explicit list of actions: policy `type:` -> class. An unknown type is a load error."""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+from actions.notify import Notify
+from actions.triton import TritonRollback
+
+ACTIONS: Mapping[str, type] = MappingProxyType({
+    TritonRollback.kind: TritonRollback,
+    Notify.kind: Notify,
+})

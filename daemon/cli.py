@@ -1,0 +1,110 @@
+"""The `tailguard` command: run the daemon, validate policies, export the schema, read the journal."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal as os_signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import structlog
+
+from daemon.config import ConfigError, load_settings
+from daemon.logs import configure_logging
+from daemon.registries import action_registry, detector_registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tailguard", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", type=Path, help="settings YAML (defaults apply when omitted)")
+    val = sub.add_parser("validate", help="check policies; exit 1 with readable errors")
+    val.add_argument("path", type=Path, help="a policy YAML file or a directory of them")
+    sub.add_parser("schema", help="print the policy JSON Schema")
+    jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines")
+    jr.add_argument("path", type=Path, help="journal SQLite file")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args.config)
+    if args.command == "validate":
+        return _validate(args.path)
+    if args.command == "schema":
+        from policies.json_schema import policy_json_schema
+
+        print(json.dumps(policy_json_schema(action_registry(), detector_registry()), indent=2))
+        return 0
+    if args.command == "journal":
+        return _journal(args.path)
+    return 2
+
+
+def _validate(path: Path) -> int:
+    from policies.loader import PolicyLoadError, load_policies
+
+    try:
+        policies = load_policies(path, action_registry(), detector_registry())
+    except PolicyLoadError as exc:
+        for err in exc.errors:
+            print(f"error: {err}", file=sys.stderr)
+        print(f"{len(exc.errors)} error(s)", file=sys.stderr)
+        return 1
+    for p in policies.policies:
+        triggers = ", ".join(
+            f"alert {t.alert.name}" if t.alert else f"detector {t.detector.type}" if t.detector
+            else f"every {t.schedule.every:g}s" for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
+        print(f"ok: {p.name}: target {p.target.key}; triggers: {triggers}; actions: "
+              f"{', '.join(a.kind for a in p.actions)}{' (dry run)' if p.spec.guards.dry_run else ''}")
+    return 0
+
+
+def _journal(path: Path) -> int:
+    from daemon.journal import Journal
+
+    if not path.exists():
+        print(f"error: no journal at {path}", file=sys.stderr)
+        return 1
+    journal = Journal(path)
+    try:
+        for d in journal.decisions():
+            print(json.dumps({"decision": d.id, "policy": d.policy, "target": d.target, "state": d.state,
+                              "reason": d.reason, "plan": d.plan,
+                              "steps": [{k: s[k] for k in ("action", "phase", "status", "message")}
+                                        for s in journal.steps(d.id)]}))
+    finally:
+        journal.close()
+    return 0
+
+
+def _run(config: Path | None) -> int:
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log.format, settings.log.level)
+    try:
+        asyncio.run(_serve(settings))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _serve(settings) -> None:  # type: ignore[no-untyped-def]
+    from daemon.service import Service
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (os_signal.SIGINT, os_signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    service = Service(settings, action_registry(), detector_registry())
+    async with service:
+        await stop.wait()
+        structlog.get_logger("tailguard").info("shutting down")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Daemon settings: one YAML file, strict, every field with a default and its unit in the name."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ListenSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class WebhookSettings(_Section):
+    token_file: Path | None = Field(None, alias="tokenFile")
+    """File holding the bearer token Alertmanager sends; env TAILGUARD_WEBHOOK_TOKEN also works."""
+    max_body_bytes: int = Field(1_048_576, ge=1024, alias="maxBodyBytes")
+    allow_unauthenticated: bool = Field(False, alias="allowUnauthenticated")
+    """Only for local experiments: accept webhooks without a token."""
+
+
+class PolicySettings(_Section):
+    path: Path = Path("policies.d")
+    reload_interval_seconds: float = Field(10.0, gt=0, alias="reloadIntervalSeconds")
+
+
+class JournalSettings(_Section):
+    path: Path = Path(".tailguard/journal.db")
+
+
+class PrometheusSettings(_Section):
+    url: str | None = None
+    timeout_seconds: float = Field(10.0, gt=0, alias="timeoutSeconds")
+    max_backoff_seconds: float = Field(120.0, gt=0, alias="maxBackoffSeconds")
+
+
+class KubernetesSettings(_Section):
+    mode: Literal["off", "in-cluster", "kubeconfig"] = "off"
+    kubeconfig: Path | None = None
+    context: str | None = None
+
+
+class LeaderElectionSettings(_Section):
+    enabled: bool = False
+    lease_name: str = Field("tailguard", alias="leaseName")
+    lease_namespace: str = Field("default", alias="leaseNamespace")
+    lease_duration_seconds: float = Field(15.0, gt=0, alias="leaseDurationSeconds")
+    renew_deadline_seconds: float = Field(10.0, gt=0, alias="renewDeadlineSeconds")
+    retry_period_seconds: float = Field(2.0, gt=0, alias="retryPeriodSeconds")
+
+
+class LogSettings(_Section):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ExecutorSettings(_Section):
+    workers: int = Field(4, ge=1, le=64)
+    """Signals processed at once; one target is never acted on by two at a time."""
+    triton_timeout_seconds: float = Field(30.0, gt=0, alias="tritonTimeoutSeconds")
+
+
+class Settings(_Section):
+    listen: ListenSettings = Field(default_factory=ListenSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    policies: PolicySettings = Field(default_factory=PolicySettings)
+    journal: JournalSettings = Field(default_factory=JournalSettings)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, alias="leaderElection")
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    freeze: bool = False
+    """Global freeze switch: signals are journaled and planned, nothing is applied."""
+    log: LogSettings = Field(default_factory=LogSettings)
+
+
+class ConfigError(Exception):
+    pass
+
+
+def load_settings(path: Path | None) -> Settings:
+    """Read settings from YAML (relative paths resolve against the file's folder)."""
+    if path is None:
+        return Settings()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a mapping")
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from exc
+    base = path.parent
+    settings.policies.path = _resolve(base, settings.policies.path)
+    settings.journal.path = _resolve(base, settings.journal.path)
+    if settings.webhook.token_file is not None:
+        settings.webhook.token_file = _resolve(base, settings.webhook.token_file)
+    return settings
+
+
+def _resolve(base: Path, p: Path) -> Path:
+    return p if p.is_absolute() else (base / p)
+
+
+def webhook_token(settings: WebhookSettings) -> str | None:
+    """The bearer token: env TAILGUARD_WEBHOOK_TOKEN first, else the token file."""
+    env = os.environ.get("TAILGUARD_WEBHOOK_TOKEN")
+    if env:
+        return env.strip()
+    if settings.token_file is not None:
+        try:
+            return settings.token_file.read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            raise ConfigError(f"cannot read webhook token file {settings.token_file}: {exc}") from exc
+    return None

@@ -1,0 +1,235 @@
+"""The executor: journaled signal -> matching policies -> guards -> observe -> plan -> apply/verify.
+
+One lock per target: events for one target run in order, different targets in parallel.
+Everything except cancellation becomes an Outcome in the journal.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+import structlog
+
+from actions.base import ActionDeps, Step
+from core.outcome import ActionError, Outcome, OutcomeStatus
+from core.signal import Signal
+from daemon.journal import AsyncJournal
+from daemon.metrics import Metrics
+from policies.guards import GuardState, check_guards
+from policies.loader import LoadedPolicy, PolicySet
+from policies.matching import matching_policies
+from policies.planning import Plan, blocked_plan, build_plan
+
+log = structlog.get_logger("tailguard.executor")
+
+MAX_APPLY_ATTEMPTS = 3
+
+
+@dataclass
+class ExecutorState:
+    """What the executor reads at decision time; swapped by reload, leader election and the CLI."""
+
+    policies: PolicySet
+    frozen: bool = False
+
+
+class Executor:
+    def __init__(
+        self,
+        journal: AsyncJournal,
+        state: ExecutorState,
+        registry: Mapping[str, type],
+        deps: ActionDeps,
+        metrics: Metrics,
+        may_act: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._journal = journal
+        self.state = state
+        self._registry = registry
+        self._deps = deps
+        self._metrics = metrics
+        self._may_act = may_act
+        self._clock = clock
+        self._sleep = sleep
+        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._actions: dict[str, Any] = {}
+
+    def _action(self, kind: str) -> Any:
+        if kind not in self._actions:
+            self._actions[kind] = self._registry[kind](self._deps)
+        return self._actions[kind]
+
+    async def process(self, signal_id: int, signal: Signal) -> list[Plan]:
+        """Decide and act for one journaled signal, then mark it processed."""
+        plans = []
+        policies = matching_policies(self.state.policies.policies, signal)
+        with structlog.contextvars.bound_contextvars(signal=signal.dedup_key, signal_name=signal.name):
+            if not policies:
+                log.info("signal matched no policy", labels=dict(signal.labels))
+            for policy in policies:
+                self._metrics.matched.labels(policy.name).inc()
+                async with self._locks[policy.target.key]:
+                    with structlog.contextvars.bound_contextvars(policy=policy.name,
+                                                                 target=policy.target.key):
+                        plans.append(await self._run_policy(signal_id, signal, policy))
+            await self._journal.mark_processed(signal_id)
+        return plans
+
+    async def _run_policy(self, signal_id: int, signal: Signal, policy: LoadedPolicy) -> Plan:
+        existing = await self._journal.decision_for(signal_id, policy.name)
+        if existing is not None and existing.state != "executing":
+            log.info("already decided", state=existing.state)
+            return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
+                        blocked=f"already decided: {existing.state}")
+        resuming = existing is not None  # crashed mid-execution: finish it, guards already passed
+        if not resuming:
+            last, count = await self._journal.guard_history(
+                policy.name, policy.target.key, policy.spec.guards.max_actions_window, self._clock())
+            frozen = self.state.frozen
+            decision = check_guards(policy.spec.guards, GuardState(last, count, frozen), self._clock())
+            if not decision.allowed:
+                plan = blocked_plan(policy, signal, decision)
+                await self._decide(signal_id, policy, plan, "blocked", decision.reason, executed=False)
+                return plan
+        try:
+            steps = await self._plan_steps(policy, signal)
+        except ActionError as exc:
+            plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
+                        blocked=f"planning failed: {exc}")
+            await self._decide(signal_id, policy, plan, "failed", plan.blocked or "", executed=False)
+            for bound in policy.actions:
+                self._metrics.actions.labels(bound.kind, "failed").inc()
+            await self._event(policy, "RemediationFailed", plan.blocked or "", warning=True)
+            return plan
+        plan = build_plan(policy, signal, steps)
+        if plan.blocked:
+            await self._decide(signal_id, policy, plan, "noop", plan.blocked, executed=False)
+            return plan
+        if plan.dry_run:
+            await self._decide(signal_id, policy, plan, "dry_run", "dryRun: planned, not applied",
+                               executed=False)
+            return plan
+        # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
+        decision_id = await self._decide(signal_id, policy, plan, "executing", "applying",
+                                         executed=True)
+        state, reason = await self._execute(decision_id, policy, plan)
+        await self._journal.finish_decision(decision_id, state, reason)
+        self._metrics.decisions.labels(policy.name, state).inc()
+        log.info("plan finished", state=state, reason=reason)
+        return plan
+
+    async def _plan_steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
+        steps = []
+        for bound in policy.actions:
+            action = self._action(bound.kind)
+            observed = await _guarded(action.observe(policy.target, bound.params), bound.kind, "observe")
+            try:
+                steps.append(action.plan(policy.target, bound.params, observed, signal))
+            except ActionError:
+                raise
+            except Exception as exc:  # a planning bug is this decision's failure, not the worker's
+                log.exception("plan raised", action=bound.kind)
+                raise ActionError(f"{bound.kind}.plan raised {type(exc).__name__}: {exc}") from exc
+        return steps
+
+    async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: str, reason: str,
+                      executed: bool) -> int:
+        decision_id = await self._journal.record_decision(
+            signal_id, policy.name, policy.target.key, state, reason, plan.as_dict(), executed)
+        if state != "executing":
+            self._metrics.decisions.labels(policy.name, state).inc()
+        log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
+                 dry_run=plan.dry_run)
+        return decision_id
+
+    async def _execute(self, decision_id: int, policy: LoadedPolicy, plan: Plan) -> tuple[str, str]:
+        applied: list[tuple[int, Step]] = []
+        for idx, (bound, step) in enumerate(zip(policy.actions, plan.steps)):
+            if step.noop:
+                await self._journal.record_step(decision_id, idx, bound.kind, "apply", "noop",
+                                                step.summary, step.as_dict(), 0.0)
+                continue
+            if not self._may_act():
+                # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
+                return "failed", f"stopped before step {idx}: this replica may no longer act"
+            outcome = await self._apply_and_verify(decision_id, idx, bound.kind, step, policy, bound.params)
+            await self._event(policy, "Remediated" if outcome.ok else "RemediationFailed",
+                              f"{bound.kind}: {step.summary}: {outcome.message}", warning=not outcome.ok)
+            if not outcome.ok:
+                if policy.spec.guards.on_failure == "revert" and applied:
+                    await self._revert(decision_id, policy, applied)
+                    return "reverted", f"step {idx} ({bound.kind}) failed: {outcome.message}; reverted"
+                return "failed", f"step {idx} ({bound.kind}) failed: {outcome.message}"
+            applied.append((idx, step))
+        return "succeeded", f"{len(applied)} step(s) applied and verified"
+
+    async def _apply_and_verify(self, decision_id: int, idx: int, kind: str, step: Step,
+                                policy: LoadedPolicy, params: Any) -> Outcome:
+        action = self._action(kind)
+        started = time.monotonic()
+        outcome = Outcome.failure("not attempted")
+        for attempt in range(1, MAX_APPLY_ATTEMPTS + 1):
+            outcome = await _outcome(action.apply(step, policy.target, params), kind, "apply")
+            await self._journal.record_step(decision_id, idx, kind, "apply", outcome.status.value,
+                                            outcome.message, {"step": step.as_dict(), "attempt": attempt,
+                                                              **dict(outcome.data)},
+                                            time.monotonic() - started)
+            if outcome.ok or not outcome.retryable:
+                break
+            await self._sleep(2 ** (attempt - 1))
+        if outcome.ok:
+            outcome = await _outcome(action.verify(step, policy.target, params), kind, "verify")
+            await self._journal.record_step(decision_id, idx, kind, "verify", outcome.status.value,
+                                            outcome.message, dict(outcome.data), time.monotonic() - started)
+        result = "succeeded" if outcome.ok else "failed"
+        self._metrics.actions.labels(kind, result).inc()
+        self._metrics.action_duration.labels(kind).observe(time.monotonic() - started)
+        log.info("step", action=kind, idx=idx, result=result, message=outcome.message,
+                 summary=step.summary)
+        if outcome.ok and kind == "triton.rollback":
+            await self._journal.record_pin(policy.target.key, policy.target.model,
+                                           int(step.after["version"]), {})
+        return outcome
+
+    async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]]) -> None:
+        for idx, step in reversed(applied):
+            bound = policy.actions[idx]
+            outcome = await _outcome(self._action(bound.kind).revert(step, policy.target, bound.params),
+                                     bound.kind, "revert")
+            await self._journal.record_step(decision_id, idx, bound.kind, "revert", outcome.status.value,
+                                            outcome.message, dict(outcome.data), None)
+            self._metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
+
+    async def _event(self, policy: LoadedPolicy, reason: str, message: str, warning: bool) -> None:
+        if self._deps.record_event is None:
+            return
+        try:
+            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
+        except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
+            self._metrics.faults.labels("events").inc()
+            log.warning("could not record Kubernetes event", error=str(exc))
+
+
+async def _guarded(coro: Awaitable[Any], kind: str, phase: str) -> Any:
+    """Await an action call; turn unexpected exceptions into ActionError naming where it failed."""
+    try:
+        return await coro
+    except ActionError:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a plugin bug or a client error must not kill the worker
+        log.exception("action raised", action=kind, phase=phase)
+        raise ActionError(f"{kind}.{phase} raised {type(exc).__name__}: {exc}", retryable=True) from exc
+
+
+async def _outcome(coro: Awaitable[Outcome], kind: str, phase: str) -> Outcome:
+    try:
+        return await _guarded(coro, kind, phase)
+    except ActionError as exc:
+        return Outcome(OutcomeStatus.FAILED, str(exc), retryable=exc.retryable)

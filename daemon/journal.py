@@ -1,0 +1,283 @@
+"""The journal (SQLite, WAL): every signal, decision, step and outcome, written before it is
+acknowledged. It is the source of truth for dedup, cooldowns and pins after a restart."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from core.signal import Signal
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS signals (
+    id INTEGER PRIMARY KEY,
+    dedup_key TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL,
+    name TEXT NOT NULL,
+    policy TEXT,
+    received_at REAL NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',   -- pending | processed
+    processed_at REAL
+);
+CREATE INDEX IF NOT EXISTS signals_state ON signals(state);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY,
+    signal_id INTEGER NOT NULL REFERENCES signals(id),
+    policy TEXT NOT NULL,
+    target TEXT NOT NULL,
+    at REAL NOT NULL,
+    state TEXT NOT NULL,       -- blocked | dry_run | noop | executing | succeeded | failed | reverted
+    reason TEXT NOT NULL DEFAULT '',
+    plan TEXT NOT NULL DEFAULT '{}',
+    executed INTEGER NOT NULL DEFAULT 0,  -- counts for cooldown and rate limit
+    UNIQUE(signal_id, policy)
+);
+CREATE INDEX IF NOT EXISTS decisions_guard ON decisions(policy, target, executed, at);
+CREATE TABLE IF NOT EXISTS steps (
+    id INTEGER PRIMARY KEY,
+    decision_id INTEGER NOT NULL REFERENCES decisions(id),
+    idx INTEGER NOT NULL,
+    action TEXT NOT NULL,
+    phase TEXT NOT NULL,       -- apply | verify | revert
+    status TEXT NOT NULL,
+    message TEXT NOT NULL DEFAULT '',
+    data TEXT NOT NULL DEFAULT '{}',
+    at REAL NOT NULL,
+    duration_seconds REAL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    policy TEXT NOT NULL,
+    trigger_index INTEGER NOT NULL,
+    series TEXT NOT NULL,
+    at REAL NOT NULL,
+    fired INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (policy, trigger_index, series)
+);
+CREATE TABLE IF NOT EXISTS pins (
+    target TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    config TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class StoredSignal:
+    id: int
+    dedup_key: str
+    payload: dict[str, Any]
+    state: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: int
+    signal_id: int
+    policy: str
+    target: str
+    at: float
+    state: str
+    reason: str
+    plan: dict[str, Any]
+    executed: bool
+
+
+class JournalError(Exception):
+    """The journal could not be written; callers must not acknowledge what they could not record."""
+
+
+class Journal:
+    """Thread-safe SQLite journal; the async methods run the blocking calls in a worker thread."""
+
+    def __init__(self, path: Path | str, busy_timeout_seconds: float = 5.0) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None,
+                                   timeout=busy_timeout_seconds)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a webhook answered 2xx must survive a power cut, not only a process crash.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, fn: Any, *args: Any) -> Any:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                result = fn(*args)
+                self._db.execute("COMMIT")
+                return result
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise JournalError(f"journal write failed: {exc}") from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise JournalError(f"journal read failed: {exc}") from exc
+
+    # ---- signals ----------------------------------------------------------------------------
+
+    def record_signals(self, signals: Iterable[Signal]) -> tuple[list[tuple[int, Signal]], int]:
+        """Insert signals in one transaction. Returns ((id, signal) of new ones, number of duplicates)."""
+        sigs = list(signals)
+
+        def run() -> tuple[list[tuple[int, Signal]], int]:
+            new: list[tuple[int, Signal]] = []
+            dup = 0
+            now = time.time()
+            for s in sigs:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO signals(dedup_key, source, name, policy, received_at, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (s.dedup_key, s.source.value, s.name, s.policy, now, json.dumps(s.summary())),
+                )
+                if cur.rowcount == 1:
+                    new.append((int(cur.lastrowid or 0), s))
+                else:
+                    dup += 1
+            return new, dup
+
+        return self._tx(run)
+
+    def pending_signals(self) -> list[StoredSignal]:
+        rows = self._read("SELECT id, dedup_key, payload, state FROM signals WHERE state='pending' ORDER BY id")
+        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"]) for r in rows]
+
+    def mark_processed(self, signal_id: int) -> None:
+        self._tx(lambda: self._db.execute(
+            "UPDATE signals SET state='processed', processed_at=? WHERE id=?", (time.time(), signal_id)))
+
+    def signal_count(self) -> int:
+        return int(self._read("SELECT COUNT(*) AS n FROM signals")[0]["n"])
+
+    def signals(self) -> list[dict[str, Any]]:
+        rows = self._read("SELECT * FROM signals ORDER BY id")
+        return [dict(r) | {"payload": json.loads(r["payload"])} for r in rows]
+
+    # ---- decisions and steps ----------------------------------------------------------------
+
+    def decision_for(self, signal_id: int, policy: str) -> Decision | None:
+        rows = self._read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
+        return _decision(rows[0]) if rows else None
+
+    def record_decision(self, signal_id: int, policy: str, target: str, state: str, reason: str,
+                        plan: dict[str, Any], executed: bool) -> int:
+        def run() -> int:
+            cur = self._db.execute(
+                "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(signal_id, policy) DO UPDATE SET state=excluded.state,"
+                " reason=excluded.reason, plan=excluded.plan, executed=MAX(executed, excluded.executed)",
+                (signal_id, policy, target, time.time(), state, reason, json.dumps(plan), int(executed)),
+            )
+            row = self._db.execute("SELECT id FROM decisions WHERE signal_id=? AND policy=?",
+                                   (signal_id, policy)).fetchone()
+            return int(row["id"] if row else cur.lastrowid or 0)
+
+        return self._tx(run)
+
+    def finish_decision(self, decision_id: int, state: str, reason: str) -> None:
+        self._tx(lambda: self._db.execute(
+            "UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id)))
+
+    def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
+                    message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
+        self._tx(lambda: self._db.execute(
+            "INSERT INTO steps(decision_id, idx, action, phase, status, message, data, at, duration_seconds)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (decision_id, idx, action, phase, status, message, json.dumps(data, default=str),
+             time.time(), duration_seconds)))
+
+    def decisions(self, policy: str | None = None) -> list[Decision]:
+        if policy is None:
+            rows = self._read("SELECT * FROM decisions ORDER BY id")
+        else:
+            rows = self._read("SELECT * FROM decisions WHERE policy=? ORDER BY id", (policy,))
+        return [_decision(r) for r in rows]
+
+    def steps(self, decision_id: int) -> list[dict[str, Any]]:
+        rows = self._read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
+        return [dict(r) | {"data": json.loads(r["data"])} for r in rows]
+
+    def guard_history(self, policy: str, target: str, window_seconds: float,
+                      now: float | None = None) -> tuple[float | None, int]:
+        """(time of the last executed plan, executed plans within the window)."""
+        now = time.time() if now is None else now
+        rows = self._read(
+            "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM decisions"
+            " WHERE policy=? AND target=? AND executed=1",
+            (now - window_seconds, policy, target),
+        )
+        return rows[0]["last"], int(rows[0]["n"] or 0)
+
+    # ---- detector evaluations and pins -------------------------------------------------------
+
+    def record_evaluation(self, policy: str, trigger_index: int, series: str, fired: bool,
+                          reason: str) -> None:
+        """The latest verdict per series (no signal is also an answer, with its reason)."""
+        self._tx(lambda: self._db.execute(
+            "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
+            " fired=excluded.fired, reason=excluded.reason",
+            (policy, trigger_index, series, time.time(), int(fired), reason)))
+
+    def evaluations(self, policy: str | None = None) -> list[dict[str, Any]]:
+        if policy is None:
+            return [dict(r) for r in self._read("SELECT * FROM evaluations ORDER BY policy, series")]
+        return [dict(r) for r in self._read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
+                                            (policy,))]
+
+    def record_pin(self, target: str, model: str, version: int, config: dict[str, Any]) -> None:
+        self._tx(lambda: self._db.execute(
+            "INSERT INTO pins(target, model, version, config, at) VALUES (?,?,?,?,?)"
+            " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
+            " config=excluded.config, at=excluded.at",
+            (target, model, version, json.dumps(config), time.time())))
+
+    def clear_pin(self, target: str) -> None:
+        self._tx(lambda: self._db.execute("DELETE FROM pins WHERE target=?", (target,)))
+
+    def pins(self) -> list[dict[str, Any]]:
+        return [dict(r) | {"config": json.loads(r["config"])} for r in self._read("SELECT * FROM pins")]
+
+
+class AsyncJournal:
+    """The journal for the event loop: each call runs in a thread so SQLite's fsync never blocks it."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.sync = journal
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.sync, name)
+        if not callable(fn):
+            return fn
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+
+        return call
+
+
+def _decision(r: sqlite3.Row) -> Decision:
+    return Decision(r["id"], r["signal_id"], r["policy"], r["target"], r["at"], r["state"], r["reason"],
+                    json.loads(r["plan"]), bool(r["executed"]))

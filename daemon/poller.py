@@ -1,0 +1,220 @@
+"""The poller: runs the PromQL that policies' detector triggers declare, feeds detectors, emits
+signals. One range query serves every policy that shares it; failures back off and go stale."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Mapping
+
+import structlog
+
+from core.detection import Detection
+from core.promql import render_query
+from core.query import Series
+from core.signal import Signal, SignalSource, stable_key
+from daemon.journal import AsyncJournal
+from daemon.metrics import Metrics
+from daemon.prometheus import PrometheusClient, RangeResult
+from policies.loader import BoundDetector, LoadedPolicy, PolicySet
+
+log = structlog.get_logger("tailguard.poller")
+
+Emit = Callable[[Signal], Awaitable[None]]
+Offload = Callable[..., Awaitable[Any]]
+
+
+@dataclass
+class Watch:
+    """One detector trigger of one policy, with its live detector instance."""
+
+    policy: LoadedPolicy
+    bound: BoundDetector
+    detector: Any
+    fingerprint: str
+    scoped: bool  # the query names the target itself ($model), so unlabeled series are its own
+
+
+@dataclass
+class QueryGroup:
+    """Watches that share one query, interval and lookback: one range query per cycle."""
+
+    query: str
+    interval: float
+    lookback: float
+    watches: list[Watch] = field(default_factory=list)
+    next_due: float = 0.0
+    failures: int = 0
+    stale: bool = False
+    last_error: str | None = None
+
+
+def _fingerprint(policy: LoadedPolicy, bound: BoundDetector) -> str:
+    return stable_key(policy.name, bound.index, bound.trigger.model_dump(mode="json"),
+                      policy.target.model, policy.target.namespace)
+
+
+def series_key(labels: Mapping[str, str]) -> str:
+    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
+
+
+class Poller:
+    def __init__(
+        self,
+        prometheus: PrometheusClient,
+        journal: AsyncJournal,
+        metrics: Metrics,
+        detectors: Mapping[str, type],
+        emit: Emit,
+        offload: Offload,
+        max_backoff_seconds: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._prom = prometheus
+        self._journal = journal
+        self._metrics = metrics
+        self._registry = detectors
+        self._emit = emit
+        self._offload = offload
+        self._max_backoff = max_backoff_seconds
+        self._clock = clock
+        self.groups: dict[tuple[str, float, float], QueryGroup] = {}
+
+    def sync(self, policies: PolicySet) -> None:
+        """Follow a policy reload; detectors whose trigger did not change keep their state."""
+        old = {w.fingerprint: w for g in self.groups.values() for w in g.watches}
+        old_groups = self.groups
+        groups: dict[tuple[str, float, float], QueryGroup] = {}
+        for policy in policies.enabled:
+            for bound in policy.detectors:
+                fp = _fingerprint(policy, bound)
+                values = {"model": policy.target.model, "namespace": policy.target.namespace}
+                query = render_query(bound.trigger.query, values)
+                watch = old.get(fp) or Watch(policy, bound, self._registry[bound.trigger.type](bound.params),
+                                             fp, scoped=query != bound.trigger.query)
+                watch.policy = policy
+                lookback = float(watch.detector.lookback_seconds)
+                key = (query, bound.trigger.interval, lookback)
+                group = groups.get(key)
+                if group is None:
+                    prev = old_groups.get(key)
+                    group = QueryGroup(query, bound.trigger.interval, lookback,
+                                       next_due=prev.next_due if prev else 0.0)
+                    groups[key] = group
+                group.watches.append(watch)
+        self.groups = groups
+        self._metrics.stale_queries.set(sum(g.stale for g in groups.values()))
+
+    def stale_queries(self) -> list[dict[str, Any]]:
+        return [{"query": g.query, "error": g.last_error, "failures": g.failures}
+                for g in self.groups.values() if g.stale]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until `stop` is set; each due group runs as its own task so one slow query waits alone."""
+        running: dict[tuple[str, float, float], asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
+                now = self._clock()
+                for key, group in list(self.groups.items()):
+                    if group.next_due <= now and key not in running:
+                        running[key] = asyncio.create_task(self.poll_group(group, now))
+                for key in [k for k, t in running.items() if t.done()]:
+                    task = running.pop(key)
+                    if task.exception() is not None:
+                        self._metrics.faults.labels("poller").inc()
+                        log.error("poll cycle failed", error=repr(task.exception()))
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
+
+    async def poll_group(self, group: QueryGroup, now: float) -> None:
+        """One cycle of one query: fetch, detect per series, journal verdicts, emit signals."""
+        group.next_due = now + group.interval
+        result = await self._prom.query_range(group.query, now - group.lookback, now, group.interval)
+        if result.error is not None:
+            self._mark_failed(group, result, now)
+            return
+        if group.stale:
+            log.info("query recovered", query=group.query)
+        group.failures, group.stale, group.last_error = 0, False, None
+        self._metrics.prometheus_up.set(1)
+        self._metrics.stale_queries.set(sum(g.stale for g in self.groups.values()))
+        for watch in group.watches:
+            await self._evaluate(watch, result, now)
+
+    def _mark_failed(self, group: QueryGroup, result: RangeResult, now: float) -> None:
+        group.failures += 1
+        group.stale = True
+        group.last_error = result.error
+        backoff = min(self._max_backoff, group.interval * 2 ** min(group.failures, 10))
+        group.next_due = now + backoff
+        self._metrics.prometheus_up.set(0)
+        self._metrics.stale_queries.set(sum(g.stale for g in self.groups.values()))
+        log.warning("query failed; series stale, not acting on them", query=group.query,
+                    error=result.error, retry_in_seconds=backoff)
+
+    async def _evaluate(self, watch: Watch, result: RangeResult, now: float) -> None:
+        policy, trigger = watch.policy, watch.bound.trigger
+        mine = [s for s in result.series if self._belongs(watch, s)]
+        if not mine:
+            await self._journal.record_evaluation(policy.name, watch.bound.index, "*", False,
+                                                  f"no data for model {policy.target.model!r}: {group_q(trigger)}")
+            return
+        try:
+            await watch.detector.prepare(mine, now, self._offload)
+        except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
+            self._metrics.faults.labels("detector_prepare").inc()
+            log.error("detector prepare failed", policy=policy.name, error=repr(exc))
+        for series in mine:
+            key = series_key(series.labels)
+            try:
+                detection = watch.detector.detect(series, now)
+            except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
+                self._metrics.faults.labels("detector").inc()
+                log.exception("detector raised", policy=policy.name, series=key)
+                detection = Detection(trigger.type, False, f"detector raised {type(exc).__name__}: {exc}")
+            self._metrics.detections.labels(policy.name, trigger.type, str(detection.fired).lower()).inc()
+            await self._journal.record_evaluation(policy.name, watch.bound.index, key, detection.fired,
+                                                  detection.reason)
+            log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
+                      value=detection.value, baseline=detection.baseline, reason=detection.reason)
+            if detection.fired:
+                await self._emit(detection_signal(watch, series, detection, now))
+
+    def _belongs(self, watch: Watch, series: Series) -> bool:
+        label = watch.bound.trigger.model_label
+        if label in series.labels:
+            return series.labels[label] == watch.policy.target.model
+        return watch.scoped
+
+
+def group_q(trigger: Any) -> str:
+    return trigger.query if len(trigger.query) < 200 else trigger.query[:197] + "..."
+
+
+def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> Signal:
+    """A detector verdict as a Signal; the episode start makes re-detections of one episode dedup."""
+    from datetime import datetime, timezone
+
+    episode = d.episode_start if d.episode_start is not None else now
+    labels = dict(series.labels)
+    labels.setdefault("model", watch.policy.target.model)
+    return Signal(
+        source=SignalSource.DETECTOR,
+        name=d.detector,
+        labels=labels,
+        observed_at=datetime.fromtimestamp(now, timezone.utc),
+        dedup_key=f"detector:{watch.policy.name}:{watch.bound.index}:"
+                  f"{stable_key(series_key(series.labels), round(episode, 3))}",
+        value=d.value,
+        policy=watch.policy.name,
+        details={"reason": d.reason, "baseline": d.baseline, "score": d.score, "threshold": d.threshold,
+                 "episode_start": d.episode_start, "query": watch.bound.trigger.query,
+                 "evidence": [list(p) for p in d.evidence][-20:], **dict(d.details)},
+    )

@@ -1,0 +1,73 @@
+"""Prometheus queries through prometheus-api-client, kept off the event loop (it is blocking)."""
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import datetime, timezone
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from core.query import QueryResult, Sample, Series
+
+
+class RangeResult:
+    """A range query's answer: series, or an error. Empty series means no data."""
+
+    def __init__(self, query: str, series: list[Series] | None = None, error: str | None = None) -> None:
+        self.query = query
+        self.series = series or []
+        self.error = error
+
+    @property
+    def no_data(self) -> bool:
+        return self.error is None and not self.series
+
+
+class PrometheusClient:
+    """One client (one HTTP session) per Prometheus for the daemon's lifetime."""
+
+    def __init__(self, url: str, timeout_seconds: float = 10.0) -> None:
+        # Retries are the poller's business (with backoff and staleness), not the HTTP adapter's.
+        self._api = PrometheusConnect(url=url, retry=Retry(total=0), timeout=timeout_seconds,
+                                      method="POST")
+        self.url = url
+
+    def close(self) -> None:
+        self._api.close()
+
+    async def query(self, promql: str) -> QueryResult:
+        """Instant query -> QueryResult (samples / no data / error); never raises for remote errors."""
+        try:
+            data = await asyncio.to_thread(self._api.custom_query, promql)
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
+            return QueryResult(promql, error=f"{type(exc).__name__}: {exc}")
+        samples = []
+        for item in data:
+            if "value" not in item:
+                continue
+            value = float(item["value"][1])
+            if math.isnan(value):
+                continue  # NaN (e.g. 0/0 rates) is no data, never a healthy zero
+            samples.append(Sample(dict(item.get("metric", {})), value))
+        return QueryResult(promql, tuple(samples))
+
+    async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult:
+        """Range query -> series with float arrays; NaN points are kept for detectors to judge."""
+        try:
+            data = await asyncio.to_thread(
+                self._api.custom_query_range, promql,
+                datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc),
+                f"{max(step_seconds, 0.001):g}s",
+            )
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
+            return RangeResult(promql, error=f"{type(exc).__name__}: {exc}")
+        series = []
+        for item in data:
+            points = item.get("values", [])
+            series.append(Series(dict(item.get("metric", {})),
+                                 tuple(float(t) for t, _ in points),
+                                 tuple(float(v) for _, v in points)))
+        return RangeResult(promql, series)

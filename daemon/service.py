@@ -1,0 +1,223 @@
+"""The service: wires settings, journal, policies, executor, poller, scheduler and the HTTP app,
+and runs them as named tasks that start together and stop in order."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import time
+from typing import Any, Callable, Mapping
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from actions.base import ActionDeps
+from core.signal import Signal
+from daemon.app import build_app
+from daemon.config import ConfigError, Settings, webhook_token
+from daemon.executor import Executor, ExecutorState
+from daemon.intake import signal_from_summary
+from daemon.journal import AsyncJournal, Journal, JournalError
+from daemon.metrics import Metrics
+from daemon.poller import Poller
+from daemon.prometheus import PrometheusClient
+from daemon.scheduler import run_schedules
+from policies.loader import PolicyLoadError, PolicySet, load_policies
+
+log = structlog.get_logger("tailguard.service")
+
+
+class Service:
+    def __init__(
+        self,
+        settings: Settings,
+        actions: Mapping[str, type],
+        detectors: Mapping[str, type],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.actions = actions
+        self.detectors = detectors
+        self.clock = clock
+        self.metrics = Metrics()
+        self.journal = AsyncJournal(Journal(settings.journal.path))
+        self.webhook_token = webhook_token(settings.webhook)
+        if self.webhook_token is None and not settings.webhook.allow_unauthenticated:
+            raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
+                              "(or webhook.allowUnauthenticated: true for local experiments)")
+        self.deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
+        self.state = ExecutorState(PolicySet(), frozen=settings.freeze)
+        self.metrics.frozen.set(int(settings.freeze))
+        self.executor = Executor(self.journal, self.state, actions, self.deps, self.metrics,
+                                 may_act=self.may_act, clock=clock)
+        self.is_leader = not settings.leader_election.enabled
+        self.metrics.is_leader.set(int(self.is_leader))
+        self.policies_loaded = False
+        self.last_reload_error: str | None = None
+        self._queue: asyncio.Queue[tuple[int, Signal]] = asyncio.Queue()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._runner: web.AppRunner | None = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.prometheus: PrometheusClient | None = None
+        self.poller: Poller | None = None
+        self.port: int | None = None
+
+    # ---- state queries ----------------------------------------------------------------------
+
+    def may_act(self) -> bool:
+        return self.is_leader
+
+    def set_leader(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            log.info("leadership changed", leader=leader)
+        self.is_leader = leader
+        self.metrics.is_leader.set(int(leader))
+
+    def readiness(self) -> dict[str, Any]:
+        stale = self.poller.stale_queries() if self.poller else []
+        ready = self.policies_loaded and self.is_leader
+        return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
+                "policies": len(self.state.policies.policies), "frozen": self.state.frozen,
+                "stale_queries": stale, "last_reload_error": self.last_reload_error}
+
+    # ---- signals ----------------------------------------------------------------------------
+
+    def enqueue(self, signal_id: int, signal: Signal) -> None:
+        self._queue.put_nowait((signal_id, signal))
+
+    async def emit(self, signal: Signal) -> None:
+        """Journal a detector or schedule signal, then queue it (duplicates are dropped)."""
+        if not self.may_act():
+            return
+        try:
+            new, _ = await self.journal.record_signals([signal])
+        except JournalError as exc:
+            self.metrics.faults.labels("journal").inc()
+            log.error("could not journal signal", error=str(exc), signal=signal.dedup_key)
+            return
+        for signal_id, s in new:
+            self.metrics.signals.labels(s.source.value, s.name).inc()
+            self.enqueue(signal_id, s)
+
+    # ---- policies ---------------------------------------------------------------------------
+
+    def load_policies(self) -> PolicySet:
+        """Load and swap in the policy set. Raises PolicyLoadError and keeps the old set."""
+        new = load_policies(self.settings.policies.path, self.actions, self.detectors)
+        self._swap(new)
+        return new
+
+    def _swap(self, new: PolicySet) -> None:
+        self.state.policies = new
+        self.policies_loaded = True
+        self.last_reload_error = None
+        self.metrics.policies_loaded.set(len(new.policies))
+        if self.poller is not None:
+            self.poller.sync(new)
+        log.info("policies loaded", count=len(new.policies), digest=new.digest,
+                 names=[p.name for p in new.policies])
+
+    async def _reload_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.settings.policies.reload_interval_seconds)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                new = await asyncio.to_thread(load_policies, self.settings.policies.path, self.actions,
+                                              self.detectors)
+            except PolicyLoadError as exc:
+                if str(exc) != self.last_reload_error:
+                    self.metrics.policy_reload_errors.inc()
+                    log.error("policy reload rejected; keeping the active set", errors=str(exc))
+                self.last_reload_error = str(exc)
+                continue
+            if new.digest != self.state.policies.digest:
+                self._swap(new)
+
+    # ---- workers ----------------------------------------------------------------------------
+
+    async def _worker(self, n: int) -> None:
+        while True:
+            signal_id, signal = await self._queue.get()
+            try:
+                await self.executor.process(signal_id, signal)
+            except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
+                self.metrics.faults.labels("executor").inc()
+                log.exception("processing failed; signal left pending", signal=signal.dedup_key)
+            finally:
+                self._queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait until every queued signal is processed (tests, demo, simulate)."""
+        await self._queue.join()
+
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._pool is None:
+            # spawn: a forked child of a threaded process can deadlock; Prophet fits are slow anyway
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.deps.http = aiohttp.ClientSession()
+        if self.settings.prometheus.url:
+            self.prometheus = PrometheusClient(self.settings.prometheus.url,
+                                               self.settings.prometheus.timeout_seconds)
+            self.poller = Poller(self.prometheus, self.journal, self.metrics, self.detectors, self.emit,
+                                 self.offload, self.settings.prometheus.max_backoff_seconds, self.clock)
+        try:
+            self.load_policies()
+        except PolicyLoadError as exc:
+            # Not ready until valid policies exist; the reload loop keeps trying.
+            self.last_reload_error = str(exc)
+            log.error("policies invalid at start; not ready", errors=str(exc))
+        for pending in await self.journal.pending_signals():
+            # Journaled before a crash or restart: finish what was acknowledged.
+            self.enqueue(pending.id, signal_from_summary(pending.payload))
+        for n in range(self.settings.executor.workers):
+            self._tasks.append(asyncio.create_task(self._worker(n), name=f"worker-{n}"))
+        self._tasks.append(asyncio.create_task(self._reload_loop(), name="policy-reload"))
+        self._tasks.append(asyncio.create_task(
+            run_schedules(lambda: self.state.policies, self.emit, self._stop, self.clock), name="scheduler"))
+        if self.poller is not None:
+            self._tasks.append(asyncio.create_task(self.poller.run(self._stop), name="poller"))
+        app = build_app(self)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.listen.host, self.settings.listen.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.settings.listen.port
+        log.info("tailguard listening", host=self.settings.listen.host, port=self.port,
+                 journal=str(self.settings.journal.path), policies=str(self.settings.policies.path))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._runner is not None:
+            await self._runner.cleanup()  # stop taking webhooks first
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.deps.http is not None:
+            await self.deps.http.close()
+        if self.prometheus is not None:
+            self.prometheus.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self.journal.sync.close()
+
+    async def __aenter__(self) -> "Service":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+

@@ -1,0 +1,173 @@
+"""Start a server subprocess, wait until it answers over HTTP, and stop it by PID.
+
+Only processes started here are ever signalled: `ManagedProcess` keeps the `Popen` it made and
+never looks processes up by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+# Long enough for Triton to load a Python-backend model on 2 busy cores, short enough that a
+# broken start fails a test run quickly.
+DEFAULT_READY_TIMEOUT_SECONDS = 60.0
+_POLL_INTERVAL_SECONDS = 0.1
+_PROBE_TIMEOUT_SECONDS = 1.0
+
+
+class ProcessStartError(RuntimeError):
+    """The subprocess exited or never became ready; the message carries its log tail."""
+
+
+@dataclass
+class ManagedProcess:
+    """A subprocess this lab started, its log file, and how to tell that it is ready."""
+
+    argv: Sequence[str]
+    log_path: Path
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    _popen: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """The PID of the running process; raises if it was never started."""
+        if self._popen is None:
+            raise RuntimeError("process not started")
+        return self._popen.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the process was started and has not exited."""
+        return self._popen is not None and self._popen.poll() is None
+
+    def start(self) -> None:
+        """Start the process with stdout and stderr appended to `log_path`."""
+        if self._popen is not None:
+            raise RuntimeError("process already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # The child inherits its own copy of the descriptor, so closing ours is safe.
+            # A new session keeps a Ctrl-C meant for pytest from reaching the server half-way
+            # through a test; stop() still ends it.
+            self._popen = subprocess.Popen(
+                list(self.argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(self.env) if self.env is not None else None,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+
+    def wait_ready(
+        self, url: str, timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS
+    ) -> None:
+        """Block until GET `url` answers 200, the process exits, or the deadline passes.
+
+        Args:
+            url: A readiness URL on loopback, e.g. ``http://127.0.0.1:8000/v2/health/ready``.
+            timeout_seconds: How long to wait at most.
+
+        Raises:
+            ProcessStartError: the process exited or did not become ready in time.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise ProcessStartError(
+                    f"{self.argv[0]} exited with {self._exit_code()} before ready:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=_PROBE_TIMEOUT_SECONDS) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                # Not listening yet, or listening but not ready (non-2xx): keep polling.
+                pass
+            time.sleep(_POLL_INTERVAL_SECONDS)
+        raise ProcessStartError(
+            f"{self.argv[0]} not ready at {url} after {timeout_seconds}s:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace_seconds: float = 10.0) -> int | None:
+        """Terminate the process, wait up to `grace_seconds`, then kill it.
+
+        Idempotent: stopping a process that already exited (or never started) is a no-op.
+
+        Returns:
+            The exit code, or None if the process was never started.
+        """
+        if self._popen is None:
+            return None
+        if self._popen.poll() is None:
+            self._popen.terminate()
+            try:
+                self._popen.wait(timeout=grace_seconds)
+            except subprocess.TimeoutExpired:
+                # It ignored SIGTERM; SIGKILL cannot be ignored, and it is our own child.
+                self._popen.kill()
+                self._popen.wait(timeout=grace_seconds)
+        return self._popen.returncode
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        """The last `max_bytes` of the log, for error messages."""
+        try:
+            size = self.log_path.stat().st_size
+            with open(self.log_path, "rb") as log:
+                log.seek(max(0, size - max_bytes))
+                return log.read().decode("utf-8", errors="replace")
+        except OSError:
+            return "<no log>"
+
+    def _exit_code(self) -> int | None:
+        return None if self._popen is None else self._popen.poll()
+
+
+def environ_with(**overrides: str) -> dict[str, str]:
+    """A copy of this process's environment with `overrides` applied."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env
+
+
+class LocalServer:
+    """Context-manager plumbing shared by the lab's servers: subclasses define start/stop.
+
+    Starting blocks for seconds (a subprocess and a readiness loop), so the async form runs it
+    in a thread and the event loop keeps serving, e.g. a webhook receiver the server will call.
+    """
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> int | None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)

@@ -1,0 +1,162 @@
+"""The remediation policy schema: strict pydantic models, one YAML document per policy.
+
+Action and detector parameters are validated separately against each plugin's own model
+(see `policies.loader`), so this module knows no plugin.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from core.durations import parse_duration
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _seconds(value: Any) -> float:
+    return parse_duration(value)
+
+
+_DURATION_JSON = {"anyOf": [{"type": "number", "minimum": 0},
+                            {"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d|w))+$"}]}
+# A duration written as `30s`, `5m`, `1h30m` or seconds; stored as float seconds.
+Seconds = Annotated[float, BeforeValidator(_seconds), WithJsonSchema(_DURATION_JSON)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ServiceSpec(Strict):
+    namespace: str
+    name: str
+    port: int = Field(8000, ge=1, le=65535)
+    scheme: str = Field("http", pattern="^https?$")
+
+
+class TritonSpec(Strict):
+    """Where the target's Triton replicas are: a static list, or a Service's EndpointSlices."""
+
+    endpoints: list[str] = Field(default_factory=list)
+    service: ServiceSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TritonSpec":
+        if bool(self.endpoints) == bool(self.service):
+            raise ValueError("give exactly one of 'endpoints' (static URLs) or 'service'")
+        for url in self.endpoints:
+            if not re.match(r"^https?://[^/\s]+/?$", url):
+                raise ValueError(f"endpoint {url!r} must look like http://host:port")
+        return self
+
+
+class TargetSpec(Strict):
+    model: str = Field(min_length=1)
+    namespace: str = "default"
+    triton: TritonSpec | None = None
+
+
+class AlertTrigger(Strict):
+    """Fires on an Alertmanager alert with this name whose labels match."""
+
+    name: str = Field(min_length=1)
+    matchers: dict[str, str] = Field(default_factory=dict)
+    # The alert label that names the model; when set, it must equal target.model so that an
+    # alert about another model never acts on this target.
+    target_label: str | None = Field("model", alias="targetLabel")
+    include_resolved: bool = Field(False, alias="includeResolved")
+
+
+class DetectorTrigger(Strict):
+    """Runs a detector over a PromQL query on a schedule."""
+
+    type: str = Field(min_length=1)
+    query: str = Field(min_length=1)
+    # Optional P99 query for tail-divergence (P99.9 rises while P99 stays put).
+    companion_query: str | None = Field(None, alias="companionQuery")
+    interval: Seconds = 15.0
+    # The series label that names the model; series of other models are ignored.
+    model_label: str = Field("model", alias="modelLabel")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_floor(cls, value: float) -> float:
+        if value < 1:
+            raise ValueError("interval must be at least 1s")
+        return value
+
+
+class ScheduleTrigger(Strict):
+    """Runs the actions every `every`, e.g. to retune a breaker timeout from live P99.9."""
+
+    every: Seconds
+
+    @field_validator("every")
+    @classmethod
+    def _every_floor(cls, value: float) -> float:
+        if value < 5:
+            raise ValueError("every must be at least 5s")
+        return value
+
+
+class Trigger(Strict):
+    alert: AlertTrigger | None = None
+    detector: DetectorTrigger | None = None
+    schedule: ScheduleTrigger | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Trigger":
+        given = [k for k in ("alert", "detector", "schedule") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"a trigger has exactly one of 'alert', 'detector', 'schedule' (got {given or 'none'})"
+            )
+        return self
+
+
+class Guards(Strict):
+    """Bounds on blast radius, per policy and target."""
+
+    cooldown: Seconds = 600.0
+    dry_run: bool = Field(False, alias="dryRun")
+    max_actions: int = Field(3, ge=1, alias="maxActions")
+    max_actions_window: Seconds = Field(3600.0, alias="maxActionsWindow")
+    on_failure: str = Field("stop", pattern="^(stop|revert)$", alias="onFailure")
+
+
+class ActionSpec(BaseModel):
+    """`type` picks the action; every other key is that action's parameter (checked by the loader)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    type: str = Field(min_length=1)
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Policy(Strict):
+    name: str
+    description: str = ""
+    enabled: bool = True
+    target: TargetSpec
+    triggers: list[Trigger] = Field(min_length=1)
+    actions: list[ActionSpec] = Field(min_length=1)
+    guards: Guards = Field(default_factory=Guards)
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not _NAME.match(value) or len(value) > 253:
+            raise ValueError("name must be lower-case letters, digits, '-' and '.' (DNS-1123)")
+        return value

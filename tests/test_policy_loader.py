@@ -1,0 +1,124 @@
+"""Policy loading: strict schema, errors that name file/policy/field, JSON Schema export."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from daemon.cli import main
+from daemon.registries import action_registry, detector_registry
+from policies.json_schema import policy_json_schema
+from policies.loader import PolicyLoadError, load_policies, load_policies_text
+
+GOOD = """
+name: ranker-tail
+target:
+  model: ranker
+  triton: {endpoints: ["http://127.0.0.1:8000"]}
+triggers:
+  - alert: {name: TritonTailLatencyHigh, matchers: {severity: page}}
+actions:
+  - type: triton.rollback
+    to: previous
+guards: {cooldown: 10m, dryRun: false}
+"""
+
+
+def _load(text: str):
+    return load_policies_text(text, "p.yaml", action_registry(), detector_registry())
+
+
+def test_valid_policy_binds_action_params_and_target():
+    """A valid policy loads with typed action params, durations in seconds and a core Target."""
+    ps = _load(GOOD)
+    (p,) = ps.policies
+    assert p.name == "ranker-tail"
+    assert p.spec.guards.cooldown == 600.0
+    assert p.target.model == "ranker" and p.target.triton_endpoints == ("http://127.0.0.1:8000",)
+    assert p.actions[0].kind == "triton.rollback" and p.actions[0].params.to == "previous"
+
+
+def test_unknown_action_type_is_an_error_naming_the_field():
+    """An unknown action type is rejected (never a fallback), naming file, policy and field."""
+    with pytest.raises(PolicyLoadError) as err:
+        _load(GOOD.replace("triton.rollback", "triton.rolback"))
+    (e,) = err.value.errors
+    assert e.file == "p.yaml" and e.policy == "ranker-tail" and e.field == "actions[0].type"
+    assert "unknown action type 'triton.rolback'" in e.message
+
+
+def test_typo_in_action_param_is_rejected():
+    """Action params are strict: a misspelt key fails at load time with its path."""
+    with pytest.raises(PolicyLoadError) as err:
+        _load(GOOD.replace("to: previous", "too: previous"))
+    assert any(e.field == "actions[0].too" and "unknown field" in e.message for e in err.value.errors)
+
+
+def test_bad_duration_and_missing_trigger_are_reported_together():
+    """Every error of a document is reported at once, each with its field."""
+    text = GOOD.replace("cooldown: 10m", "cooldown: ten minutes").replace(
+        "  - alert: {name: TritonTailLatencyHigh, matchers: {severity: page}}\n", "  - {}\n")
+    with pytest.raises(PolicyLoadError) as err:
+        _load(text)
+    fields = {e.field for e in err.value.errors}
+    assert "guards.cooldown" in fields
+    assert "triggers[0]" in fields
+
+
+def test_triton_action_without_triton_target_fails_cross_check():
+    """The cross-reference pass: a Triton action needs target.triton."""
+    text = GOOD.replace('  triton: {endpoints: ["http://127.0.0.1:8000"]}\n', "")
+    with pytest.raises(PolicyLoadError) as err:
+        _load(text)
+    assert any("needs target.triton" in e.message for e in err.value.errors)
+
+
+def test_directory_with_duplicate_names_and_hidden_files(tmp_path: Path):
+    """A directory loads every YAML file once (hidden ..data entries skipped); duplicate names fail."""
+    (tmp_path / "a.yaml").write_text(GOOD)
+    (tmp_path / ".hidden.yaml").write_text("not: [valid")
+    (tmp_path / "notes.txt").write_text("ignored")
+    assert [p.name for p in load_policies(tmp_path, action_registry(), detector_registry()).policies] == [
+        "ranker-tail"]
+    (tmp_path / "b.yml").write_text(GOOD)
+    with pytest.raises(PolicyLoadError) as err:
+        load_policies(tmp_path, action_registry(), detector_registry())
+    assert any("duplicate policy name" in e.message for e in err.value.errors)
+
+
+def test_multi_document_file_and_yaml_syntax_error(tmp_path: Path):
+    """Several policies per file load; broken YAML gives a clear error, not a traceback."""
+    f = tmp_path / "many.yaml"
+    f.write_text(GOOD + "---\n" + GOOD.replace("ranker-tail", "ranker-two"))
+    assert len(load_policies(f, action_registry(), detector_registry()).policies) == 2
+    f.write_text("name: [unclosed")
+    with pytest.raises(PolicyLoadError) as err:
+        load_policies(f, action_registry(), detector_registry())
+    assert "invalid YAML" in err.value.errors[0].message
+
+
+def test_validate_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """`tailguard validate` exits 0 on good policies and 1 with readable errors on bad ones."""
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD)
+    assert main(["validate", str(good)]) == 0
+    assert "ok: ranker-tail" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("model: ranker", "model: ''"))
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "bad.yaml: policy 'ranker-tail': target.model" in err
+
+
+def test_exported_json_schema_accepts_good_and_rejects_bad_policies():
+    """The JSON Schema export validates the same documents the loader accepts."""
+    schema = policy_json_schema(action_registry(), detector_registry())
+    doc = yaml.safe_load(GOOD)
+    jsonschema.validate(doc, schema)
+    doc["actions"][0]["bogus"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
+    assert json.dumps(schema)  # serialisable
