@@ -43,6 +43,7 @@ class QueryGroup:
     query: str
     interval: float
     lookback: float
+    companion: str | None = None  # e.g. P99 beside P99.9, for tail divergence
     watches: list[Watch] = field(default_factory=list)
     next_due: float = 0.0
     failures: int = 0
@@ -79,27 +80,29 @@ class Poller:
         self._offload = offload
         self._max_backoff = max_backoff_seconds
         self._clock = clock
-        self.groups: dict[tuple[str, float, float], QueryGroup] = {}
+        self.groups: dict[tuple[str, float, float, str | None], QueryGroup] = {}
 
     def sync(self, policies: PolicySet) -> None:
         """Follow a policy reload; detectors whose trigger did not change keep their state."""
         old = {w.fingerprint: w for g in self.groups.values() for w in g.watches}
         old_groups = self.groups
-        groups: dict[tuple[str, float, float], QueryGroup] = {}
+        groups: dict[tuple[str, float, float, str | None], QueryGroup] = {}
         for policy in policies.enabled:
             for bound in policy.detectors:
                 fp = _fingerprint(policy, bound)
                 values = {"model": policy.target.model, "namespace": policy.target.namespace}
                 query = render_query(bound.trigger.query, values)
+                companion = (render_query(bound.trigger.companion_query, values)
+                             if bound.trigger.companion_query else None)
                 watch = old.get(fp) or Watch(policy, bound, self._registry[bound.trigger.type](bound.params),
                                              fp, scoped=query != bound.trigger.query)
                 watch.policy = policy
                 lookback = float(watch.detector.lookback_seconds)
-                key = (query, bound.trigger.interval, lookback)
+                key = (query, bound.trigger.interval, lookback, companion)
                 group = groups.get(key)
                 if group is None:
                     prev = old_groups.get(key)
-                    group = QueryGroup(query, bound.trigger.interval, lookback,
+                    group = QueryGroup(query, bound.trigger.interval, lookback, companion,
                                        next_due=prev.next_due if prev else 0.0)
                     groups[key] = group
                 group.watches.append(watch)
@@ -112,7 +115,7 @@ class Poller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set; each due group runs as its own task so one slow query waits alone."""
-        running: dict[tuple[str, float, float], asyncio.Task[None]] = {}
+        running: dict[tuple[str, float, float, str | None], asyncio.Task[None]] = {}
         try:
             while not stop.is_set():
                 now = self._clock()
@@ -140,13 +143,20 @@ class Poller:
         if result.error is not None:
             self._mark_failed(group, result, now)
             return
+        companions: RangeResult | None = None
+        if group.companion is not None:
+            companions = await self._prom.query_range(group.companion, now - group.lookback, now,
+                                                      group.interval)
+            if companions.error is not None:
+                self._mark_failed(group, companions, now)
+                return
         if group.stale:
             log.info("query recovered", query=group.query)
         group.failures, group.stale, group.last_error = 0, False, None
         self._metrics.prometheus_up.set(1)
         self._metrics.stale_queries.set(sum(g.stale for g in self.groups.values()))
         for watch in group.watches:
-            await self._evaluate(watch, result, now)
+            await self._evaluate(watch, result, companions, now)
 
     def _mark_failed(self, group: QueryGroup, result: RangeResult, now: float) -> None:
         group.failures += 1
@@ -159,7 +169,8 @@ class Poller:
         log.warning("query failed; series stale, not acting on them", query=group.query,
                     error=result.error, retry_in_seconds=backoff)
 
-    async def _evaluate(self, watch: Watch, result: RangeResult, now: float) -> None:
+    async def _evaluate(self, watch: Watch, result: RangeResult, companions: RangeResult | None,
+                        now: float) -> None:
         policy, trigger = watch.policy, watch.bound.trigger
         mine = [s for s in result.series if self._belongs(watch, s)]
         if not mine:
@@ -174,7 +185,10 @@ class Poller:
         for series in mine:
             key = series_key(series.labels)
             try:
-                detection = watch.detector.detect(series, now)
+                if companions is not None and hasattr(watch.detector, "detect_pair"):
+                    detection = watch.detector.detect_pair(series, companion_for(series, companions), now)
+                else:
+                    detection = watch.detector.detect(series, now)
             except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
                 self._metrics.faults.labels("detector").inc()
                 log.exception("detector raised", policy=policy.name, series=key)
@@ -192,6 +206,18 @@ class Poller:
         if label in series.labels:
             return series.labels[label] == watch.policy.target.model
         return watch.scoped
+
+
+IDENTITY_IGNORED = frozenset({"__name__", "quantile", "le"})
+
+
+def companion_for(series: Series, companions: RangeResult) -> Series | None:
+    """The companion series with the same identity (labels other than name and quantile)."""
+    want = {k: v for k, v in series.labels.items() if k not in IDENTITY_IGNORED}
+    for cand in companions.series:
+        if {k: v for k, v in cand.labels.items() if k not in IDENTITY_IGNORED} == want:
+            return cand
+    return None
 
 
 def group_q(trigger: Any) -> str:

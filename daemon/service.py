@@ -77,7 +77,9 @@ class Service:
 
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
-        ready = self.policies_loaded and self.is_leader
+        # Followers are ready too: a rolling update waits for readiness, and a follower must be
+        # able to take over. Webhooks that reach a follower get 503 and Alertmanager retries.
+        ready = self.policies_loaded
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
                 "policies": len(self.state.policies.policies), "frozen": self.state.frozen,
                 "stale_queries": stale, "last_reload_error": self.last_reload_error}

@@ -4,4 +4,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
-DETECTORS: Mapping[str, type] = MappingProxyType({})
+from detectors.forecast import ForecastBreachDetector
+from detectors.tail import TailAnomalyDetector
+from detectors.threshold import ThresholdDetector
+
+DETECTORS: Mapping[str, type] = MappingProxyType({
+    TailAnomalyDetector.kind: TailAnomalyDetector,
+    ThresholdDetector.kind: ThresholdDetector,
+    ForecastBreachDetector.kind: ForecastBreachDetector,
+})

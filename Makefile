@@ -1,0 +1,40 @@
+# Two entry points (see README): `make demo` runs tailguard against real local servers,
+# `make test` runs the whole suite. Both install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps demo test lint bench eval clean
+
+system-deps:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null && command -v promtool >/dev/null || { \
+		echo "installing Prometheus and Alertmanager (Debian packages)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			prometheus prometheus-alertmanager >/dev/null; }
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: system-deps $(STAMP)
+
+demo: setup
+	$(PY) -m lab.demo
+
+test: setup
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) bench/bench_tail.py
+	$(PY) bench/bench_forecast.py
+
+eval: setup
+	$(PY) -m evaluation.tail_eval
+	$(PY) -m evaluation.forecast_eval
+
+clean:
+	rm -rf $(VENV) .tailguard

@@ -1,0 +1,163 @@
+{{/* Chart name, truncated: label values are limited to 63 characters. */}}
+{{- define "tailguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name; the release name alone when it already contains the chart name. */}}
+{{- define "tailguard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tailguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tailguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tailguard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "tailguard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "tailguard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tailguard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tailguard.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "tailguard.tokenSecretName" -}}
+{{- default (printf "%s-webhook" (include "tailguard.fullname" .)) .Values.webhook.existingSecret }}
+{{- end }}
+
+{{- define "tailguard.tokenSecretKey" -}}
+{{- if .Values.webhook.existingSecret }}{{ .Values.webhook.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{- define "tailguard.policiesConfigMapName" -}}
+{{- default (printf "%s-policies" (include "tailguard.fullname" .)) .Values.existingPoliciesConfigMap }}
+{{- end }}
+
+{{- define "tailguard.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.leaseNamespace }}
+{{- end }}
+
+{{/* Namespaces that get a Role: the listed ones, or the release namespace. JSON list. */}}
+{{- define "tailguard.rbacNamespaces" -}}
+{{- if .Values.rbac.namespaces }}{{ .Values.rbac.namespaces | uniq | toJson }}{{ else }}{{ list .Release.Namespace | toJson }}{{ end }}
+{{- end }}
+
+{{/*
+Rules for acting on targets, derived only from the enabled actions, so that
+disabling an action also takes its permission away. Leases are not here: they
+live in one namespace, see rbac-leader-election.yaml.
+*/}}
+{{- define "tailguard.actionRules" -}}
+# Every decision is recorded as a Kubernetes Event on the target.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- with .Values.actions }}
+{{- if .istio.enabled }}
+# update as well as patch: weight shifts are read-modify-write with resourceVersion.
+- apiGroups: [networking.istio.io]
+  resources: [virtualservices]
+  verbs: [get, patch, update]
+{{- end }}
+{{- if .httproute.enabled }}
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, patch]
+{{- end }}
+{{- if .configmap.enabled }}
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: {{ .configmap.names | uniq | toJson }}
+  verbs: [get, patch]
+{{- end }}
+{{- if .tritonDiscovery.enabled }}
+# list/watch, not get: EndpointSlice names are generated, so they are found by the
+# kubernetes.io/service-name label.
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The daemon's config.yaml; its checksum rolls the pods when it changes. */}}
+{{- define "tailguard.config" -}}
+listen:
+  host: 0.0.0.0
+  port: 8080
+webhook:
+  tokenFile: /var/run/secrets/tailguard/token
+  maxBodyBytes: {{ int64 .Values.webhook.maxBodyBytes }}
+policies:
+  path: /etc/tailguard/policies
+  reloadIntervalSeconds: {{ .Values.policyReloadIntervalSeconds }}
+journal:
+  path: /var/lib/tailguard/journal.db
+prometheus:
+  url: {{ .Values.prometheus.url | quote }}
+  timeoutSeconds: {{ .Values.prometheus.timeoutSeconds }}
+kubernetes:
+  mode: in-cluster
+leaderElection:
+  enabled: {{ .Values.leaderElection.enabled }}
+  leaseName: {{ .Values.leaderElection.leaseName | quote }}
+  leaseNamespace: {{ include "tailguard.leaseNamespace" . | quote }}
+  leaseDurationSeconds: {{ .Values.leaderElection.leaseDurationSeconds }}
+  renewDeadlineSeconds: {{ .Values.leaderElection.renewDeadlineSeconds }}
+  retryPeriodSeconds: {{ .Values.leaderElection.retryPeriodSeconds }}
+freeze: {{ .Values.freeze }}
+log:
+  format: {{ .Values.log.format }}
+  level: {{ .Values.log.level }}
+{{- end }}
+
+{{/*
+Checks across values that JSON Schema cannot express readably. Included by
+every workload template so `helm template` fails before anything renders.
+*/}}
+{{- define "tailguard.validate" -}}
+{{- if and .Values.journal.persistence.enabled (gt (int .Values.replicas) 1) }}
+{{- fail "journal.persistence.enabled needs replicas: 1 - the journal is one SQLite file and cannot be shared between pods" }}
+{{- end }}
+{{- if and .Values.existingPoliciesConfigMap .Values.policies }}
+{{- fail "set either policies or existingPoliciesConfigMap, not both" }}
+{{- end }}
+{{- if and .Values.actions.configmap.enabled (not .Values.actions.configmap.names) }}
+{{- fail "actions.configmap.enabled needs actions.configmap.names: the daemon may only patch ConfigMaps named there" }}
+{{- end }}
+{{- $le := .Values.leaderElection }}
+{{- if and $le.enabled (not (and (gt (int $le.leaseDurationSeconds) (int $le.renewDeadlineSeconds)) (gt (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds)))) }}
+{{- fail (printf "leaderElection needs leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds (got %v > %v > %v)" $le.leaseDurationSeconds $le.renewDeadlineSeconds $le.retryPeriodSeconds) }}
+{{- end }}
+{{- $names := dict }}
+{{- range .Values.policies }}
+{{- if hasKey $names .name }}
+{{- fail (printf "policies: name %q is used twice" .name) }}
+{{- end }}
+{{- $_ := set $names .name true }}
+{{- end }}
+{{- end }}
