@@ -4,10 +4,14 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from actions.gateway import RetuneTimeout
+from actions.istio import ShiftWeights
 from actions.notify import Notify
 from actions.triton import TritonRollback
 
 ACTIONS: Mapping[str, type] = MappingProxyType({
     TritonRollback.kind: TritonRollback,
     Notify.kind: Notify,
+    ShiftWeights.kind: ShiftWeights,
+    RetuneTimeout.kind: RetuneTimeout,
 })

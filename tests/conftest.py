@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.lab_fixtures"]
+pytest_plugins = ["tests.lab_fixtures", "tests.kube.conftest_plugin"]
