@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
@@ -175,7 +176,7 @@ class Poller:
         mine = [s for s in result.series if self._belongs(watch, s)]
         if not mine:
             await self._journal.record_evaluation(policy.name, watch.bound.index, "*", False,
-                                                  f"no data for model {policy.target.model!r}: {group_q(trigger)}")
+                                                  f"no data for model {policy.target.model!r}: {_short(trigger.query)}")
             return
         try:
             await watch.detector.prepare(mine, now, self._offload)
@@ -220,14 +221,12 @@ def companion_for(series: Series, companions: RangeResult) -> Series | None:
     return None
 
 
-def group_q(trigger: Any) -> str:
-    return trigger.query if len(trigger.query) < 200 else trigger.query[:197] + "..."
+def _short(query: str) -> str:
+    return query if len(query) < 200 else query[:197] + "..."
 
 
 def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> Signal:
     """A detector verdict as a Signal; the episode start makes re-detections of one episode dedup."""
-    from datetime import datetime, timezone
-
     episode = d.episode_start if d.episode_start is not None else now
     labels = dict(series.labels)
     labels.setdefault("model", watch.policy.target.model)
