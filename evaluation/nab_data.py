@@ -42,6 +42,10 @@ def load_series(root: Path | None = None) -> list[NabSeries]:
             rows = list(csv.DictReader(fh))
         ts = np.array([_parse_time(r["timestamp"]) for r in rows], dtype=np.float64)
         vals = np.array([float(r["value"]) for r in rows], dtype=np.float64)
+        # One NAB file (machine_temperature) has a timestamp that runs backwards: sort here so
+        # every user of the loader gets the ascending series the docstring promises.
+        order = np.argsort(ts, kind="stable")
+        ts, vals = ts[order], vals[order]
         wins = tuple((_parse_time(a), _parse_time(b)) for a, b in windows[name])
         out.append(NabSeries(name, ts, vals, wins))
     return out
