@@ -219,7 +219,9 @@ class TritonRollback:
         if problems:
             return Outcome.failure(f"version {version} not confirmed on {len(problems)} replica(s)",
                                    retryable=True, problems=problems)
-        return Outcome.success(f"{target.model} serves only version {version} on every replica")
+        # `pin` tells the daemon to remember this version, so replicas that appear later get it too.
+        return Outcome.success(f"{target.model} serves only version {version} on every replica",
+                               pin={"model": target.model, "version": version})
 
     async def revert(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
         configs = {u: step.before["replicas"][u]["config"] for u in step.after["replicas"]}

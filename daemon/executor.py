@@ -59,6 +59,10 @@ class Executor:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._actions: dict[str, Any] = {}
 
+    def lock_for(self, target_key: str) -> asyncio.Lock:
+        """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
+        return self._locks[target_key]
+
     def _action(self, kind: str) -> Any:
         if kind not in self._actions:
             self._actions[kind] = self._registry[kind](self._deps)
@@ -191,9 +195,9 @@ class Executor:
         self._metrics.action_duration.labels(kind).observe(time.monotonic() - started)
         log.info("step", action=kind, idx=idx, result=result, message=outcome.message,
                  summary=step.summary)
-        if outcome.ok and kind == "triton.rollback":
-            await self._journal.record_pin(policy.target.key, policy.target.model,
-                                           int(step.after["version"]), {})
+        pin = outcome.data.get("pin") if outcome.ok else None
+        if pin:
+            await self._journal.record_pin(policy.target.key, pin["model"], int(pin["version"]))
         return outcome
 
     async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]]) -> None:

@@ -64,7 +64,6 @@ CREATE TABLE IF NOT EXISTS pins (
     target TEXT PRIMARY KEY,
     model TEXT NOT NULL,
     version INTEGER NOT NULL,
-    config TEXT NOT NULL,
     at REAL NOT NULL
 );
 """
@@ -247,18 +246,19 @@ class Journal:
         return [dict(r) for r in self._read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
                                             (policy,))]
 
-    def record_pin(self, target: str, model: str, version: int, config: dict[str, Any]) -> None:
+    def record_pin(self, target: str, model: str, version: int) -> None:
+        """Remember that `target` must serve only `version` (re-applied to new replicas)."""
         self._tx(lambda: self._db.execute(
-            "INSERT INTO pins(target, model, version, config, at) VALUES (?,?,?,?,?)"
+            "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
             " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
-            " config=excluded.config, at=excluded.at",
-            (target, model, version, json.dumps(config), time.time())))
+            " at=excluded.at",
+            (target, model, version, time.time())))
 
     def clear_pin(self, target: str) -> None:
         self._tx(lambda: self._db.execute("DELETE FROM pins WHERE target=?", (target,)))
 
     def pins(self) -> list[dict[str, Any]]:
-        return [dict(r) | {"config": json.loads(r["config"])} for r in self._read("SELECT * FROM pins")]
+        return [dict(r) for r in self._read("SELECT * FROM pins")]
 
 
 class AsyncJournal:

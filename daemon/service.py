@@ -19,7 +19,10 @@ from daemon.config import ConfigError, Settings, webhook_token
 from daemon.executor import Executor, ExecutorState
 from daemon.intake import signal_from_summary
 from daemon.journal import AsyncJournal, Journal, JournalError
+from daemon.kube import create_api_client, endpoints_resolver, event_recorder, identity
+from daemon.leader import LeaderElector
 from daemon.metrics import Metrics
+from daemon.pins import PinReconciler
 from daemon.poller import Poller
 from daemon.prometheus import PrometheusClient
 from daemon.scheduler import run_schedules
@@ -63,6 +66,12 @@ class Service:
         self.prometheus: PrometheusClient | None = None
         self.poller: Poller | None = None
         self.port: int | None = None
+        self.kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
+        self.identity = identity()  # holderIdentity and Event reportingInstance (POD_NAME or host_pid)
+        self.elector: LeaderElector | None = None
+        self._elector_task: asyncio.Task[None] | None = None
+        self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
+                                  self.executor.lock_for)
 
     # ---- state queries ----------------------------------------------------------------------
 
@@ -173,6 +182,18 @@ class Service:
                                                self.settings.prometheus.timeout_seconds)
             self.poller = Poller(self.prometheus, self.journal, self.metrics, self.detectors, self.emit,
                                  self.offload, self.settings.prometheus.max_backoff_seconds, self.clock)
+            self.deps.query = self.prometheus.query
+        if self.settings.leader_election.enabled and self.settings.kubernetes.mode == "off":
+            raise ConfigError("leaderElection.enabled needs kubernetes.mode in-cluster or kubeconfig")
+        self.kube = await create_api_client(self.settings.kubernetes)
+        if self.kube is not None:
+            self.deps.kube = self.kube
+            self.deps.record_event = event_recorder(self.kube, self.identity, self.clock)
+        self.deps.endpoints = endpoints_resolver(self.kube)
+        if self.settings.leader_election.enabled and self.kube is not None:
+            self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
+                                         self.set_leader)
+            self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader-election")
         try:
             self.load_policies()
         except PolicyLoadError as exc:
@@ -189,6 +210,7 @@ class Service:
             run_schedules(lambda: self.state.policies, self.emit, self._stop, self.clock), name="scheduler"))
         if self.poller is not None:
             self._tasks.append(asyncio.create_task(self.poller.run(self._stop), name="poller"))
+        self._tasks.append(asyncio.create_task(self.pins.run(self._stop), name="pin-reconciler"))
         app = build_app(self)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -208,6 +230,15 @@ class Service:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._elector_task is not None:
+            # It saw _stop: it steps down and hands the Lease back (bounded), after the workers stopped.
+            try:
+                await asyncio.wait_for(self._elector_task, timeout=2 * self.settings.leader_election.retry_period_seconds + 1)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+            self._elector_task = None
+        if self.kube is not None:
+            await self.kube.close()
         if self.deps.http is not None:
             await self.deps.http.close()
         if self.prometheus is not None:

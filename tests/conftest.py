@@ -1,1 +1,22 @@
+"""Shared fixtures: real local servers (lab), the Kubernetes API emulator, and a leak check."""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import pytest
+
 pytest_plugins = ["tests.lab_fixtures", "tests.kube.conftest_plugin"]
+
+
+@pytest.fixture(autouse=True)
+async def no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fail any async test that leaves asyncio tasks running behind it (a leaked poller, worker...)."""
+    before = set(asyncio.all_tasks())
+    yield
+    await asyncio.sleep(0)  # let tasks that were just cancelled finish
+    left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task()]
+    if left:
+        for t in left:
+            t.cancel()
+        pytest.fail(f"test left {len(left)} asyncio task(s) running: {[t.get_name() for t in left]}")

@@ -54,9 +54,14 @@ def _served_versions(server: TritonServer, model: str) -> list[str]:
 
 
 def _reload_from_disk(server: TritonServer, model: str) -> None:
-    # In explicit mode a load without a config override re-reads config.pbtxt, dropping any
-    # version_policy a test set (e.g. a rollback) and serving the latest version again.
-    request = urllib.request.Request(f"{server.base_url}/v2/repository/models/{model}/load", data=b"{}", method="POST")
+    # A load without a config does not always undo an earlier config override (two overrides in
+    # a row stick), so reset with an explicit override back to the default policy: latest version.
+    with urllib.request.urlopen(f"{server.base_url}/v2/models/{model}/config", timeout=10) as response:
+        config = json.load(response)
+    config["version_policy"] = {"latest": {"num_versions": 1}}
+    body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+    request = urllib.request.Request(f"{server.base_url}/v2/repository/models/{model}/load", data=body,
+                                     method="POST")
     with urllib.request.urlopen(request, timeout=60):
         pass
 

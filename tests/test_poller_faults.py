@@ -32,8 +32,13 @@ actions:
 @pytest.fixture
 async def slow_prometheus() -> AsyncIterator[str]:
     """An HTTP endpoint that answers slower than the client's timeout, like an overloaded Prometheus."""
+    release = asyncio.Event()
+
     async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(3)
+        try:
+            await asyncio.wait_for(release.wait(), timeout=3)
+        except asyncio.TimeoutError:
+            pass
         return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": []}})
 
     app = web.Application()
@@ -43,6 +48,8 @@ async def slow_prometheus() -> AsyncIterator[str]:
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     yield f"http://127.0.0.1:{port}"
+    release.set()  # let pending slow answers finish so no handler task outlives the test
+    await asyncio.sleep(0.05)
     await runner.cleanup()
 
 

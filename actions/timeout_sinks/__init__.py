@@ -1,0 +1,1 @@
+"""Where a gateway's request timeout lives: one TimeoutSink protocol, one module per kind."""

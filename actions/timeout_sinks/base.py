@@ -1,0 +1,152 @@
+"""The TimeoutSink protocol: read the current request timeout, write a new one optimistically.
+
+A sink stores the timeout in its own text (`raw`: an Istio duration, a Gateway API duration, a
+ConfigMap string, a JSON number); `encode`/`to_ms` convert. `write` is a compare-and-swap against
+what `read` returned (resourceVersion, ETag): when someone else wrote in between it raises
+SinkConflict and the caller re-reads, so nothing is ever overwritten blindly.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from core.durations import format_ms_duration, parse_duration
+from core.outcome import ActionError, PermanentError, TemporaryError
+
+if TYPE_CHECKING:
+    from actions.base import ActionDeps
+
+# Gateway API (GEP-2257) durations: at most four parts of at most five digits each.
+_GATEWAY_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+
+
+class SinkParams(BaseModel):
+    """Base of every sink's parameters: strict, `kind` is the registry key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+@dataclass(frozen=True)
+class TimeoutReading:
+    """The timeout as stored now. `raw` None: no timeout is set. `version`: the CAS token."""
+
+    raw: Any
+    ms: float | None
+    version: str | None
+    where: str  # human-readable location, e.g. "VirtualService serving/ranker route 'primary'"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"raw": self.raw, "ms": self.ms, "version": self.version, "where": self.where}
+
+
+class SinkConflict(Exception):
+    """The precondition of a write did not hold (409, failed `test`, 412): re-read and decide again."""
+
+
+class TimeoutSink(Protocol):
+    kind: ClassVar[str]
+    Params: ClassVar[type[SinkParams]]
+
+    def __init__(self, params: Any, deps: "ActionDeps") -> None: ...
+
+    def encode(self, ms: int) -> Any:
+        """The stored form of `ms` milliseconds for this sink."""
+
+    def to_ms(self, raw: Any) -> float | None:
+        """Milliseconds of a stored value; None when no timeout is set. Raises PermanentError."""
+
+    async def read(self) -> TimeoutReading:
+        """The current value with its CAS token. Raises ActionError."""
+
+    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
+        """Store `raw` (None removes it) if the sink is still as `expected` said; SinkConflict if not."""
+
+
+def duration_text(ms: float) -> str:
+    """An Istio and Gateway API duration for whole milliseconds (`2500ms`, `3s`, `2m3s456ms`).
+
+    The short form of core.durations when it fits GEP-2257's five digits, else h/m/s/ms parts.
+    """
+    short = format_ms_duration(ms)
+    if _GATEWAY_DURATION.match(short):
+        return short
+    total = int(round(ms))
+    parts = []
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, total = divmod(total, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+def duration_ms(raw: Any) -> float | None:
+    """Milliseconds of a stored duration string (`1.5s`, `2500ms`, `1m30s`); None when absent."""
+    if raw is None or raw == "":
+        return None
+    try:
+        return parse_duration(str(raw)) * 1000.0
+    except ValueError as exc:
+        raise PermanentError(f"stored timeout {raw!r} is not a duration: {exc}") from exc
+
+
+def api_error(exc: BaseException, what: str) -> ActionError:
+    """A Kubernetes client error in the action taxonomy: 403/404/4xx permanent, 5xx/429/network temporary."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        message = server_message(exc)
+        if exc.status == 403:  # RBAC will not change by retrying: fail once, loudly
+            return PermanentError(f"forbidden: cannot {what}: {message}")
+        if exc.status == 404:
+            return PermanentError(f"not found: {what}: {message}")
+        if exc.status == 429 or exc.status >= 500:
+            return TemporaryError(f"server error {exc.status} on {what}: {message}")
+        return PermanentError(f"rejected ({exc.status}) {what}: {message}")
+    return TemporaryError(f"cannot reach the Kubernetes API for {what}: {type(exc).__name__}: {exc}")
+
+
+def server_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(getattr(exc, "reason", exc))
+
+
+def is_precondition_failure(exc: Any) -> bool:
+    """409, or the generic 422 of a failed JSON-patch `test` (a schema 422 names causes)."""
+    if exc.status == 409:
+        return True
+    if exc.status != 422:
+        return False
+    try:
+        details = (json.loads(exc.body or "{}") or {}).get("details") or {}
+    except ValueError:
+        return False
+    return not details.get("causes")
+
+
+def value_patch(resource_version: str | None, path: str, current: Any, new: Any,
+                parent: str | None = None) -> list[dict[str, Any]]:
+    """RFC 6902 ops: `test` the resourceVersion and the old value, then set or remove the new one.
+
+    `parent` is the JSON pointer of the enclosing object when it does not exist yet (it is added
+    whole); None when it exists.
+    """
+    ops: list[dict[str, Any]] = []
+    if resource_version is not None:
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
+    if current is not None:
+        ops.append({"op": "test", "path": path, "value": current})
+    if new is None:
+        if current is not None:
+            ops.append({"op": "remove", "path": path})
+    elif parent is not None:
+        ops.append({"op": "add", "path": parent, "value": {path.rsplit("/", 1)[1]: new}})
+    else:
+        ops.append({"op": "add", "path": path, "value": new})
+    return ops

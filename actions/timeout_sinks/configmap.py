@@ -1,0 +1,94 @@
+"""Timeout sink `configmap`: one key of a ConfigMap, as milliseconds, seconds or a duration string."""
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+from kubernetes_asyncio.client import CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import Field
+
+from actions.timeout_sinks._kube import REQUEST_TIMEOUT_SECONDS
+from actions.timeout_sinks.base import (SinkConflict, SinkParams, TimeoutReading, api_error,
+                                        duration_ms, duration_text, is_precondition_failure,
+                                        server_message, value_patch)
+from core.outcome import PermanentError
+
+if TYPE_CHECKING:
+    from actions.base import ActionDeps
+
+
+class ConfigMapSinkParams(SinkParams):
+    kind: Literal["configmap"]
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    key: str = Field(min_length=1, pattern=r"^[-._a-zA-Z0-9]+$")
+    # How the value is written: "ms" -> "2500", "s" -> "2.5", "duration" -> "2500ms".
+    format: Literal["ms", "s", "duration"] = "ms"
+
+
+class ConfigMapSink:
+    kind = "configmap"
+    Params = ConfigMapSinkParams
+
+    def __init__(self, params: ConfigMapSinkParams, deps: "ActionDeps") -> None:
+        self.params = params
+        self._deps = deps
+
+    def _api(self) -> CoreV1Api:
+        if self._deps.kube is None:
+            raise PermanentError("the configmap timeout sink needs a Kubernetes client (kubernetes.mode is off)")
+        return CoreV1Api(self._deps.kube)
+
+    def encode(self, ms: int) -> str:
+        if self.params.format == "ms":
+            return str(int(ms))
+        if self.params.format == "s":
+            return f"{ms / 1000:g}"
+        return duration_text(ms)
+
+    def to_ms(self, raw: Any) -> float | None:
+        if raw is None or raw == "":
+            return None
+        if self.params.format == "duration":
+            return duration_ms(raw)
+        try:
+            number = float(raw)
+        except ValueError as exc:
+            raise PermanentError(f"ConfigMap key {self.params.key}={raw!r} is not a number") from exc
+        return number if self.params.format == "ms" else number * 1000.0
+
+    def _where(self) -> str:
+        p = self.params
+        return f"ConfigMap {p.namespace}/{p.name} key {p.key!r}"
+
+    async def read(self) -> TimeoutReading:
+        p = self.params
+        try:
+            cm = await self._api().read_namespaced_config_map(p.name, p.namespace,
+                                                              _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except (ApiException, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise api_error(exc, f"get configmaps {p.namespace}/{p.name}") from exc
+        data = cm.data
+        raw = (data or {}).get(p.key)
+        return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
+                              {"has_data": data is not None})
+
+    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
+        p = self.params
+        key = p.key.replace("~", "~0").replace("/", "~1")
+        ops = value_patch(expected.version, f"/data/{key}", expected.raw, raw,
+                          parent=None if expected.extra.get("has_data") else "/data")
+        try:
+            cm = await self._api().patch_namespaced_config_map(
+                p.name, p.namespace, ops, _content_type="application/json-patch+json",
+                _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except ApiException as exc:
+            if is_precondition_failure(exc):
+                raise SinkConflict(server_message(exc)) from exc
+            raise api_error(exc, f"patch configmaps {p.namespace}/{p.name}") from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise api_error(exc, f"patch configmaps {p.namespace}/{p.name}") from exc
+        return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
+                              {"has_data": True})

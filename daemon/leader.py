@@ -1,0 +1,219 @@
+"""Lease-based leader election (coordination.k8s.io/v1): one replica acts, the others wait.
+
+Like client-go's leaderelection: a candidate takes the Lease when its holder has not renewed it
+for leaseDurationSeconds *as observed locally* (so clocks need not agree), writes are optimistic
+(resourceVersion), and a leader that cannot renew within renewDeadlineSeconds steps down. Since
+renewDeadline < leaseDuration and the deadline counts from when the last successful renew was
+*sent*, the old leader stops acting before any other replica can see the Lease as expired.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import structlog
+from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from daemon.config import LeaderElectionSettings
+
+log = structlog.get_logger("tailguard.leader")
+
+
+class LeaderElectionError(Exception):
+    """Settings that cannot give the step-down guarantee."""
+
+
+@dataclass
+class _Observed:
+    """The Lease record last seen and when (local monotonic time) it last changed."""
+
+    resource_version: str | None = None
+    holder: str | None = None
+    at: float = 0.0
+
+
+def _micro_time(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Campaigns for one Lease and reports changes through `on_change(is_leader)`.
+
+    Args:
+        api: The Kubernetes client.
+        settings: Lease name/namespace and the three durations.
+        identity: This replica's holderIdentity (POD_NAME, or hostname_pid).
+        on_change: Called with True when this replica starts leading, False when it stops.
+        wall: Unix time for the Lease's timestamps.
+        monotonic: Local time for expiry and deadlines (immune to wall-clock jumps).
+        sleep: Waits between attempts (tests may speed it up).
+        release_on_stop: On a clean stop, hand the Lease back so a successor need not wait.
+    """
+
+    def __init__(self, api: ApiClient, settings: LeaderElectionSettings, identity: str,
+                 on_change: Callable[[bool], None], *, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 release_on_stop: bool = True) -> None:
+        if settings.renew_deadline_seconds >= settings.lease_duration_seconds:
+            raise LeaderElectionError(
+                f"renewDeadlineSeconds ({settings.renew_deadline_seconds}) must be below "
+                f"leaseDurationSeconds ({settings.lease_duration_seconds}): a leader must stop "
+                "acting before its Lease can be taken")
+        if settings.retry_period_seconds >= settings.renew_deadline_seconds:
+            raise LeaderElectionError("retryPeriodSeconds must be below renewDeadlineSeconds")
+        self._api = CoordinationV1Api(api)
+        self.settings = settings
+        self.identity = identity
+        self._on_change = on_change
+        self._wall, self._monotonic, self._sleep = wall, monotonic, sleep
+        self._release_on_stop = release_on_stop
+        self._observed = _Observed()
+        self._last_renew = -math.inf
+        self.is_leader = False
+
+    # ---- state --------------------------------------------------------------------------------
+
+    def _set(self, leader: bool, why: str) -> None:
+        if leader == self.is_leader:
+            return
+        self.is_leader = leader
+        log.info("leader election", leader=leader, identity=self.identity, reason=why,
+                 lease=f"{self.settings.lease_namespace}/{self.settings.lease_name}")
+        self._on_change(leader)
+
+    def _deadline_left(self) -> float:
+        return self._last_renew + self.settings.renew_deadline_seconds - self._monotonic()
+
+    # ---- loop ---------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Campaign and renew until `stop` is set (or the task is cancelled); bounded waits only."""
+        try:
+            while not stop.is_set():
+                await self._round()
+                wait = self.settings.retry_period_seconds
+                if self.is_leader:
+                    wait = min(wait, max(0.0, self._deadline_left()))
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=wait)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if self.is_leader:
+                self._set(False, "stopping")
+                if self._release_on_stop:
+                    await asyncio.shield(self._release())
+
+    async def _round(self) -> None:
+        if self.is_leader and self._deadline_left() <= 0:
+            self._set(False, "renew deadline passed")
+        budget = self._deadline_left() if self.is_leader else self.settings.renew_deadline_seconds
+        sent = self._monotonic()
+        try:
+            ok = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=max(budget, 0.001))
+        except asyncio.TimeoutError:
+            ok = False
+            log.warning("lease request timed out", identity=self.identity)
+        if ok:
+            self._last_renew = sent  # counted from when it was sent: the conservative side
+            self._set(True, "acquired lease")
+        elif self.is_leader and self._deadline_left() <= 0:
+            self._set(False, "could not renew within renewDeadlineSeconds")
+
+    async def _try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this replica holds the Lease now. Never raises for API errors."""
+        s = self.settings
+        try:
+            lease = await self._api.read_namespaced_lease(s.lease_name, s.lease_namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("cannot read lease", status=exc.status, reason=exc.reason)
+                return False
+            return await self._create()
+        except (aiohttp.ClientError, OSError) as exc:  # the API is unreachable: try again next round
+            log.warning("cannot reach the API for the lease", error=f"{type(exc).__name__}: {exc}")
+            return False
+        spec = lease.spec
+        holder = spec.holder_identity or None
+        rv = lease.metadata.resource_version
+        now = self._monotonic()
+        if rv != self._observed.resource_version:
+            self._observed = _Observed(rv, holder, now)
+        duration = spec.lease_duration_seconds or s.lease_duration_seconds
+        if holder not in (None, self.identity) and now < self._observed.at + duration:
+            return False  # held by another replica that renewed within its lease duration
+        taking_over = holder != self.identity
+        transitions = (spec.lease_transitions or 0) + (1 if taking_over and holder is not None else 0)
+        stamp = _micro_time(self._wall())
+        acquire = stamp if taking_over or spec.acquire_time is None else _micro_time(spec.acquire_time.timestamp())
+        body = {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": s.lease_name, "namespace": s.lease_namespace, "resourceVersion": rv,
+                         "labels": dict(lease.metadata.labels or {})},
+            "spec": {"holderIdentity": self.identity,
+                     "leaseDurationSeconds": int(math.ceil(s.lease_duration_seconds)),
+                     "acquireTime": acquire, "renewTime": stamp, "leaseTransitions": transitions},
+        }
+        try:
+            written = await self._api.replace_namespaced_lease(s.lease_name, s.lease_namespace, body)
+        except ApiException as exc:
+            # 409: someone else wrote first (a renew or a takeover); decide again next round.
+            log.info("lease update refused", status=exc.status, reason=exc.reason, taking_over=taking_over)
+            return False
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("cannot reach the API for the lease", error=f"{type(exc).__name__}: {exc}")
+            return False
+        self._observed = _Observed(written.metadata.resource_version, self.identity, self._monotonic())
+        return True
+
+    async def _create(self) -> bool:
+        s = self.settings
+        stamp = _micro_time(self._wall())
+        body: dict[str, Any] = {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": s.lease_name, "namespace": s.lease_namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "tailguard"}},
+            "spec": {"holderIdentity": self.identity,
+                     "leaseDurationSeconds": int(math.ceil(s.lease_duration_seconds)),
+                     "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0},
+        }
+        try:
+            written = await self._api.create_namespaced_lease(s.lease_namespace, body)
+        except ApiException as exc:  # 409 AlreadyExists: another replica created it first
+            log.info("lease create refused", status=exc.status, reason=exc.reason)
+            return False
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("cannot reach the API for the lease", error=f"{type(exc).__name__}: {exc}")
+            return False
+        self._observed = _Observed(written.metadata.resource_version, self.identity, self._monotonic())
+        return True
+
+    async def _release(self) -> None:
+        """Hand the Lease back (holder cleared) if we still hold it; best effort, bounded."""
+        s = self.settings
+        try:
+            lease = await asyncio.wait_for(self._api.read_namespaced_lease(s.lease_name, s.lease_namespace),
+                                           timeout=s.retry_period_seconds)
+            if lease.spec.holder_identity != self.identity:
+                return
+            body = {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": s.lease_name, "namespace": s.lease_namespace,
+                             "resourceVersion": lease.metadata.resource_version,
+                             "labels": dict(lease.metadata.labels or {})},
+                "spec": {"leaseDurationSeconds": 1, "renewTime": _micro_time(self._wall()),
+                         "leaseTransitions": lease.spec.lease_transitions or 0},
+            }
+            await asyncio.wait_for(self._api.replace_namespaced_lease(s.lease_name, s.lease_namespace, body),
+                                   timeout=s.retry_period_seconds)
+            log.info("lease released", identity=self.identity)
+        except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            # The lease then simply expires; the successor waits leaseDurationSeconds.
+            log.warning("could not release lease", error=f"{type(exc).__name__}: {exc}")
