@@ -25,6 +25,7 @@ demo: setup
 	$(PY) -m lab.demo
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider
 

@@ -17,7 +17,6 @@ from actions.timeout_sinks.base import duration_text
 from actions.timeout_sinks.registry import SINKS, sink_class
 from core.outcome import OutcomeStatus, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
-from core.signal import Signal
 from core.target import Target
 from tests.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from tests.kube.emulator import KubeEmulator

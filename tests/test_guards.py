@@ -2,11 +2,9 @@
 including across a restart on the same journal file."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from daemon.registries import action_registry, detector_registry
 from daemon.service import Service

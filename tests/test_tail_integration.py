@@ -14,7 +14,7 @@ from daemon.registries import action_registry, detector_registry
 from daemon.service import Service
 from lab.load import run_load
 from lab.triton import TritonServer
-from tests.helpers import local_settings, wait_for
+from tests.helpers import local_settings
 
 POLICY = """
 name: {name}-tail

@@ -572,7 +572,7 @@ class KubeEmulator:
                 raise ApiError(400, "BadRequest", "the body of the request is not a JSON object")
             return merge_patch(base, body)
         raise ApiError(415, "UnsupportedMediaType", (
-            f"the body of the request was in an unknown format - accepted media types include: "
+            "the body of the request was in an unknown format - accepted media types include: "
             "application/json-patch+json, application/merge-patch+json"
             + ("" if rt.custom else ", application/strategic-merge-patch+json")))
 
