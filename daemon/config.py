@@ -65,6 +65,8 @@ class ExecutorSettings(_Section):
     workers: int = Field(4, ge=1, le=64)
     """Signals processed at once; one target is never acted on by two at a time."""
     triton_timeout_seconds: float = Field(30.0, gt=0, alias="tritonTimeoutSeconds")
+    pin_reconcile_interval_seconds: float = Field(30.0, gt=0, alias="pinReconcileIntervalSeconds")
+    """How often pins from past rollbacks are re-checked on every replica (new pods load the newest)."""
 
 
 class Settings(_Section):

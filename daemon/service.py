@@ -71,7 +71,8 @@ class Service:
         self.elector: LeaderElector | None = None
         self._elector_task: asyncio.Task[None] | None = None
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
-                                  self.executor.lock_for)
+                                  self.executor.lock_for,
+                                  settings.executor.pin_reconcile_interval_seconds)
 
     # ---- state queries ----------------------------------------------------------------------
 
@@ -248,7 +249,13 @@ class Service:
         self.journal.sync.close()
 
     async def __aenter__(self) -> "Service":
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # A half-started service (port taken, bad kubeconfig ...) must not leave tasks,
+            # sessions or a held Lease behind.
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -167,3 +167,13 @@ async def test_not_ready_without_valid_policies(tmp_path: Path):
                 detail = await r.json()
     assert r.status == 503 and not detail["ready"]
     assert "target" in detail["last_reload_error"]
+
+
+async def test_port_in_use_fails_start_cleanly(tmp_path: Path, service: Service):
+    """A second daemon on a taken port fails to start with OSError and leaves no task behind
+    (the autouse leak check would fail the test otherwise)."""
+    pol = tmp_path / "policies"
+    settings = local_settings(tmp_path / "second", pol, listen={"host": "127.0.0.1", "port": service.port})
+    with pytest.raises(OSError):
+        async with Service(settings, action_registry(), detector_registry()):
+            pass
