@@ -66,6 +66,14 @@ CREATE TABLE IF NOT EXISTS pins (
     version INTEGER NOT NULL,
     at REAL NOT NULL
 );
+-- Executed plans of the previous leader, imported from the shared cluster state on takeover:
+-- guard_history counts them with the local decisions (an identical `at` counts once).
+CREATE TABLE IF NOT EXISTS guard_marks (
+    policy TEXT NOT NULL,
+    target TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (policy, target, at)
+);
 """
 
 
@@ -222,12 +230,22 @@ class Journal:
                       now: float | None = None) -> tuple[float | None, int]:
         """(time of the last executed plan, executed plans within the window)."""
         now = time.time() if now is None else now
+        # UNION (not UNION ALL): a mark this journal exported and imported back is one plan.
         rows = self._read(
-            "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM decisions"
-            " WHERE policy=? AND target=? AND executed=1",
-            (now - window_seconds, policy, target),
+            "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM ("
+            " SELECT at FROM decisions WHERE policy=? AND target=? AND executed=1"
+            " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?)",
+            (now - window_seconds, policy, target, policy, target),
         )
         return rows[0]["last"], int(rows[0]["n"] or 0)
+
+    def executed_marks(self, since: float) -> list[tuple[str, str, float]]:
+        """(policy, target, at) of every executed plan after `since`, local or imported."""
+        rows = self._read(
+            "SELECT policy, target, at FROM decisions WHERE executed=1 AND at > ?"
+            " UNION SELECT policy, target, at FROM guard_marks WHERE at > ? ORDER BY policy, target, at",
+            (since, since))
+        return [(r["policy"], r["target"], float(r["at"])) for r in rows]
 
     # ---- detector evaluations and pins -------------------------------------------------------
 
@@ -239,6 +257,16 @@ class Journal:
             " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
             " fired=excluded.fired, reason=excluded.reason",
             (policy, trigger_index, series, time.time(), int(fired), reason)))
+
+    def record_evaluations(self, rows: Sequence[tuple[str, int, str, bool, str]]) -> None:
+        """Many verdicts (policy, trigger index, series, fired, reason) in one transaction:
+        a poll cycle over thousands of series must not pay one fsync per series."""
+        now = time.time()
+        self._tx(lambda: self._db.executemany(
+            "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
+            " fired=excluded.fired, reason=excluded.reason",
+            [(p, i, k, now, int(f), r) for p, i, k, f, r in rows]))
 
     def evaluations(self, policy: str | None = None) -> list[dict[str, Any]]:
         if policy is None:
@@ -259,6 +287,38 @@ class Journal:
 
     def pins(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._read("SELECT * FROM pins")]
+
+    def merge_cluster_state(self, pins: Iterable[tuple[str, str, int, float]],
+                            marks: Iterable[tuple[str, str, float]], since: float) -> tuple[int, int]:
+        """Import what another leader recorded, in one transaction.
+
+        Args:
+            pins: (target, model, version, at); the newer `at` wins over a local pin.
+            marks: (policy, target, at) of executed plans, counted by guard_history from now on.
+            since: imported marks at or before this are dropped (they can no longer block anything).
+
+        Returns:
+            (pins inserted or replaced, marks added).
+        """
+        pin_rows, mark_rows = list(pins), list(marks)
+
+        def run() -> tuple[int, int]:
+            changed = added = 0
+            for target, model, version, at in pin_rows:
+                changed += self._db.execute(
+                    "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
+                    " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
+                    " at=excluded.at WHERE excluded.at > pins.at",
+                    (target, model, int(version), float(at))).rowcount
+            for policy, target, at in mark_rows:
+                if at > since:
+                    added += self._db.execute(
+                        "INSERT OR IGNORE INTO guard_marks(policy, target, at) VALUES (?,?,?)",
+                        (policy, target, float(at))).rowcount
+            self._db.execute("DELETE FROM guard_marks WHERE at <= ?", (since,))
+            return changed, added
+
+        return self._tx(run)
 
 
 class AsyncJournal:

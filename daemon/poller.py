@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping
 
+import numpy as np
 import structlog
 
 from core.detection import Detection
@@ -175,32 +176,57 @@ class Poller:
         policy, trigger = watch.policy, watch.bound.trigger
         mine = [s for s in result.series if self._belongs(watch, s)]
         if not mine:
-            await self._journal.record_evaluation(policy.name, watch.bound.index, "*", False,
-                                                  f"no data for model {policy.target.model!r}: {_short(trigger.query)}")
+            await self._journal.record_evaluations([(
+                policy.name, watch.bound.index, "*", False,
+                f"no data for model {policy.target.model!r}: {_short(trigger.query)}")])
             return
         try:
             await watch.detector.prepare(mine, now, self._offload)
         except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
             self._metrics.faults.labels("detector_prepare").inc()
             log.error("detector prepare failed", policy=policy.name, error=repr(exc))
-        for series in mine:
+        detections = self._detect_all(watch, mine, companions, now)
+        rows = []
+        for series, detection in zip(mine, detections):
             key = series_key(series.labels)
-            try:
-                if companions is not None and hasattr(watch.detector, "detect_pair"):
-                    detection = watch.detector.detect_pair(series, companion_for(series, companions), now)
-                else:
-                    detection = watch.detector.detect(series, now)
-            except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
-                self._metrics.faults.labels("detector").inc()
-                log.exception("detector raised", policy=policy.name, series=key)
-                detection = Detection(trigger.type, False, f"detector raised {type(exc).__name__}: {exc}")
             self._metrics.detections.labels(policy.name, trigger.type, str(detection.fired).lower()).inc()
-            await self._journal.record_evaluation(policy.name, watch.bound.index, key, detection.fired,
-                                                  detection.reason)
+            rows.append((policy.name, watch.bound.index, key, detection.fired, detection.reason))
             log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
                       value=detection.value, baseline=detection.baseline, reason=detection.reason)
+        await self._journal.record_evaluations(rows)
+        for series, detection in zip(mine, detections):
             if detection.fired:
                 await self._emit(detection_signal(watch, series, detection, now))
+
+    def _detect_all(self, watch: Watch, mine: list[Series], companions: RangeResult | None,
+                    now: float) -> list[Detection]:
+        """One Detection per series: the detector's vectorized path when it has one and the batch
+        is big enough to pay for aligning, else one call per series."""
+        detector, kind = watch.detector, watch.bound.trigger.type
+        pairs = [companion_for(s, companions) for s in mine] if companions is not None else None
+        if (len(mine) >= BATCH_MIN_SERIES and hasattr(detector, "detect_many")
+                and (pairs is None or all(p is not None for p in pairs))):
+            try:
+                grid, values = align(mine)
+                companion = None
+                if pairs is not None:
+                    companion = (grid, align(pairs, grid)[1])  # type: ignore[arg-type]
+                return list(detector.detect_many(grid, values, now, companion=companion))
+            except Exception:  # the batch path failing must not blind the detector: go per series
+                self._metrics.faults.labels("detector").inc()
+                log.exception("batch detection failed; falling back to per-series", policy=watch.policy.name)
+        out = []
+        for i, series in enumerate(mine):
+            try:
+                if pairs is not None and hasattr(detector, "detect_pair"):
+                    out.append(detector.detect_pair(series, pairs[i], now))
+                else:
+                    out.append(detector.detect(series, now))
+            except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
+                self._metrics.faults.labels("detector").inc()
+                log.exception("detector raised", policy=watch.policy.name, series=series_key(series.labels))
+                out.append(Detection(kind, False, f"detector raised {type(exc).__name__}: {exc}"))
+        return out
 
     def _belongs(self, watch: Watch, series: Series) -> bool:
         label = watch.bound.trigger.model_label
@@ -210,6 +236,21 @@ class Poller:
 
 
 IDENTITY_IGNORED = frozenset({"__name__", "quantile", "le"})
+BATCH_MIN_SERIES = 8  # below this, per-series calls cost less than aligning arrays
+
+
+def align(series: list[Series], grid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Series on one time grid (the union of their timestamps unless given): [S x P], NaN where a
+    series has no point. Range queries share a step, so the union is the query's grid."""
+    if grid is None:
+        grid = np.unique(np.concatenate([np.asarray(s.timestamps, dtype=np.float64) for s in series]))
+    values = np.full((len(series), grid.size), np.nan)
+    for row, s in enumerate(series):
+        ts = np.asarray(s.timestamps, dtype=np.float64)
+        idx = np.searchsorted(grid, ts)
+        ok = (idx < grid.size) & (grid[np.minimum(idx, grid.size - 1)] == ts)
+        values[row, idx[ok]] = np.asarray(s.values, dtype=np.float64)[ok]
+    return grid, values
 
 
 def companion_for(series: Series, companions: RangeResult) -> Series | None:
