@@ -54,6 +54,12 @@ class LeaderElectionSettings(_Section):
     lease_duration_seconds: float = Field(15.0, gt=0, alias="leaseDurationSeconds")
     renew_deadline_seconds: float = Field(10.0, gt=0, alias="renewDeadlineSeconds")
     retry_period_seconds: float = Field(2.0, gt=0, alias="retryPeriodSeconds")
+    state_config_map: str | None = Field(None, alias="stateConfigMap", min_length=1, max_length=253)
+    """ConfigMap (in leaseNamespace) sharing pins and guard history between replicas; None: <leaseName>-state."""
+
+    @property
+    def state_config_map_name(self) -> str:
+        return self.state_config_map or f"{self.lease_name}-state"
 
 
 class LogSettings(_Section):

@@ -47,6 +47,7 @@ class Executor:
         may_act: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_recorded: Callable[[], None] = lambda: None,
     ) -> None:
         self._journal = journal
         self.state = state
@@ -56,6 +57,7 @@ class Executor:
         self._may_act = may_act
         self._clock = clock
         self._sleep = sleep
+        self._on_recorded = on_recorded  # an executed plan or a pin was journaled (cluster state)
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._actions: dict[str, Any] = {}
 
@@ -121,6 +123,7 @@ class Executor:
         # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
         decision_id = await self._decide(signal_id, policy, plan, "executing", "applying",
                                          executed=True)
+        self._on_recorded()
         state, reason = await self._execute(decision_id, policy, plan)
         await self._journal.finish_decision(decision_id, state, reason)
         self._metrics.decisions.labels(policy.name, state).inc()
@@ -198,6 +201,7 @@ class Executor:
         pin = outcome.data.get("pin") if outcome.ok else None
         if pin:
             await self._journal.record_pin(policy.target.key, pin["model"], int(pin["version"]))
+            self._on_recorded()
         return outcome
 
     async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]]) -> None:

@@ -15,6 +15,7 @@ from aiohttp import web
 from actions.base import ActionDeps
 from core.signal import Signal
 from daemon.app import build_app
+from daemon.cluster_state import ClusterState, guard_horizon
 from daemon.config import ConfigError, Settings, webhook_token
 from daemon.executor import Executor, ExecutorState
 from daemon.intake import signal_from_summary
@@ -53,7 +54,7 @@ class Service:
         self.state = ExecutorState(PolicySet(), frozen=settings.freeze)
         self.metrics.frozen.set(int(settings.freeze))
         self.executor = Executor(self.journal, self.state, actions, self.deps, self.metrics,
-                                 may_act=self.may_act, clock=clock)
+                                 may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
         self.is_leader = not settings.leader_election.enabled
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
@@ -70,6 +71,7 @@ class Service:
         self.identity = identity()  # holderIdentity and Event reportingInstance (POD_NAME or host_pid)
         self.elector: LeaderElector | None = None
         self._elector_task: asyncio.Task[None] | None = None
+        self.cluster_state: ClusterState | None = None  # shared pins/guard marks, with leader election
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
                                   settings.executor.pin_reconcile_interval_seconds)
@@ -77,13 +79,21 @@ class Service:
     # ---- state queries ----------------------------------------------------------------------
 
     def may_act(self) -> bool:
-        return self.is_leader
+        # A new leader first imports the cluster state: acting before would forget the old
+        # leader's cooldowns and pins.
+        return self.is_leader and (self.cluster_state is None or self.cluster_state.imported)
 
     def set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
             log.info("leadership changed", leader=leader)
+            if self.cluster_state is not None:
+                self.cluster_state.leadership_changed(leader)
         self.is_leader = leader
-        self.metrics.is_leader.set(int(leader))
+        self.metrics.is_leader.set(int(self.may_act()))
+
+    def _state_recorded(self) -> None:
+        if self.cluster_state is not None:
+            self.cluster_state.request_publish()
 
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
@@ -91,6 +101,7 @@ class Service:
         # able to take over. Webhooks that reach a follower get 503 and Alertmanager retries.
         ready = self.policies_loaded
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
+                "acting": self.may_act(),
                 "policies": len(self.state.policies.policies), "frozen": self.state.frozen,
                 "stale_queries": stale, "last_reload_error": self.last_reload_error}
 
@@ -192,6 +203,13 @@ class Service:
             self.deps.record_event = event_recorder(self.kube, self.identity, self.clock)
         self.deps.endpoints = endpoints_resolver(self.kube)
         if self.settings.leader_election.enabled and self.kube is not None:
+            le = self.settings.leader_election
+            self.cluster_state = ClusterState(
+                self.kube, le.lease_namespace, le.state_config_map_name, self.journal, self.metrics,
+                lambda: guard_horizon(self.state.policies),
+                on_change=lambda: self.metrics.is_leader.set(int(self.may_act())), clock=self.clock,
+                retry_seconds=le.retry_period_seconds, request_timeout_seconds=le.renew_deadline_seconds)
+            self._tasks.append(asyncio.create_task(self.cluster_state.run(self._stop), name="cluster-state"))
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
                                          self.set_leader)
             self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader-election")
@@ -231,6 +249,9 @@ class Service:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.cluster_state is not None:
+            # Share the last plans and pins before the Lease is handed back (bounded per request).
+            await self.cluster_state.flush()
         if self._elector_task is not None:
             # It saw _stop: it steps down and hands the Lease back (bounded), after the workers stopped.
             try:

@@ -215,6 +215,16 @@ def test_config_paths_point_at_mounts(rendered) -> None:
     assert config["leaderElection"]["leaseNamespace"] == hr.NAMESPACE
 
 
+def test_state_configmap_in_config_is_the_one_rbac_grants() -> None:
+    """The daemon writes the ConfigMap the config names, and the leader-election Role names the same one."""
+    for values, expected in (({}, "tailguard-state"), ({"leaderElection": {"stateConfigMap": "tg-x"}}, "tg-x")):
+        objects = hr.render(values)
+        name = _config(objects)["leaderElection"]["stateConfigMap"]
+        assert name == expected
+        grants = rendered_rbac(objects)
+        assert (hr.NAMESPACE, "", "configmaps", ("get", "update"), (name,)) in grants
+
+
 def _checksum(values: dict[str, Any]) -> str:
     return _deployment(hr.render(values))["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
@@ -312,6 +322,9 @@ def expected_rbac(values: dict[str, Any]) -> set[tuple]:
         lease_ns = le["leaseNamespace"] or hr.NAMESPACE
         grant.add((lease_ns, "coordination.k8s.io", "leases", ("create",), ()))
         grant.add((lease_ns, "coordination.k8s.io", "leases", ("get", "update"), (le["leaseName"],)))
+        state = le["stateConfigMap"] or f"{le['leaseName']}-state"
+        grant.add((lease_ns, "", "configmaps", ("create",), ()))
+        grant.add((lease_ns, "", "configmaps", ("get", "update"), (state,)))
     return grant
 
 
@@ -338,6 +351,7 @@ RBAC_CASES = {
     **{name: values for name, values in CASES.items()},
     "no-actions": {"actions": {"istio": {"enabled": False}}},
     "lease-elsewhere": {"leaderElection": {"leaseNamespace": "tailguard-system", "leaseName": "tg-leader"}},
+    "state-configmap-named": {"leaderElection": {"stateConfigMap": "tg-shared-state"}},
     "rbac-off": {"rbac": {"create": False}},
     "cluster-wide-all": {"rbac": {"clusterWide": True, "namespaces": ["ignored"]},
                          "actions": {"configmap": {"enabled": True, "names": ["b", "a"]},

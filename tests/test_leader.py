@@ -150,9 +150,9 @@ async def test_two_services_exactly_one_acts_and_the_other_takes_over(
             await svc.start()
             services.append(svc)
         try:
-            await wait_for(lambda: any(s.is_leader for s in services), timeout=5)
+            await wait_for(lambda: any(s.may_act() for s in services), timeout=5)
             await asyncio.sleep(0.5)
-            leaders = [s for s in services if s.is_leader]
+            leaders = [s for s in services if s.may_act()]
             assert len(leaders) == 1
             leader = leaders[0]
             follower = next(s for s in services if s is not leader)
@@ -162,7 +162,7 @@ async def test_two_services_exactly_one_acts_and_the_other_takes_over(
             assert len(sink.received) == 1
             await leader.stop()
             services.remove(leader)
-            await wait_for(lambda: follower.is_leader, timeout=SETTINGS.lease_duration_seconds + 1)
+            await wait_for(follower.may_act, timeout=SETTINGS.lease_duration_seconds + 1)
             assert await _post(follower, payload_with(starts_at="2026-11-29T18:05:00Z")) == 200
             await follower.drain()
             assert len(sink.received) == 2

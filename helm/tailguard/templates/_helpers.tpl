@@ -61,6 +61,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default .Release.Namespace .Values.leaderElection.leaseNamespace }}
 {{- end }}
 
+{{/* The ConfigMap that carries pins and guard history from one leader to the next. */}}
+{{- define "tailguard.stateConfigMap" -}}
+{{- default (printf "%s-state" .Values.leaderElection.leaseName) .Values.leaderElection.stateConfigMap }}
+{{- end }}
+
 {{/* Namespaces that get a Role: the listed ones, or the release namespace. JSON list. */}}
 {{- define "tailguard.rbacNamespaces" -}}
 {{- if .Values.rbac.namespaces }}{{ .Values.rbac.namespaces | uniq | toJson }}{{ else }}{{ list .Release.Namespace | toJson }}{{ end }}
@@ -129,6 +134,7 @@ leaderElection:
   leaseDurationSeconds: {{ .Values.leaderElection.leaseDurationSeconds }}
   renewDeadlineSeconds: {{ .Values.leaderElection.renewDeadlineSeconds }}
   retryPeriodSeconds: {{ .Values.leaderElection.retryPeriodSeconds }}
+  stateConfigMap: {{ include "tailguard.stateConfigMap" . | quote }}
 freeze: {{ .Values.freeze }}
 log:
   format: {{ .Values.log.format }}
