@@ -33,6 +33,9 @@ class PolicySettings(_Section):
 
 class JournalSettings(_Section):
     path: Path = Path(".tailguard/journal.db")
+    retention_days: float = Field(30.0, ge=1, alias="retentionDays")
+    """Processed signals, their decisions and steps older than this are pruned (pending ones never)."""
+    prune_interval_seconds: float = Field(3600.0, gt=0, alias="pruneIntervalSeconds")
 
 
 class PrometheusSettings(_Section):

@@ -247,6 +247,23 @@ class Journal:
             (since, since))
         return [(r["policy"], r["target"], float(r["at"])) for r in rows]
 
+    def prune(self, before: float) -> dict[str, int]:
+        """Delete what is older than `before`: decisions (with their steps), processed signals left
+        without decisions, stale evaluations. Pending signals and pins are never pruned; the
+        retention must exceed every guard window (config enforces at least a day)."""
+
+        def run() -> dict[str, int]:
+            old = "SELECT id FROM decisions WHERE at < ?"
+            steps = self._db.execute(f"DELETE FROM steps WHERE decision_id IN ({old})", (before,)).rowcount
+            decisions = self._db.execute("DELETE FROM decisions WHERE at < ?", (before,)).rowcount
+            signals = self._db.execute(
+                "DELETE FROM signals WHERE state='processed' AND received_at < ?"
+                " AND id NOT IN (SELECT signal_id FROM decisions)", (before,)).rowcount
+            evaluations = self._db.execute("DELETE FROM evaluations WHERE at < ?", (before,)).rowcount
+            return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
+
+        return self._tx(run)
+
     # ---- detector evaluations and pins -------------------------------------------------------
 
     def record_evaluation(self, policy: str, trigger_index: int, series: str, fired: bool,

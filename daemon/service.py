@@ -163,6 +163,22 @@ class Service:
 
     # ---- workers ----------------------------------------------------------------------------
 
+    async def _prune_loop(self) -> None:
+        """Keep the journal bounded: a daemon runs for months, schedule ticks alone add 1,440 a day."""
+        settings = self.settings.journal
+        while not self._stop.is_set():
+            try:
+                pruned = await self.journal.prune(self.clock() - settings.retention_days * 86400)
+                if any(pruned.values()):
+                    log.info("journal pruned", retention_days=settings.retention_days, **pruned)
+            except JournalError as exc:  # a busy journal is pruned next time; recorded, not fatal
+                self.metrics.faults.labels("journal").inc()
+                log.warning("journal prune failed", error=str(exc))
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=settings.prune_interval_seconds)
+            except asyncio.TimeoutError:
+                pass
+
     async def _worker(self, n: int) -> None:
         while True:
             signal_id, signal = await self._queue.get()
@@ -225,6 +241,7 @@ class Service:
         for n in range(self.settings.executor.workers):
             self._tasks.append(asyncio.create_task(self._worker(n), name=f"worker-{n}"))
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="policy-reload"))
+        self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
         self._tasks.append(asyncio.create_task(
             run_schedules(lambda: self.state.policies, self.emit, self._stop, self.clock), name="scheduler"))
         if self.poller is not None:
