@@ -23,6 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--config", type=Path, help="settings YAML (defaults apply when omitted)")
     val = sub.add_parser("validate", help="check policies; exit 1 with readable errors")
     val.add_argument("path", type=Path, help="a policy YAML file or a directory of them")
+    sim = sub.add_parser("simulate", help="print what the daemon would do with an Alertmanager payload; "
+                                          "observes targets read-only, applies nothing")
+    sim.add_argument("payload", type=Path, help="an Alertmanager webhook body (JSON file)")
+    sim.add_argument("--config", type=Path, help="settings YAML (policies, journal, Prometheus, Kubernetes)")
     sub.add_parser("schema", help="print the policy JSON Schema")
     jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines")
     jr.add_argument("path", type=Path, help="journal SQLite file")
@@ -31,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args.config)
     if args.command == "validate":
         return _validate(args.path)
+    if args.command == "simulate":
+        return _simulate(args.config, args.payload)
     if args.command == "schema":
         from policies.json_schema import policy_json_schema
 
@@ -57,6 +63,22 @@ def _validate(path: Path) -> int:
             else f"every {t.schedule.every:g}s" for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
         print(f"ok: {p.name}: target {p.target.key}; triggers: {triggers}; actions: "
               f"{', '.join(a.kind for a in p.actions)}{' (dry run)' if p.spec.guards.dry_run else ''}")
+    return 0
+
+
+def _simulate(config: Path | None, payload: Path) -> int:
+    from daemon.intake import PayloadError
+    from daemon.simulate import simulate
+    from policies.loader import PolicyLoadError
+
+    try:
+        settings = load_settings(config)
+        configure_logging("console", "warning")
+        results = asyncio.run(simulate(settings, payload, action_registry(), detector_registry()))
+    except (ConfigError, PolicyLoadError, PayloadError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(results, indent=2))
     return 0
 
 

@@ -18,7 +18,7 @@ from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
 from daemon.journal import AsyncJournal
 from daemon.metrics import Metrics
-from policies.guards import GuardState, check_guards
+from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy, PolicySet
 from policies.matching import matching_policies
 from policies.planning import Plan, blocked_plan, build_plan
@@ -94,10 +94,7 @@ class Executor:
                         blocked=f"already decided: {existing.state}")
         resuming = existing is not None  # crashed mid-execution: finish it, guards already passed
         if not resuming:
-            last, count = await self._journal.guard_history(
-                policy.name, policy.target.key, policy.spec.guards.max_actions_window, self._clock())
-            frozen = self.state.frozen
-            decision = check_guards(policy.spec.guards, GuardState(last, count, frozen), self._clock())
+            decision = await self._guard(policy)
             if not decision.allowed:
                 plan = blocked_plan(policy, signal, decision)
                 await self._decide(signal_id, policy, plan, "blocked", decision.reason, executed=False)
@@ -129,6 +126,27 @@ class Executor:
         self._metrics.decisions.labels(policy.name, state).inc()
         log.info("plan finished", state=state, reason=reason)
         return plan
+
+    async def preview(self, signal: Signal) -> list[Plan]:
+        """What `process` would decide for `signal` now: guards checked against the journal, targets
+        observed, plans computed; nothing journaled, nothing applied (`tailguard simulate`)."""
+        plans = []
+        for policy in matching_policies(self.state.policies.policies, signal):
+            decision = await self._guard(policy)
+            if not decision.allowed:
+                plans.append(blocked_plan(policy, signal, decision))
+                continue
+            try:
+                plans.append(build_plan(policy, signal, await self._plan_steps(policy, signal)))
+            except ActionError as exc:
+                plans.append(Plan(policy.name, policy.target.key, signal.dedup_key, (),
+                                  policy.spec.guards.dry_run, blocked=f"planning failed: {exc}"))
+        return plans
+
+    async def _guard(self, policy: LoadedPolicy) -> GuardDecision:
+        last, count = await self._journal.guard_history(
+            policy.name, policy.target.key, policy.spec.guards.max_actions_window, self._clock())
+        return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), self._clock())
 
     async def _plan_steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         steps = []
