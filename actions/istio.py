@@ -7,7 +7,6 @@ overwritten blindly.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
@@ -16,8 +15,9 @@ from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from actions._kube_errors import api_error, is_precondition_failure, server_message
 from actions.base import ActionDeps, ActionParams, Step
-from core.outcome import ActionError, Outcome, PermanentError, TemporaryError
+from core.outcome import ActionError, Outcome, PermanentError
 from core.signal import Signal
 from core.target import Target
 
@@ -229,25 +229,6 @@ class _Conflict(Exception):
     """Our precondition did not hold (409, or 422 from a failed `test` op): re-read and re-plan."""
 
 
-def _is_test_failure(exc: ApiException) -> bool:
-    # A failed json-patch `test` is the API server's generic 422 without causes; a schema
-    # rejection is also 422 but names fields in details.causes and must not be retried.
-    if exc.status != 422:
-        return False
-    try:
-        details = (json.loads(exc.body or "{}") or {}).get("details") or {}
-    except ValueError:
-        return False
-    return not details.get("causes")
-
-
-def _server_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-    except ValueError:
-        return str(exc.reason)
-
-
 class ShiftWeights:
     """The `istio.shift_weights` action (see ShiftWeightsParams)."""
 
@@ -265,16 +246,7 @@ class ShiftWeights:
     def _fail(self, exc: BaseException, verb: str, params: ShiftWeightsParams) -> ActionError:
         """Turn a client error into the action's error taxonomy, naming what was attempted."""
         ref = params.virtual_service
-        what = f"{verb} {PLURAL}.{GROUP} {ref.namespace}/{ref.name}"
-        if isinstance(exc, ApiException):
-            if exc.status == 403:  # RBAC will not change by retrying: fail once, loudly
-                return PermanentError(f"forbidden: cannot {what}: {_server_message(exc)}")
-            if exc.status == 404:
-                return PermanentError(f"not found: {what}: {_server_message(exc)}")
-            if exc.status == 429 or exc.status >= 500:
-                return TemporaryError(f"server error {exc.status} on {what}: {_server_message(exc)}")
-            return PermanentError(f"rejected ({exc.status}) {what}: {_server_message(exc)}")
-        return TemporaryError(f"cannot reach the Kubernetes API for {what}: {type(exc).__name__}: {exc}")
+        return api_error(exc, f"{verb} {PLURAL}.{GROUP} {ref.namespace}/{ref.name}")
 
     async def _read(self, params: ShiftWeightsParams) -> dict[str, Any]:
         ref = params.virtual_service
@@ -293,8 +265,8 @@ class ShiftWeights:
                 _content_type="application/json-patch+json",
                 _request_timeout=params.request_timeout_seconds)
         except ApiException as exc:
-            if exc.status == 409 or _is_test_failure(exc):
-                raise _Conflict(_server_message(exc)) from exc
+            if is_precondition_failure(exc):
+                raise _Conflict(server_message(exc)) from exc
             raise self._fail(exc, "patch", params) from exc
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._fail(exc, "patch", params) from exc

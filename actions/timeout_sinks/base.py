@@ -7,7 +7,6 @@ SinkConflict and the caller re-reads, so nothing is ever overwritten blindly.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
@@ -15,7 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from core.durations import format_ms_duration, parse_duration
-from core.outcome import ActionError, PermanentError, TemporaryError
+from actions._kube_errors import api_error, is_precondition_failure, server_message  # noqa: F401  (re-exported)
+from core.outcome import PermanentError
 
 if TYPE_CHECKING:
     from actions.base import ActionDeps
@@ -92,42 +92,6 @@ def duration_ms(raw: Any) -> float | None:
         return parse_duration(str(raw)) * 1000.0
     except ValueError as exc:
         raise PermanentError(f"stored timeout {raw!r} is not a duration: {exc}") from exc
-
-
-def api_error(exc: BaseException, what: str) -> ActionError:
-    """A Kubernetes client error in the action taxonomy: 403/404/4xx permanent, 5xx/429/network temporary."""
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    if isinstance(exc, ApiException):
-        message = server_message(exc)
-        if exc.status == 403:  # RBAC will not change by retrying: fail once, loudly
-            return PermanentError(f"forbidden: cannot {what}: {message}")
-        if exc.status == 404:
-            return PermanentError(f"not found: {what}: {message}")
-        if exc.status == 429 or exc.status >= 500:
-            return TemporaryError(f"server error {exc.status} on {what}: {message}")
-        return PermanentError(f"rejected ({exc.status}) {what}: {message}")
-    return TemporaryError(f"cannot reach the Kubernetes API for {what}: {type(exc).__name__}: {exc}")
-
-
-def server_message(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-    except (ValueError, AttributeError):
-        return str(getattr(exc, "reason", exc))
-
-
-def is_precondition_failure(exc: Any) -> bool:
-    """409, or the generic 422 of a failed JSON-patch `test` (a schema 422 names causes)."""
-    if exc.status == 409:
-        return True
-    if exc.status != 422:
-        return False
-    try:
-        details = (json.loads(exc.body or "{}") or {}).get("details") or {}
-    except ValueError:
-        return False
-    return not details.get("causes")
 
 
 def value_patch(resource_version: str | None, path: str, current: Any, new: Any,
