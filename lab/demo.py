@@ -93,7 +93,7 @@ async def main() -> None:
     policies = work / "policies"
     policies.mkdir()
     text = (ROOT / "examples" / "policies" / "ranker.yaml").read_text()
-    (policies / "ranker.yaml").write_text(text.replace("${TRITON_URL}", triton.base_url))
+    (policies / "ranker.yaml").write_text(text.replace("http://127.0.0.1:8000", triton.base_url))
     os.environ["TAILGUARD_WEBHOOK_TOKEN"] = TOKEN
     settings = Settings.model_validate({
         "listen": {"host": "127.0.0.1", "port": port},
