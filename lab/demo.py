@@ -49,12 +49,19 @@ def served(server: TritonServer) -> list[str]:
         return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
 
 
-def p999_ms(prom: PrometheusServer) -> str:
-    q = 'max by (model) (nv_inference_request_summary_us{model="ranker",quantile="0.999"})'
+def p999_ms(prom: PrometheusServer, version: str | None = None) -> str:
+    # Per version when asked: the unloaded version's summary window still holds its slow requests.
+    match = f',version="{version}"' if version else ""
+    q = f'max by (model) (nv_inference_request_summary_us{{model="ranker"{match},quantile="0.999"}})'
     url = f"{prom.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
     with urllib.request.urlopen(url, timeout=5) as resp:
         result = json.load(resp)["data"]["result"]
     return f"{float(result[0]['value'][1]) / 1000:.1f} ms" if result else "no data"
+
+
+def firing_alerts(am: AlertmanagerServer) -> list[str]:
+    with urllib.request.urlopen(f"{am.url}/api/v2/alerts", timeout=5) as resp:
+        return [a["labels"]["alertname"] for a in json.load(resp) if a["status"]["state"] == "active"]
 
 
 async def load_version(server: TritonServer, version: int | None) -> None:
@@ -120,9 +127,12 @@ async def main() -> None:
             if decided is None:
                 say(t0, "no decision within the watch window (see the journal below)")
             else:
-                say(t0, f"tailguard acted {time.monotonic() - deploy:.1f}s after the deploy")
+                say(t0, f"tailguard acted {time.monotonic() - deploy:.1f}s after the deploy; "
+                        f"Alertmanager alerts firing by then: {firing_alerts(am) or 'none'} "
+                        f"(the P99.9 rule needs 30s above 500 ms first)")
             await asyncio.sleep(3)
-            say(t0, f"ranker now serves v{','.join(served(triton))}; P99.9 {p999_ms(prom)}")
+            now_serving = ",".join(served(triton))
+            say(t0, f"ranker now serves v{now_serving}; P99.9 of v{now_serving}: {p999_ms(prom, now_serving)}")
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
             print("\njournal:")
