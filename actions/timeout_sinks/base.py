@@ -94,6 +94,20 @@ def duration_ms(raw: Any) -> float | None:
         raise PermanentError(f"stored timeout {raw!r} is not a duration: {exc}") from exc
 
 
+class DurationSink:
+    """Shared by sinks whose timeout is a Kubernetes duration string (Istio, Gateway API)."""
+
+    def __init__(self, params: Any, deps: "ActionDeps") -> None:
+        self.params = params
+        self._deps = deps
+
+    def encode(self, ms: int) -> str:
+        return duration_text(ms)
+
+    def to_ms(self, raw: Any) -> float | None:
+        return duration_ms(raw)
+
+
 def value_patch(resource_version: str | None, path: str, current: Any, new: Any,
                 parent: str | None = None) -> list[dict[str, Any]]:
     """RFC 6902 ops: `test` the resourceVersion and the old value, then set or remove the new one.

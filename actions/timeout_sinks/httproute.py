@@ -1,17 +1,13 @@
 """Timeout sink `httproute`: `rules[i].timeouts.request` of a Gateway API HTTPRoute (v1 / v1beta1)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from actions.timeout_sinks import _kube
-from actions.timeout_sinks.base import (SinkParams, TimeoutReading, duration_ms, duration_text,
-                                        value_patch)
+from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, duration_ms, value_patch
 from core.outcome import PermanentError
-
-if TYPE_CHECKING:
-    from actions.base import ActionDeps
 
 GROUP, PLURAL = "gateway.networking.k8s.io", "httproutes"
 
@@ -24,19 +20,10 @@ class HTTPRouteSinkParams(SinkParams):
     rule: int = Field(0, ge=0)  # index into spec.rules
 
 
-class HTTPRouteSink:
+class HTTPRouteSink(DurationSink):
     kind = "httproute"
     Params = HTTPRouteSinkParams
-
-    def __init__(self, params: HTTPRouteSinkParams, deps: "ActionDeps") -> None:
-        self.params = params
-        self._deps = deps
-
-    def encode(self, ms: int) -> str:
-        return duration_text(ms)
-
-    def to_ms(self, raw: Any) -> float | None:
-        return duration_ms(raw)
+    params: HTTPRouteSinkParams
 
     async def read(self) -> TimeoutReading:
         p = self.params

@@ -1,17 +1,13 @@
 """Timeout sink `istio`: the `timeout` of one http route of an Istio VirtualService (v1 / v1beta1)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from actions.timeout_sinks import _kube
-from actions.timeout_sinks.base import (SinkParams, TimeoutReading, duration_ms, duration_text,
-                                        value_patch)
+from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, value_patch
 from core.outcome import PermanentError
-
-if TYPE_CHECKING:
-    from actions.base import ActionDeps
 
 GROUP, PLURAL = "networking.istio.io", "virtualservices"
 
@@ -44,19 +40,10 @@ def route_index(vs: dict[str, Any], route: str | None, match: int | None) -> int
     return index
 
 
-class IstioRouteSink:
+class IstioRouteSink(DurationSink):
     kind = "istio"
     Params = IstioRouteSinkParams
-
-    def __init__(self, params: IstioRouteSinkParams, deps: "ActionDeps") -> None:
-        self.params = params
-        self._deps = deps
-
-    def encode(self, ms: int) -> str:
-        return duration_text(ms)
-
-    def to_ms(self, raw: Any) -> float | None:
-        return duration_ms(raw)
+    params: IstioRouteSinkParams
 
     async def read(self) -> TimeoutReading:
         p = self.params
