@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from lab.ports import LOOPBACK, free_port
-from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, ManagedProcess
+from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer
 
 ALERTMANAGER_BIN = "prometheus-alertmanager"
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -23,6 +23,8 @@ _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 class AlertmanagerServer(LocalServer):
     """A real Alertmanager whose only receiver POSTs to `webhook_url`."""
+
+    NAME = "Alertmanager"
 
     def __init__(
         self,
@@ -66,7 +68,6 @@ class AlertmanagerServer(LocalServer):
         self.binary = binary
         self.ready_timeout_seconds = ready_timeout_seconds
         self.port = free_port()
-        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -88,12 +89,6 @@ class AlertmanagerServer(LocalServer):
         """The server's combined stdout/stderr."""
         return self.workdir / "alertmanager.log"
 
-    @property
-    def pid(self) -> int:
-        """PID of the running server."""
-        if self._process is None:
-            raise RuntimeError("Alertmanager not started")
-        return self._process.pid
 
     def config(self) -> dict[str, object]:
         """The configuration written to `config_path`."""
@@ -115,8 +110,7 @@ class AlertmanagerServer(LocalServer):
 
     def start(self) -> None:
         """Write the config, start Alertmanager, and block until ``/-/ready`` answers."""
-        if self._process is not None:
-            raise RuntimeError("Alertmanager already started")
+        self._not_started()
         if shutil.which(self.binary) is None:
             raise FileNotFoundError(f"{self.binary} not found; install the Debian package 'prometheus-alertmanager'")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -129,18 +123,6 @@ class AlertmanagerServer(LocalServer):
             # Empty disables the gossip cluster: no extra ports, no peer wait before ready.
             "--cluster.listen-address=",
         ]
-        self._process = ManagedProcess(argv=argv, log_path=self.log_path)
-        self._process.start()
-        try:
-            self._process.wait_ready(f"{self.url}/-/ready", self.ready_timeout_seconds)
-        except BaseException:
-            self._process.stop()
-            raise
+        self._launch(argv, self.log_path, f"{self.url}/-/ready", self.ready_timeout_seconds)
 
-    def stop(self) -> int | None:
-        """Stop the server (terminate, wait, kill); returns its exit code."""
-        return self._process.stop() if self._process else None
 
-    def log_tail(self, max_bytes: int = 4000) -> str:
-        """The end of the server log, for assertion messages."""
-        return self._process.log_tail(max_bytes) if self._process else ""

@@ -142,17 +142,50 @@ def environ_with(**overrides: str) -> dict[str, str]:
 
 
 class LocalServer:
-    """Context-manager plumbing shared by the lab's servers: subclasses define start/stop.
+    """Plumbing shared by the lab's servers: one managed process, launch-until-ready, stop, pid,
+    log tail and the context managers. Subclasses define `start` (write config, call `_launch`).
 
     Starting blocks for seconds (a subprocess and a readiness loop), so the async form runs it
     in a thread and the event loop keeps serving, e.g. a webhook receiver the server will call.
     """
 
+    NAME = "server"
+    STOP_GRACE_SECONDS = 10.0
+    _process: ManagedProcess | None = None
+
     def start(self) -> None:
         raise NotImplementedError
 
+    def _launch(self, argv: Sequence[str], log_path: Path, ready_url: str, timeout_seconds: float,
+                env: Mapping[str, str] | None = None) -> None:
+        """Start the process and block until `ready_url` answers; on failure, stop it again."""
+        self._not_started()
+        self._process = ManagedProcess(argv=argv, log_path=log_path, env=env)
+        self._process.start()
+        try:
+            self._process.wait_ready(ready_url, timeout_seconds)
+        except BaseException:
+            self._process.stop()
+            raise
+
+    def _not_started(self) -> None:
+        if self._process is not None:
+            raise RuntimeError(f"{self.NAME} already started")
+
     def stop(self) -> int | None:
-        raise NotImplementedError
+        """Stop the server (terminate, wait, kill); returns its exit code."""
+        return self._process.stop(grace_seconds=self.STOP_GRACE_SECONDS) if self._process else None
+
+    @property
+    def pid(self) -> int:
+        """PID of the running server."""
+        if self._process is None:
+            raise RuntimeError(f"{self.NAME} not started")
+        return self._process.pid
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        """The end of the server log, for assertion messages."""
+        return self._process.log_tail(max_bytes) if self._process else ""
 
     def __enter__(self) -> Self:
         self.start()

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lab.ports import LOOPBACK, free_port
-from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, ManagedProcess
+from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer
 
 PROMETHEUS_BIN = "prometheus"
 PROMTOOL_BIN = "promtool"
@@ -92,6 +92,8 @@ def backfill_openmetrics(
 class PrometheusServer(LocalServer):
     """A real Prometheus on a free loopback port with a temp config and data dir."""
 
+    NAME = "Prometheus"
+
     def __init__(
         self,
         scrape_targets: Mapping[str, Sequence[str]] | None = None,
@@ -130,7 +132,6 @@ class PrometheusServer(LocalServer):
         self.binary = binary
         self.ready_timeout_seconds = ready_timeout_seconds
         self.port = free_port()
-        self._process: ManagedProcess | None = None
 
     @property
     def url(self) -> str:
@@ -147,12 +148,6 @@ class PrometheusServer(LocalServer):
         """The server's combined stdout/stderr."""
         return self.workdir / "prometheus.log"
 
-    @property
-    def pid(self) -> int:
-        """PID of the running server."""
-        if self._process is None:
-            raise RuntimeError("Prometheus not started")
-        return self._process.pid
 
     def config(self) -> dict[str, object]:
         """The configuration written to `config_path`."""
@@ -171,8 +166,7 @@ class PrometheusServer(LocalServer):
 
     def start(self) -> None:
         """Write the config, start Prometheus, and block until ``/-/ready`` answers."""
-        if self._process is not None:
-            raise RuntimeError("Prometheus already started")
+        self._not_started()
         if shutil.which(self.binary) is None:
             raise FileNotFoundError(f"{self.binary} not found; install the Debian package 'prometheus'")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -186,18 +180,6 @@ class PrometheusServer(LocalServer):
             # Lets a test reload rule files (POST /-/reload) without a restart.
             "--web.enable-lifecycle",
         ]
-        self._process = ManagedProcess(argv=argv, log_path=self.log_path)
-        self._process.start()
-        try:
-            self._process.wait_ready(f"{self.url}/-/ready", self.ready_timeout_seconds)
-        except BaseException:
-            self._process.stop()
-            raise
+        self._launch(argv, self.log_path, f"{self.url}/-/ready", self.ready_timeout_seconds)
 
-    def stop(self) -> int | None:
-        """Stop the server (terminate, wait, kill); returns its exit code."""
-        return self._process.stop() if self._process else None
 
-    def log_tail(self, max_bytes: int = 4000) -> str:
-        """The end of the server log, for assertion messages."""
-        return self._process.log_tail(max_bytes) if self._process else ""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from lab.ports import LOOPBACK, free_port
-from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, ManagedProcess, environ_with
+from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, environ_with
 
 # Quantile:allowed-error pairs for Triton's summaries; 0.999 is the tail tailguard watches.
 SUMMARY_QUANTILES = "0.5:0.05,0.9:0.01,0.99:0.001,0.999:0.0001"
@@ -168,6 +168,9 @@ class TritonServer(LocalServer):
     Use as a (sync or async) context manager, or call `start()` / `stop()`.
     """
 
+    NAME = "Triton"
+    STOP_GRACE_SECONDS = 15.0
+
     def __init__(
         self,
         model_repository: Path,
@@ -192,7 +195,6 @@ class TritonServer(LocalServer):
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.metrics_port = free_port()
-        self._process: ManagedProcess | None = None
 
     @property
     def http_url(self) -> str:
@@ -224,12 +226,6 @@ class TritonServer(LocalServer):
         """The server's combined stdout/stderr."""
         return self.workdir / "tritonserver.log"
 
-    @property
-    def pid(self) -> int:
-        """PID of the running server."""
-        if self._process is None:
-            raise RuntimeError("Triton not started")
-        return self._process.pid
 
     def argv(self, server_dir: Path) -> list[str]:
         """The full command line, given the prepared server folder."""
@@ -279,21 +275,9 @@ class TritonServer(LocalServer):
 
     def start(self) -> None:
         """Start the server and block until it and its initial models are ready."""
-        if self._process is not None:
-            raise RuntimeError("Triton already started")
+        self._not_started()
         server_dir = prepared_server_dir()
-        self._process = ManagedProcess(argv=self.argv(server_dir), log_path=self.log_path, env=self.env())
-        self._process.start()
-        try:
-            self._process.wait_ready(f"{self.base_url}/v2/health/ready", self.ready_timeout_seconds)
-        except BaseException:
-            self._process.stop()
-            raise
+        self._launch(self.argv(server_dir), self.log_path, f"{self.base_url}/v2/health/ready",
+                     self.ready_timeout_seconds, env=self.env())
 
-    def stop(self) -> int | None:
-        """Stop the server (terminate, wait, kill); returns its exit code."""
-        return self._process.stop(grace_seconds=15.0) if self._process else None
 
-    def log_tail(self, max_bytes: int = 4000) -> str:
-        """The end of the server log, for assertion messages."""
-        return self._process.log_tail(max_bytes) if self._process else ""
