@@ -153,41 +153,36 @@ class LeaderElector:
         transitions = (spec.lease_transitions or 0) + (1 if taking_over and holder is not None else 0)
         stamp = _micro_time(self._wall())
         acquire = stamp if taking_over or spec.acquire_time is None else _micro_time(spec.acquire_time.timestamp())
-        body = {
-            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": s.lease_name, "namespace": s.lease_namespace, "resourceVersion": rv,
-                         "labels": dict(lease.metadata.labels or {})},
-            "spec": {"holderIdentity": self.identity,
-                     "leaseDurationSeconds": int(math.ceil(s.lease_duration_seconds)),
-                     "acquireTime": acquire, "renewTime": stamp, "leaseTransitions": transitions},
-        }
-        try:
-            written = await self._api.replace_namespaced_lease(s.lease_name, s.lease_namespace, body)
-        except ApiException as exc:
-            # 409: someone else wrote first (a renew or a takeover); decide again next round.
-            log.info("lease update refused", status=exc.status, reason=exc.reason, taking_over=taking_over)
-            return False
-        except (aiohttp.ClientError, OSError) as exc:
-            log.warning("cannot reach the API for the lease", error=f"{type(exc).__name__}: {exc}")
-            return False
-        self._observed = _Observed(written.metadata.resource_version, self.identity, self._monotonic())
-        return True
+        metadata = {"resourceVersion": rv, "labels": dict(lease.metadata.labels or {})}
+        return await self._write(
+            self._api.replace_namespaced_lease(s.lease_name, s.lease_namespace,
+                                               self._body(metadata, acquire, stamp, transitions)),
+            "update", taking_over=taking_over)  # 409: someone else wrote first; decide again next round
 
     async def _create(self) -> bool:
-        s = self.settings
         stamp = _micro_time(self._wall())
-        body: dict[str, Any] = {
+        metadata = {"labels": {"app.kubernetes.io/managed-by": "tailguard"}}
+        return await self._write(  # 409 AlreadyExists: another replica created it first
+            self._api.create_namespaced_lease(self.settings.lease_namespace,
+                                              self._body(metadata, stamp, stamp, 0)),
+            "create")
+
+    def _body(self, metadata: dict[str, Any], acquire: str, renew: str, transitions: int) -> dict[str, Any]:
+        s = self.settings
+        return {
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": s.lease_name, "namespace": s.lease_namespace,
-                         "labels": {"app.kubernetes.io/managed-by": "tailguard"}},
+            "metadata": {"name": s.lease_name, "namespace": s.lease_namespace, **metadata},
             "spec": {"holderIdentity": self.identity,
                      "leaseDurationSeconds": int(math.ceil(s.lease_duration_seconds)),
-                     "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 0},
+                     "acquireTime": acquire, "renewTime": renew, "leaseTransitions": transitions},
         }
+
+    async def _write(self, call: Awaitable[Any], verb: str, **log_fields: Any) -> bool:
+        """Await a Lease create/replace; True (and the new resourceVersion observed) if it landed."""
         try:
-            written = await self._api.create_namespaced_lease(s.lease_namespace, body)
-        except ApiException as exc:  # 409 AlreadyExists: another replica created it first
-            log.info("lease create refused", status=exc.status, reason=exc.reason)
+            written = await call
+        except ApiException as exc:
+            log.info(f"lease {verb} refused", status=exc.status, reason=exc.reason, **log_fields)
             return False
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("cannot reach the API for the lease", error=f"{type(exc).__name__}: {exc}")
