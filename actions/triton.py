@@ -1,6 +1,6 @@
 """`triton.rollback`: pin a Triton model to a known-good version through explicit model control.
 
-Rollback that works (FINDINGS.md): read the model config, set
+Rollback that works (docs/stack-facts.md): read the model config, set
 `version_policy: {specific: {versions: [N]}}` and `load_model(name, config=...)`; Triton loads N
 and unloads the bad version in one step (~1.5 s), faster than load-beside-then-unload.
 """

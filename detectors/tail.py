@@ -36,7 +36,7 @@ class TailAnomalyParams(DetectorParams):
     """N: exceedances needed among the last M valid points."""
     confirm_window_points: int = Field(5, ge=1)
     """M: Triton's summary dips back for a scrape while slow requests are still in its window,
-    so N-of-M rather than N consecutive (FINDINGS.md)."""
+    so N-of-M rather than N consecutive (docs/stack-facts.md)."""
     min_baseline_points: int = Field(30, ge=3)
     """Fewer valid baseline points than this: too little history to decide."""
     max_staleness_seconds: float = Field(60.0, gt=0)
@@ -46,7 +46,7 @@ class TailAnomalyParams(DetectorParams):
     baseline * (1 + this)."""
     require_divergence: bool = False
     """Fire only when the companion stays flat. Off by default: a burst of slow inputs can fill
-    every instance and lift P99 too (FINDINGS.md), and that is still an incident."""
+    every instance and lift P99 too (docs/stack-facts.md), and that is still an incident."""
 
     @model_validator(mode="after")
     def _n_not_above_m(self) -> "TailAnomalyParams":

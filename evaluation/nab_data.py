@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-DEFAULT_NAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "nab"
+# The NAB development subset shipped with the repository (fixtures/nab: data, labels, MIT license).
+DEFAULT_NAB_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "nab"
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,8 @@ class NabSeries:
 
 
 def nab_dir() -> Path:
-    """The NAB folder: $TAILGUARD_NAB_DIR, else ../shared/datasets/nab beside the checkout."""
-    return Path(os.environ.get("TAILGUARD_NAB_DIR", DEFAULT_NAB_DIR))
+    """The NAB folder in this repository (`--nab-dir` of the evaluation commands overrides it)."""
+    return DEFAULT_NAB_DIR
 
 
 def _parse_time(text: str) -> float:

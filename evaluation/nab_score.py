@@ -1,4 +1,4 @@
-"""A NAB scorer written from shared/datasets/nab/SCORING.md (no NAB code): scaled-sigmoid window
+"""A NAB scorer written from fixtures/nab/SCORING.md (no NAB code): scaled-sigmoid window
 scoring, probationary period, null/perfect normalization, plus recall, FP rate and delay."""
 from __future__ import annotations
 

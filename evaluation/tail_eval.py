@@ -84,7 +84,7 @@ def _totals(label: str, c: CorpusScore) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--nab-dir", type=Path, default=None, help="NAB folder (default: shared)")
+    ap.add_argument("--nab-dir", type=Path, default=None, help="NAB folder (default: fixtures/nab)")
     ap.add_argument("--profile", default="standard", choices=sorted(PROFILES))
     args = ap.parse_args(argv)
     t0 = time.process_time()

@@ -6,7 +6,7 @@ from typing import AsyncIterator
 
 import pytest
 
-pytest_plugins = ["tests.lab_fixtures", "tests.kube.conftest_plugin"]
+pytest_plugins = ["tests.support.lab_fixtures", "tests.support.kube.conftest_plugin"]
 
 
 @pytest.fixture(autouse=True)

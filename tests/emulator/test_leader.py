@@ -1,0 +1,173 @@
+"""Lease leader election: one leader of two, takeover after expiry, step-down before expiry,
+and two real Services where exactly one acts."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio.client import ApiClient
+
+from daemon.config import LeaderElectionSettings
+from daemon.leader import LeaderElectionError, LeaderElector
+from daemon.registries import action_registry, detector_registry
+from daemon.service import Service
+from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
+from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
+from tests.support.kube.emulator import KubeEmulator
+from tests.support.kube_helpers import kube_settings, write_kubeconfig
+
+LEASE = {"leaseName": "tailguard", "leaseNamespace": "tailguard", "leaseDurationSeconds": 1.5,
+         "renewDeadlineSeconds": 1.0, "retryPeriodSeconds": 0.2}
+SETTINGS = LeaderElectionSettings.model_validate({"enabled": True, **LEASE})
+
+
+class Replica:
+    """One elector with its own ApiClient, recording (monotonic time, is_leader) changes."""
+
+    def __init__(self, emulator: KubeEmulator, name: str, release: bool = True) -> None:
+        self.api = ApiClient(configuration=emulator.configuration())
+        self.changes: list[tuple[float, bool]] = []
+        self.elector = LeaderElector(self.api, SETTINGS, name,
+                                     lambda leader: self.changes.append((time.monotonic(), leader)),
+                                     release_on_stop=release)
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(self.elector.run(self.stop), name=f"elector-{name}")
+
+    @property
+    def leader(self) -> bool:
+        return self.elector.is_leader
+
+    async def close(self, *, crash: bool = False) -> None:
+        if crash:  # dies: no step-down write, no release
+            self.task.cancel()
+        self.stop.set()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.api.close()
+
+
+def test_renew_deadline_must_be_below_lease_duration() -> None:
+    """Settings that could let two leaders overlap are refused."""
+    bad = LeaderElectionSettings.model_validate({**LEASE, "renewDeadlineSeconds": 2})
+    with pytest.raises(LeaderElectionError, match="renewDeadlineSeconds"):
+        LeaderElector(None, bad, "a", lambda _: None)  # type: ignore[arg-type]
+
+
+async def test_one_of_two_leads_and_the_other_takes_over_after_expiry(kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """Exactly one leads; when it dies without releasing, the other leads within the lease duration."""
+    a, b = Replica(kube_emulator, "a", release=False), Replica(kube_emulator, "b", release=False)
+    try:
+        await wait_for(lambda: a.leader or b.leader, timeout=5)
+        await asyncio.sleep(0.6)  # several renew rounds: still exactly one
+        assert a.leader != b.leader
+        leader, follower = (a, b) if a.leader else (b, a)
+        lease = kube_emulator.get("leases", "tailguard", "tailguard")
+        assert lease["spec"]["holderIdentity"] == leader.elector.identity
+        assert lease["spec"]["leaseDurationSeconds"] == 2 and lease["spec"]["leaseTransitions"] == 0
+        died = time.monotonic()
+        await leader.close(crash=True)
+        await wait_for(lambda: follower.leader, timeout=5)
+        took = follower.changes[-1][0] - died
+        assert SETTINGS.lease_duration_seconds - 0.5 <= took <= SETTINGS.lease_duration_seconds + 1.0
+        lease = kube_emulator.get("leases", "tailguard", "tailguard")
+        assert lease["spec"]["holderIdentity"] == follower.elector.identity
+        assert lease["spec"]["leaseTransitions"] == 1
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_partitioned_leader_steps_down_before_the_lease_can_be_taken(kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """A leader cut off from the API calls on_change(False) before the other replica acquires."""
+    a = Replica(kube_emulator, "a")
+    try:
+        await wait_for(lambda: a.leader, timeout=5)
+        b = Replica(kube_emulator, "b")
+        await asyncio.sleep(0.5)
+        assert not b.leader
+        a.api.configuration.host = "http://127.0.0.1:9"  # a's network to the API is gone
+        await wait_for(lambda: b.leader, timeout=5)
+        stepped_down = next(t for t, leader in a.changes if not leader)
+        took_over = next(t for t, leader in b.changes if leader)
+        assert stepped_down < took_over, (stepped_down, took_over)
+        assert not a.leader
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_clean_stop_releases_the_lease_for_a_fast_handover(kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """A leader that stops cleanly hands the Lease back: the successor needs no expiry wait."""
+    a = Replica(kube_emulator, "a")
+    await wait_for(lambda: a.leader, timeout=5)
+    b = Replica(kube_emulator, "b")
+    try:
+        stopped = time.monotonic()
+        await a.close()
+        await wait_for(lambda: b.leader, timeout=5)
+        assert b.changes[-1][0] - stopped < SETTINGS.lease_duration_seconds
+    finally:
+        await b.close()
+
+
+POLICY = """
+name: ranker-notify
+target: {model: ranker}
+triggers:
+  - alert: {name: TritonTailLatencyHigh}
+actions:
+  - type: notify
+    url: URL
+guards: {cooldown: 0s}
+"""
+
+
+async def _post(svc: Service, body: dict[str, Any]) -> int:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", json=body,
+                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            return resp.status
+
+
+async def test_two_services_exactly_one_acts_and_the_other_takes_over(
+        tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """Two real Services on one Lease: the leader acts (200), the follower answers 503; after the
+    leader stops, the follower leads and acts."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    services = []
+    async with NotifySink() as sink:
+        for name in ("a", "b"):
+            pol = tmp_path / name / "policies"
+            pol.mkdir(parents=True)
+            (pol / "p.yaml").write_text(POLICY.replace("URL", sink.url))
+            settings = local_settings(tmp_path / name, pol, kubernetes=kube_settings(kubeconfig),
+                                      leaderElection={"enabled": True, **LEASE})
+            svc = Service(settings, action_registry(), detector_registry())
+            svc.identity = f"tailguard-{name}"
+            await svc.start()
+            services.append(svc)
+        try:
+            await wait_for(lambda: any(s.may_act() for s in services), timeout=5)
+            await asyncio.sleep(0.5)
+            leaders = [s for s in services if s.may_act()]
+            assert len(leaders) == 1
+            leader = leaders[0]
+            follower = next(s for s in services if s is not leader)
+            assert await _post(follower, payload_with(starts_at="2026-11-29T18:00:00Z")) == 503
+            assert await _post(leader, payload_with(starts_at="2026-11-29T18:00:00Z")) == 200
+            await leader.drain()
+            assert len(sink.received) == 1
+            await leader.stop()
+            services.remove(leader)
+            await wait_for(follower.may_act, timeout=SETTINGS.lease_duration_seconds + 1)
+            assert await _post(follower, payload_with(starts_at="2026-11-29T18:05:00Z")) == 200
+            await follower.drain()
+            assert len(sink.received) == 2
+            assert kube_emulator.get("leases", "tailguard", "tailguard")["spec"]["holderIdentity"] == "tailguard-" + (
+                "b" if leader.identity == "tailguard-a" else "a")
+        finally:
+            for svc in services:
+                await svc.stop()
