@@ -9,11 +9,11 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from daemon.intake import PayloadError, alert_signals, parse_payload
-from daemon.journal import JournalError
+from daemon.http.intake import PayloadError, alert_signals, parse_payload
+from daemon.storage.journal import JournalError
 
 if TYPE_CHECKING:
-    from daemon.service import Service
+    from daemon.wiring.service import Service
 
 log = structlog.get_logger("tailguard.http")
 

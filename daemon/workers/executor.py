@@ -16,8 +16,8 @@ import structlog
 from actions.base import ActionDeps, Step
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
-from daemon.journal import AsyncJournal
-from daemon.metrics import Metrics
+from daemon.storage.journal import AsyncJournal
+from daemon.common.metrics import Metrics
 from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy, PolicySet
 from policies.matching import matching_policies

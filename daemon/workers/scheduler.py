@@ -4,12 +4,11 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timezone
-from typing import Awaitable, Callable
+from typing import Callable
 
 from core.signal import Signal, SignalSource
+from daemon.workers.emit import Emit
 from policies.loader import PolicySet
-
-Emit = Callable[[Signal], Awaitable[None]]
 
 
 def due_ticks(policies: PolicySet, last_tick: dict[tuple[str, int], int], now: float) -> list[Signal]:

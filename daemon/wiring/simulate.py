@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from actions.base import ActionDeps
-from daemon.config import Settings
-from daemon.executor import Executor, ExecutorState
-from daemon.intake import alert_signals, parse_payload
-from daemon.journal import AsyncJournal, Journal
-from daemon.kube import create_api_client, endpoints_resolver
-from daemon.metrics import Metrics
-from daemon.prometheus import PrometheusClient
+from daemon.common.config import Settings
+from daemon.workers.executor import Executor, ExecutorState
+from daemon.http.intake import alert_signals, parse_payload
+from daemon.storage.journal import AsyncJournal, Journal
+from daemon.cluster.kube import create_api_client, endpoints_resolver
+from daemon.common.metrics import Metrics
+from daemon.sources.prometheus import PrometheusClient
 from policies.loader import load_policies
 
 

@@ -14,19 +14,19 @@ from aiohttp import web
 
 from actions.base import ActionDeps
 from core.signal import Signal
-from daemon.app import build_app
-from daemon.cluster_state import ClusterState, guard_horizon
-from daemon.config import ConfigError, Settings, webhook_token
-from daemon.executor import Executor, ExecutorState
-from daemon.intake import signal_from_summary
-from daemon.journal import AsyncJournal, Journal, JournalError
-from daemon.kube import create_api_client, endpoints_resolver, event_recorder, identity
-from daemon.leader import LeaderElector
-from daemon.metrics import Metrics
-from daemon.pins import PinReconciler
-from daemon.poller import Poller
-from daemon.prometheus import PrometheusClient
-from daemon.scheduler import run_schedules
+from daemon.http.app import build_app
+from daemon.cluster.cluster_state import ClusterState, guard_horizon
+from daemon.common.config import ConfigError, Settings, webhook_token
+from daemon.workers.executor import Executor, ExecutorState
+from daemon.http.intake import signal_from_summary
+from daemon.storage.journal import AsyncJournal, Journal, JournalError
+from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder, identity
+from daemon.cluster.leader import LeaderElector
+from daemon.common.metrics import Metrics
+from daemon.workers.pins import PinReconciler
+from daemon.workers.poller import Poller
+from daemon.sources.prometheus import PrometheusClient
+from daemon.workers.scheduler import run_schedules
 from policies.loader import PolicyLoadError, PolicySet, load_policies
 
 log = structlog.get_logger("tailguard.service")

@@ -11,9 +11,9 @@ from typing import Sequence
 
 import structlog
 
-from daemon.config import ConfigError, load_settings
-from daemon.logs import configure_logging
-from daemon.registries import action_registry, detector_registry
+from daemon.common.config import ConfigError, load_settings
+from daemon.common.logs import configure_logging
+from daemon.wiring.registries import action_registry, detector_registry
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,8 +67,8 @@ def _validate(path: Path) -> int:
 
 
 def _simulate(config: Path | None, payload: Path) -> int:
-    from daemon.intake import PayloadError
-    from daemon.simulate import simulate
+    from daemon.http.intake import PayloadError
+    from daemon.wiring.simulate import simulate
     from policies.loader import PolicyLoadError
 
     try:
@@ -83,7 +83,7 @@ def _simulate(config: Path | None, payload: Path) -> int:
 
 
 def _journal(path: Path) -> int:
-    from daemon.journal import Journal
+    from daemon.storage.journal import Journal
 
     if not path.exists():
         print(f"error: no journal at {path}", file=sys.stderr)
@@ -116,7 +116,7 @@ def _run(config: Path | None) -> int:
 
 
 async def _serve(settings) -> None:  # type: ignore[no-untyped-def]
-    from daemon.service import Service
+    from daemon.wiring.service import Service
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

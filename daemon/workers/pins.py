@@ -14,9 +14,9 @@ import structlog
 from actions.base import ActionDeps
 from actions.triton import TritonRollback, TritonRollbackParams, plan_rollback
 from core.outcome import ActionError, Outcome
-from daemon.executor import ExecutorState
-from daemon.journal import AsyncJournal
-from daemon.metrics import Metrics
+from daemon.workers.executor import ExecutorState
+from daemon.storage.journal import AsyncJournal
+from daemon.common.metrics import Metrics
 
 log = structlog.get_logger("tailguard.pins")
 

@@ -18,7 +18,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, Disco
 from actions.base import static_endpoints
 from core.outcome import PermanentError
 from core.target import ServiceRef, Target
-from daemon.config import KubernetesSettings
+from daemon.common.config import KubernetesSettings
 
 if TYPE_CHECKING:
     from policies.loader import LoadedPolicy

@@ -20,7 +20,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from daemon.config import LeaderElectionSettings
+from daemon.common.config import LeaderElectionSettings
 
 log = structlog.get_logger("tailguard.leader")
 

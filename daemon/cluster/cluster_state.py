@@ -18,8 +18,8 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from daemon.journal import AsyncJournal, JournalError
-from daemon.metrics import Metrics
+from daemon.storage.journal import AsyncJournal, JournalError
+from daemon.common.metrics import Metrics
 from policies.loader import PolicySet
 from policies.schema import Guards
 

@@ -16,9 +16,9 @@ from core.detection import Detection
 from core.promql import render_query
 from core.query import Series
 from core.signal import Signal, SignalSource, stable_key
-from daemon.journal import AsyncJournal
-from daemon.metrics import Metrics
-from daemon.prometheus import PrometheusClient, RangeResult
+from daemon.storage.journal import AsyncJournal
+from daemon.common.metrics import Metrics
+from daemon.sources.prometheus import PrometheusClient, RangeResult
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")

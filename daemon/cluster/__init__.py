@@ -1,0 +1,1 @@
+"""Cluster coordination: the Kubernetes client and its edges, leader election, shared state."""

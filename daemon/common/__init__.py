@@ -1,0 +1,1 @@
+"""What every room of the daemon uses: settings, its own metrics, logging."""

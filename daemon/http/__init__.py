@@ -1,0 +1,1 @@
+"""HTTP intake: the aiohttp app and Alertmanager payload parsing."""

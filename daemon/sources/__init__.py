@@ -1,0 +1,1 @@
+"""Clients of the systems the daemon reads signals and values from (Prometheus)."""

@@ -1,0 +1,1 @@
+"""Wiring: settings -> running parts, the service that runs them, the CLI and `simulate`."""

@@ -1,0 +1,1 @@
+"""Long-running loops that decide and act: executor, poller, scheduler, pin reconciler."""
