@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from actions.base import Action
+from detectors.base import Detector
 from policies.schema import Policy
 
 
-def policy_json_schema(actions: Mapping[str, Any], detectors: Mapping[str, Any]) -> dict[str, Any]:
+def policy_json_schema(actions: Mapping[str, type[Action]],
+                       detectors: Mapping[str, type[Detector]]) -> dict[str, Any]:
     """A JSON Schema (2020-12) for one policy document, for editors and CI linting."""
     schema = Policy.model_json_schema(by_alias=True)
     defs = schema.setdefault("$defs", {})

@@ -6,14 +6,16 @@ it in only when it is valid.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from actions.base import Action
 from core.target import ServiceRef, Target
+from detectors.base import Detector
 from policies.schema import DetectorTrigger, Policy
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -73,10 +75,6 @@ class LoadedPolicy:
 class PolicySet:
     policies: tuple[LoadedPolicy, ...] = ()
     digest: str = ""
-    files: tuple[str, ...] = field(default_factory=tuple)
-
-    def by_name(self, name: str) -> LoadedPolicy | None:
-        return next((p for p in self.policies if p.name == name), None)
 
     @property
     def enabled(self) -> tuple[LoadedPolicy, ...]:
@@ -100,8 +98,8 @@ def policy_files(path: Path) -> list[Path]:
 
 def load_policies(
     path: Path | str,
-    actions: Mapping[str, Any],
-    detectors: Mapping[str, Any],
+    actions: Mapping[str, type[Action]],
+    detectors: Mapping[str, type[Detector]],
 ) -> PolicySet:
     """Load and validate every policy under `path`.
 
@@ -125,11 +123,11 @@ def load_policies(
     _cross_check(loaded, errors)
     if errors:
         raise PolicyLoadError(errors)
-    return PolicySet(tuple(loaded), hasher.hexdigest()[:16], tuple(str(f) for f in files))
+    return PolicySet(tuple(loaded), hasher.hexdigest()[:16])
 
 
 def load_policies_text(
-    text: str, source: str, actions: Mapping[str, Any], detectors: Mapping[str, Any]
+    text: str, source: str, actions: Mapping[str, type[Action]], detectors: Mapping[str, type[Detector]]
 ) -> PolicySet:
     """Like `load_policies` for YAML text already in memory (tests, simulate)."""
     errors: list[PolicyError] = []
@@ -137,14 +135,14 @@ def load_policies_text(
     _cross_check(loaded, errors)
     if errors:
         raise PolicyLoadError(errors)
-    return PolicySet(tuple(loaded), hashlib.sha256(text.encode()).hexdigest()[:16], (source,))
+    return PolicySet(tuple(loaded), hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
 def _load_text(
     text: str,
     source: str,
-    actions: Mapping[str, Any],
-    detectors: Mapping[str, Any],
+    actions: Mapping[str, type[Action]],
+    detectors: Mapping[str, type[Detector]],
     errors: list[PolicyError],
 ) -> list[LoadedPolicy]:
     try:
@@ -169,8 +167,8 @@ def _parse_one(
     doc: dict[str, Any],
     where: str,
     label: str | None,
-    actions: Mapping[str, Any],
-    detectors: Mapping[str, Any],
+    actions: Mapping[str, type[Action]],
+    detectors: Mapping[str, type[Detector]],
     errors: list[PolicyError],
 ) -> LoadedPolicy | None:
     try:
@@ -196,15 +194,15 @@ def _parse_one(
     for i, trig in enumerate(spec.triggers):
         if trig.detector is None:
             continue
-        cls = detectors.get(trig.detector.type)
-        if cls is None:
+        detector_cls = detectors.get(trig.detector.type)
+        if detector_cls is None:
             errors.append(
                 PolicyError(where, spec.name, f"triggers[{i}].detector.type",
                             f"unknown detector type {trig.detector.type!r} (known: {', '.join(sorted(detectors))})")
             )
             continue
         try:
-            params = cls.Params.model_validate(trig.detector.params)
+            params = detector_cls.Params.model_validate(trig.detector.params)
             bound_detectors.append(BoundDetector(i, trig.detector, params))
         except ValidationError as exc:
             errors.extend(_pydantic_errors(exc, where, spec.name, prefix=f"triggers[{i}].detector.params"))

@@ -19,10 +19,6 @@ class Plan:
     dry_run: bool
     blocked: str | None = None  # why nothing will be done, when something stops it
 
-    @property
-    def actionable(self) -> bool:
-        return self.blocked is None and not self.dry_run and any(not s.noop for s in self.steps)
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy,

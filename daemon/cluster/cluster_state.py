@@ -215,7 +215,8 @@ class ClusterState:
         current, _ = await self._read()
         since, _ = self._since_and_cap()
         pins = [(t, p["model"], p["version"], p["at"]) for t, p in current.pins.items()]
-        marks = [(*key.split("|", 1), at) for key, times in current.marks.items() for at in times]
+        marks = [(policy, target, at) for key, times in current.marks.items()
+                 for policy, target in [key.split("|", 1)] for at in times]
         try:
             changed, added = await self._journal.merge_cluster_state(pins, marks, since)
         except JournalError as exc:
@@ -271,16 +272,15 @@ class ClusterState:
         """Create, or replace at the resourceVersion read. ApiException (409 included) propagates."""
         labels = dict((obj.metadata.labels or {}) if obj is not None else {"app.kubernetes.io/managed-by": "tailguard"})
         data = dict((obj.data or {}) if obj is not None else {}) | {DATA_KEY: doc.render()}
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": self.name, "namespace": self.namespace, "labels": labels},
-                "data": data}
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace, "labels": labels}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
         try:
             if obj is None:
                 await asyncio.wait_for(self._api.create_namespaced_config_map(self.namespace, body),
                                        timeout=self.request_timeout_seconds)
             else:
-                body["metadata"]["resourceVersion"] = obj.metadata.resource_version
-                body["metadata"]["annotations"] = dict(obj.metadata.annotations or {})
+                metadata["resourceVersion"] = obj.metadata.resource_version
+                metadata["annotations"] = dict(obj.metadata.annotations or {})
                 await asyncio.wait_for(self._api.replace_namespaced_config_map(self.name, self.namespace, body),
                                        timeout=self.request_timeout_seconds)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:  # unreachable: retried later

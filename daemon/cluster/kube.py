@@ -137,8 +137,8 @@ def event_recorder(api: ApiClient, instance: str, clock: Callable[[], float]) ->
 def _port_matches(port: Any, ref: ServiceRef) -> bool:
     wanted: int | str = ref.port
     if isinstance(wanted, str) and not wanted.isdigit():
-        return port.name == wanted
-    return port.port == int(wanted) or port.name == str(wanted)
+        return bool(port.name == wanted)
+    return bool(port.port == int(wanted) or port.name == str(wanted))
 
 
 def _host(address: str) -> str:

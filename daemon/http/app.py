@@ -3,21 +3,40 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from core.signal import Signal
+from daemon.common.config import Settings
+from daemon.common.metrics import Metrics
 from daemon.http.intake import PayloadError, alert_signals, parse_payload
-from daemon.storage.journal import JournalError
-
-if TYPE_CHECKING:
-    from daemon.wiring.service import Service
+from daemon.storage.journal import AsyncJournal, JournalError
 
 log = structlog.get_logger("tailguard.http")
 
-SERVICE: web.AppKey["Service"] = web.AppKey("service")
+
+class Daemon(Protocol):
+    """What the HTTP app needs from the running daemon (the service implements it)."""
+
+    settings: Settings
+    metrics: Metrics
+    journal: AsyncJournal
+    webhook_token: str | None
+
+    def may_act(self) -> bool:
+        """Whether this replica may take signals now (the leader, with the shared state imported)."""
+
+    def enqueue(self, signal_id: int, signal: Signal) -> None:
+        """Hand a journaled signal to the workers."""
+
+    def readiness(self) -> dict[str, Any]:
+        """The /readyz document; `ready` says whether to answer 200."""
+
+
+SERVICE: web.AppKey[Daemon] = web.AppKey("service")
 
 
 def _error(status: int, reason: str, **headers: str) -> web.Response:
@@ -33,7 +52,7 @@ async def receive_alerts(request: web.Request) -> web.Response:
     return response
 
 
-async def _receive(request: web.Request, svc: "Service") -> web.Response:
+async def _receive(request: web.Request, svc: Daemon) -> web.Response:
     token = svc.webhook_token
     if token is not None:
         header = request.headers.get("Authorization", "")
@@ -90,7 +109,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def build_app(service: "Service") -> web.Application:
+def build_app(service: Daemon) -> web.Application:
     app = web.Application(client_max_size=service.settings.webhook.max_body_bytes)
     app[SERVICE] = service
     app.router.add_post("/api/v1/alerts", receive_alerts)

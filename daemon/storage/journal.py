@@ -9,9 +9,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Concatenate, Iterable, ParamSpec, Sequence, TypeVar
 
+from core.decision import DecisionState
 from core.signal import Signal
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS signals (
@@ -92,7 +96,7 @@ class Decision:
     policy: str
     target: str
     at: float
-    state: str
+    state: DecisionState
     reason: str
     plan: dict[str, Any]
     executed: bool
@@ -123,11 +127,11 @@ class Journal:
         with self._lock:
             self._db.close()
 
-    def _tx(self, fn: Any, *args: Any) -> Any:
+    def _tx(self, fn: Callable[[], T]) -> T:
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                result = fn(*args)
+                result = fn()
                 self._db.execute("COMMIT")
                 return result
             except sqlite3.Error as exc:
@@ -174,9 +178,6 @@ class Journal:
         self._tx(lambda: self._db.execute(
             "UPDATE signals SET state='processed', processed_at=? WHERE id=?", (time.time(), signal_id)))
 
-    def signal_count(self) -> int:
-        return int(self._read("SELECT COUNT(*) AS n FROM signals")[0]["n"])
-
     def signals(self) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM signals ORDER BY id")
         return [dict(r) | {"payload": json.loads(r["payload"])} for r in rows]
@@ -187,7 +188,7 @@ class Journal:
         rows = self._read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
         return _decision(rows[0]) if rows else None
 
-    def record_decision(self, signal_id: int, policy: str, target: str, state: str, reason: str,
+    def record_decision(self, signal_id: int, policy: str, target: str, state: DecisionState, reason: str,
                         plan: dict[str, Any], executed: bool) -> int:
         def run() -> int:
             cur = self._db.execute(
@@ -203,7 +204,7 @@ class Journal:
 
         return self._tx(run)
 
-    def finish_decision(self, decision_id: int, state: str, reason: str) -> None:
+    def finish_decision(self, decision_id: int, state: DecisionState, reason: str) -> None:
         self._tx(lambda: self._db.execute(
             "UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id)))
 
@@ -237,7 +238,8 @@ class Journal:
             " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?)",
             (now - window_seconds, policy, target, policy, target),
         )
-        return rows[0]["last"], int(rows[0]["n"] or 0)
+        last = rows[0]["last"]
+        return (None if last is None else float(last)), int(rows[0]["n"] or 0)
 
     def executed_marks(self, since: float) -> list[tuple[str, str, float]]:
         """(policy, target, at) of every executed plan after `since`, local or imported."""
@@ -338,23 +340,44 @@ class Journal:
         return self._tx(run)
 
 
+def _in_thread(fn: Callable[Concatenate[Journal, P], T]) -> Callable[Concatenate["AsyncJournal", P], Awaitable[T]]:
+    """`fn` of the sync journal as a coroutine that runs it in a worker thread."""
+
+    async def call(self: "AsyncJournal", /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.to_thread(fn, self.sync, *args, **kwargs)
+
+    call.__doc__ = fn.__doc__
+    return call
+
+
 class AsyncJournal:
     """The journal for the event loop: each call runs in a thread so SQLite's fsync never blocks it."""
 
     def __init__(self, journal: Journal) -> None:
         self.sync = journal
 
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self.sync, name)
-        if not callable(fn):
-            return fn
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-
-        return call
+    record_signals = _in_thread(Journal.record_signals)
+    pending_signals = _in_thread(Journal.pending_signals)
+    mark_processed = _in_thread(Journal.mark_processed)
+    signals = _in_thread(Journal.signals)
+    decision_for = _in_thread(Journal.decision_for)
+    record_decision = _in_thread(Journal.record_decision)
+    finish_decision = _in_thread(Journal.finish_decision)
+    record_step = _in_thread(Journal.record_step)
+    decisions = _in_thread(Journal.decisions)
+    steps = _in_thread(Journal.steps)
+    guard_history = _in_thread(Journal.guard_history)
+    executed_marks = _in_thread(Journal.executed_marks)
+    prune = _in_thread(Journal.prune)
+    record_evaluation = _in_thread(Journal.record_evaluation)
+    record_evaluations = _in_thread(Journal.record_evaluations)
+    evaluations = _in_thread(Journal.evaluations)
+    record_pin = _in_thread(Journal.record_pin)
+    clear_pin = _in_thread(Journal.clear_pin)
+    pins = _in_thread(Journal.pins)
+    merge_cluster_state = _in_thread(Journal.merge_cluster_state)
 
 
 def _decision(r: sqlite3.Row) -> Decision:
-    return Decision(r["id"], r["signal_id"], r["policy"], r["target"], r["at"], r["state"], r["reason"],
+    return Decision(r["id"], r["signal_id"], r["policy"], r["target"], r["at"], DecisionState(r["state"]), r["reason"],
                     json.loads(r["plan"]), bool(r["executed"]))

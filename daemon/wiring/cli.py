@@ -14,6 +14,7 @@ import structlog
 from daemon.common.config import ConfigError, load_settings
 from daemon.common.logs import configure_logging
 from daemon.wiring.registries import action_registry, detector_registry
+from policies.schema import Trigger
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,12 +59,19 @@ def _validate(path: Path) -> int:
         print(f"{len(exc.errors)} error(s)", file=sys.stderr)
         return 1
     for p in policies.policies:
-        triggers = ", ".join(
-            f"alert {t.alert.name}" if t.alert else f"detector {t.detector.type}" if t.detector
-            else f"every {t.schedule.every:g}s" for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
+        triggers = ", ".join(_describe(t) for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
         print(f"ok: {p.name}: target {p.target.key}; triggers: {triggers}; actions: "
               f"{', '.join(a.kind for a in p.actions)}{' (dry run)' if p.spec.guards.dry_run else ''}")
     return 0
+
+
+def _describe(trigger: Trigger) -> str:
+    if trigger.alert is not None:
+        return f"alert {trigger.alert.name}"
+    if trigger.detector is not None:
+        return f"detector {trigger.detector.type}"
+    assert trigger.schedule is not None  # the schema requires exactly one kind of trigger
+    return f"every {trigger.schedule.every:g}s"
 
 
 def _simulate(config: Path | None, payload: Path) -> int:

@@ -8,25 +8,25 @@ import multiprocessing
 import time
 from typing import Any, Callable, Mapping
 
-import aiohttp
 import structlog
 from aiohttp import web
 
-from actions.base import ActionDeps
+from actions.base import Action
 from core.signal import Signal
-from daemon.http.app import build_app
 from daemon.cluster.cluster_state import ClusterState, guard_horizon
-from daemon.common.config import ConfigError, Settings, webhook_token
-from daemon.workers.executor import Executor, ExecutorState
-from daemon.http.intake import signal_from_summary
-from daemon.storage.journal import AsyncJournal, Journal, JournalError
-from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder, identity
+from daemon.cluster.kube import identity
 from daemon.cluster.leader import LeaderElector
+from daemon.common.config import ConfigError, Settings, webhook_token
 from daemon.common.metrics import Metrics
+from daemon.http.app import build_app
+from daemon.http.intake import signal_from_summary
+from daemon.sources.prometheus import PrometheusClient
+from daemon.storage.journal import Journal, JournalError
+from daemon.wiring.parts import build_parts
 from daemon.workers.pins import PinReconciler
 from daemon.workers.poller import Poller
-from daemon.sources.prometheus import PrometheusClient
 from daemon.workers.scheduler import run_schedules
+from detectors.base import Detector
 from policies.loader import PolicyLoadError, PolicySet, load_policies
 
 log = structlog.get_logger("tailguard.service")
@@ -36,8 +36,8 @@ class Service:
     def __init__(
         self,
         settings: Settings,
-        actions: Mapping[str, type],
-        detectors: Mapping[str, type],
+        actions: Mapping[str, type[Action]],
+        detectors: Mapping[str, type[Detector]],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -45,16 +45,15 @@ class Service:
         self.detectors = detectors
         self.clock = clock
         self.metrics = Metrics()
-        self.journal = AsyncJournal(Journal(settings.journal.path))
         self.webhook_token = webhook_token(settings.webhook)
         if self.webhook_token is None and not settings.webhook.allow_unauthenticated:
             raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
                               "(or webhook.allowUnauthenticated: true for local experiments)")
-        self.deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
-        self.state = ExecutorState(PolicySet(), frozen=settings.freeze)
-        self.metrics.frozen.set(int(settings.freeze))
-        self.executor = Executor(self.journal, self.state, actions, self.deps, self.metrics,
+        self.parts = build_parts(settings, actions, Journal(settings.journal.path), self.metrics,
                                  may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
+        self.journal, self.state = self.parts.journal, self.parts.state
+        self.deps, self.executor = self.parts.deps, self.parts.executor
+        self.metrics.frozen.set(int(settings.freeze))
         self.is_leader = not settings.leader_election.enabled
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
@@ -64,10 +63,8 @@ class Service:
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
-        self.prometheus: PrometheusClient | None = None
         self.poller: Poller | None = None
         self.port: int | None = None
-        self.kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
         self.identity = identity()  # holderIdentity and Event reportingInstance (POD_NAME or host_pid)
         self.elector: LeaderElector | None = None
         self._elector_task: asyncio.Task[None] | None = None
@@ -75,6 +72,15 @@ class Service:
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
                                   settings.executor.pin_reconcile_interval_seconds)
+
+    @property
+    def kube(self) -> Any:
+        """The kubernetes_asyncio ApiClient once started, when kubernetes.mode is not off."""
+        return self.parts.kube
+
+    @property
+    def prometheus(self) -> PrometheusClient | None:
+        return self.parts.prometheus
 
     # ---- state queries ----------------------------------------------------------------------
 
@@ -204,20 +210,12 @@ class Service:
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.deps.http = aiohttp.ClientSession()
-        if self.settings.prometheus.url:
-            self.prometheus = PrometheusClient(self.settings.prometheus.url,
-                                               self.settings.prometheus.timeout_seconds)
-            self.poller = Poller(self.prometheus, self.journal, self.metrics, self.detectors, self.emit,
-                                 self.offload, self.settings.prometheus.max_backoff_seconds, self.clock)
-            self.deps.query = self.prometheus.query
         if self.settings.leader_election.enabled and self.settings.kubernetes.mode == "off":
             raise ConfigError("leaderElection.enabled needs kubernetes.mode in-cluster or kubeconfig")
-        self.kube = await create_api_client(self.settings.kubernetes)
-        if self.kube is not None:
-            self.deps.kube = self.kube
-            self.deps.record_event = event_recorder(self.kube, self.identity, self.clock)
-        self.deps.endpoints = endpoints_resolver(self.kube)
+        await self.parts.connect(events_as=self.identity, clock=self.clock)
+        if self.parts.prometheus is not None:
+            self.poller = Poller(self.parts.prometheus, self.journal, self.metrics, self.detectors, self.emit,
+                                 self.offload, self.settings.prometheus.max_backoff_seconds, self.clock)
         if self.settings.leader_election.enabled and self.kube is not None:
             le = self.settings.leader_election
             self.cluster_state = ClusterState(
@@ -276,15 +274,9 @@ class Service:
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
             self._elector_task = None
-        if self.kube is not None:
-            await self.kube.close()
-        if self.deps.http is not None:
-            await self.deps.http.close()
-        if self.prometheus is not None:
-            self.prometheus.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        self.journal.sync.close()
+        await self.parts.close()
 
     async def __aenter__(self) -> "Service":
         try:

@@ -9,11 +9,12 @@ import asyncio
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import structlog
 
-from actions.base import ActionDeps, Step
+from actions.base import Action, ActionDeps, Step
+from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
 from daemon.storage.journal import AsyncJournal
@@ -25,7 +26,11 @@ from policies.planning import Plan, blocked_plan, build_plan
 
 log = structlog.get_logger("tailguard.executor")
 
+# The executor owns retries of transient failures (an Outcome marked retryable): up to this many
+# applies per step. Actions retry nothing themselves except write conflicts, inside their
+# compare-and-swap, and an exhausted conflict comes back not retryable.
 MAX_APPLY_ATTEMPTS = 3
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,7 +46,7 @@ class Executor:
         self,
         journal: AsyncJournal,
         state: ExecutorState,
-        registry: Mapping[str, type],
+        registry: Mapping[str, type[Action]],
         deps: ActionDeps,
         metrics: Metrics,
         may_act: Callable[[], bool] = lambda: True,
@@ -59,13 +64,13 @@ class Executor:
         self._sleep = sleep
         self._on_recorded = on_recorded  # an executed plan or a pin was journaled (cluster state)
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._actions: dict[str, Any] = {}
+        self._actions: dict[str, Action] = {}
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
         return self._locks[target_key]
 
-    def _action(self, kind: str) -> Any:
+    def _action(self, kind: str) -> Action:
         if kind not in self._actions:
             self._actions[kind] = self._registry[kind](self._deps)
         return self._actions[kind]
@@ -88,7 +93,7 @@ class Executor:
 
     async def _run_policy(self, signal_id: int, signal: Signal, policy: LoadedPolicy) -> Plan:
         existing = await self._journal.decision_for(signal_id, policy.name)
-        if existing is not None and existing.state != "executing":
+        if existing is not None and existing.state.final:
             log.info("already decided", state=existing.state)
             return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
                         blocked=f"already decided: {existing.state}")
@@ -97,28 +102,28 @@ class Executor:
             decision = await self._guard(policy)
             if not decision.allowed:
                 plan = blocked_plan(policy, signal, decision)
-                await self._decide(signal_id, policy, plan, "blocked", decision.reason, executed=False)
+                await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason, executed=False)
                 return plan
         try:
             steps = await self._plan_steps(policy, signal)
         except ActionError as exc:
             plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
                         blocked=f"planning failed: {exc}")
-            await self._decide(signal_id, policy, plan, "failed", plan.blocked or "", executed=False)
+            await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "", executed=False)
             for bound in policy.actions:
                 self._metrics.actions.labels(bound.kind, "failed").inc()
             await self._event(policy, "RemediationFailed", plan.blocked or "", warning=True)
             return plan
         plan = build_plan(policy, signal, steps)
         if plan.blocked:
-            await self._decide(signal_id, policy, plan, "noop", plan.blocked, executed=False)
+            await self._decide(signal_id, policy, plan, DecisionState.NOOP, plan.blocked, executed=False)
             return plan
         if plan.dry_run:
-            await self._decide(signal_id, policy, plan, "dry_run", "dryRun: planned, not applied",
+            await self._decide(signal_id, policy, plan, DecisionState.DRY_RUN, "dryRun: planned, not applied",
                                executed=False)
             return plan
         # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
-        decision_id = await self._decide(signal_id, policy, plan, "executing", "applying",
+        decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
                                          executed=True)
         self._on_recorded()
         state, reason = await self._execute(decision_id, policy, plan)
@@ -162,17 +167,17 @@ class Executor:
                 raise ActionError(f"{bound.kind}.plan raised {type(exc).__name__}: {exc}") from exc
         return steps
 
-    async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: str, reason: str,
+    async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: DecisionState, reason: str,
                       executed: bool) -> int:
         decision_id = await self._journal.record_decision(
             signal_id, policy.name, policy.target.key, state, reason, plan.as_dict(), executed)
-        if state != "executing":
+        if state.final:
             self._metrics.decisions.labels(policy.name, state).inc()
         log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
                  dry_run=plan.dry_run)
         return decision_id
 
-    async def _execute(self, decision_id: int, policy: LoadedPolicy, plan: Plan) -> tuple[str, str]:
+    async def _execute(self, decision_id: int, policy: LoadedPolicy, plan: Plan) -> tuple[DecisionState, str]:
         applied: list[tuple[int, Step]] = []
         for idx, (bound, step) in enumerate(zip(policy.actions, plan.steps)):
             if step.noop:
@@ -181,17 +186,17 @@ class Executor:
                 continue
             if not self._may_act():
                 # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
-                return "failed", f"stopped before step {idx}: this replica may no longer act"
+                return DecisionState.FAILED, f"stopped before step {idx}: this replica may no longer act"
             outcome = await self._apply_and_verify(decision_id, idx, bound.kind, step, policy, bound.params)
             await self._event(policy, "Remediated" if outcome.ok else "RemediationFailed",
                               f"{bound.kind}: {step.summary}: {outcome.message}", warning=not outcome.ok)
             if not outcome.ok:
                 if policy.spec.guards.on_failure == "revert" and applied:
                     await self._revert(decision_id, policy, applied)
-                    return "reverted", f"step {idx} ({bound.kind}) failed: {outcome.message}; reverted"
-                return "failed", f"step {idx} ({bound.kind}) failed: {outcome.message}"
+                    return DecisionState.REVERTED, f"step {idx} ({bound.kind}) failed: {outcome.message}; reverted"
+                return DecisionState.FAILED, f"step {idx} ({bound.kind}) failed: {outcome.message}"
             applied.append((idx, step))
-        return "succeeded", f"{len(applied)} step(s) applied and verified"
+        return DecisionState.SUCCEEDED, f"{len(applied)} step(s) applied and verified"
 
     async def _apply_and_verify(self, decision_id: int, idx: int, kind: str, step: Step,
                                 policy: LoadedPolicy, params: Any) -> Outcome:
@@ -241,7 +246,7 @@ class Executor:
             log.warning("could not record Kubernetes event", error=str(exc))
 
 
-async def _guarded(coro: Awaitable[Any], kind: str, phase: str) -> Any:
+async def _guarded(coro: Awaitable[T], kind: str, phase: str) -> T:
     """Await an action call; turn unexpected exceptions into ActionError naming where it failed."""
     try:
         return await coro

@@ -1,0 +1,93 @@
+"""One builder from settings to the parts that decide and act, shared by the service and `simulate`.
+
+`build_parts` is synchronous and opens nothing but the journal; `Parts.connect` opens the clients
+the settings name (Prometheus, Kubernetes, HTTP) and lends them to actions through `ActionDeps`;
+`Parts.close` closes them all, the journal last.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import aiohttp
+
+from actions.base import Action, ActionDeps
+from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder
+from daemon.common.config import Settings
+from daemon.common.metrics import Metrics
+from daemon.sources.prometheus import PrometheusClient
+from daemon.storage.journal import AsyncJournal, Journal
+from daemon.workers.executor import Executor, ExecutorState
+from policies.loader import PolicySet
+
+
+@dataclass
+class Parts:
+    """The journal, the executor with its state, and the clients lent to actions."""
+
+    settings: Settings
+    journal: AsyncJournal
+    state: ExecutorState
+    deps: ActionDeps
+    executor: Executor
+    prometheus: PrometheusClient | None = None
+    kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
+
+    async def connect(self, *, events_as: str | None, clock: Callable[[], float] = time.time,
+                      http: bool = True) -> None:
+        """Open the clients the settings name and lend them to actions.
+
+        Args:
+            events_as: reportingInstance of the Kubernetes Events actions record; None records none
+                (a read-only run such as `simulate`).
+            clock: Unix time for Event timestamps.
+            http: Open the shared HTTP session (notify, HTTP timeout sink); a read-only run needs none.
+
+        Raises:
+            KubeConfigError: kubernetes.mode names a cluster but no configuration could be loaded.
+        """
+        if http:
+            self.deps.http = aiohttp.ClientSession()
+        if self.settings.prometheus.url:
+            self.prometheus = PrometheusClient(self.settings.prometheus.url,
+                                               self.settings.prometheus.timeout_seconds)
+            self.deps.query = self.prometheus.query
+        self.kube = await create_api_client(self.settings.kubernetes)
+        if self.kube is not None:
+            self.deps.kube = self.kube
+            if events_as is not None:
+                self.deps.record_event = event_recorder(self.kube, events_as, clock)
+        self.deps.endpoints = endpoints_resolver(self.kube)
+
+    async def close(self) -> None:
+        """Close every client that `connect` opened, then the journal."""
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None
+        if self.deps.http is not None:
+            await self.deps.http.close()
+            self.deps.http = None
+        if self.prometheus is not None:
+            self.prometheus.close()
+            self.prometheus = None
+        self.journal.sync.close()
+
+
+def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal: Journal, metrics: Metrics, *,
+                policies: PolicySet | None = None, may_act: Callable[[], bool] = lambda: True,
+                clock: Callable[[], float] = time.time,
+                on_recorded: Callable[[], None] = lambda: None) -> Parts:
+    """The parts for `settings`, acting on `journal`; nothing is opened but the journal given.
+
+    Args:
+        policies: The active set; empty until the caller loads one.
+        may_act: False while this replica may not act (not the leader).
+        on_recorded: Called after an executed plan or a pin is journaled (shared cluster state).
+    """
+    deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
+    state = ExecutorState(policies if policies is not None else PolicySet(), frozen=settings.freeze)
+    async_journal = AsyncJournal(journal)
+    executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
+                        on_recorded=on_recorded)
+    return Parts(settings, async_journal, state, deps, executor)
