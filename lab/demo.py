@@ -13,10 +13,10 @@ from pathlib import Path
 
 from tritonclient.http.aio import InferenceServerClient
 
-from daemon.config import Settings
-from daemon.logs import configure_logging
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.common.config import Settings
+from daemon.common.logs import configure_logging
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.alertmanager import AlertmanagerServer
 from lab.load import run_load
 from lab.ports import free_port

@@ -195,7 +195,7 @@ def _config(objects: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_rendered_config_is_accepted_by_daemon(rendered, case: str, tmp_path: Path) -> None:
     """The daemon's own strict settings loader accepts config.yaml exactly as the chart renders it."""
-    from daemon.config import load_settings
+    from daemon.common.config import load_settings
 
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(_config(rendered[case])))

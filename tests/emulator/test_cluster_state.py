@@ -12,11 +12,11 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from core.signal import Signal, SignalSource
-from daemon.cluster_state import ClusterState, parse_document
-from daemon.journal import AsyncJournal, Journal
-from daemon.metrics import Metrics
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.cluster.cluster_state import ClusterState, parse_document
+from daemon.storage.journal import AsyncJournal, Journal
+from daemon.common.metrics import Metrics
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from tests.support.kube.emulator import KubeEmulator

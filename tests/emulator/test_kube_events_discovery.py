@@ -1,4 +1,4 @@
-"""daemon.kube: the client from settings, EndpointSlice discovery (ready endpoints only), Events."""
+"""daemon.cluster.kube: the client from settings, EndpointSlice discovery (ready endpoints only), Events."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,11 +8,11 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from core.target import ServiceRef, Target
-from daemon.config import KubernetesSettings
-from daemon.kube import (create_api_client, endpoints_from_slices, endpoints_resolver, event_body,
+from daemon.common.config import KubernetesSettings
+from daemon.cluster.kube import (create_api_client, endpoints_from_slices, endpoints_resolver, event_body,
                          event_recorder)
 from policies.loader import load_policies_text
-from daemon.registries import action_registry, detector_registry
+from daemon.wiring.registries import action_registry, detector_registry
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from tests.support.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import write_kubeconfig

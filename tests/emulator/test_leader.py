@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from daemon.config import LeaderElectionSettings
-from daemon.leader import LeaderElectionError, LeaderElector
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.common.config import LeaderElectionSettings
+from daemon.cluster.leader import LeaderElectionError, LeaderElector
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.kube.emulator import KubeEmulator

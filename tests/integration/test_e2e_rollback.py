@@ -7,8 +7,8 @@ from pathlib import Path
 
 import aiohttp
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.ports import free_port
 from lab.triton import TritonServer
 from tests.support.helpers import TOKEN, local_settings, payload_with, sample_payload

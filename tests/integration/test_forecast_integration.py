@@ -11,8 +11,8 @@ import urllib.request
 import json
 from pathlib import Path
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.prometheus import BackfillSeries, PrometheusServer, backfill_openmetrics
 from lab.triton import TritonServer
 from tests.support.helpers import NotifySink, local_settings, wait_for

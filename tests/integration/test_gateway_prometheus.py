@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from daemon.prometheus import PrometheusClient
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.sources.prometheus import PrometheusClient
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.kube.emulator import KubeEmulator

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import aiohttp
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from policies.guards import GuardState, check_guards
 from policies.schema import Guards
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with

@@ -16,12 +16,12 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from actions.base import ActionDeps
-from daemon.executor import ExecutorState
-from daemon.journal import AsyncJournal, Journal
-from daemon.kube import endpoints_resolver
-from daemon.metrics import Metrics
-from daemon.pins import PinReconciler
-from daemon.registries import action_registry, detector_registry
+from daemon.workers.executor import ExecutorState
+from daemon.storage.journal import AsyncJournal, Journal
+from daemon.cluster.kube import endpoints_resolver
+from daemon.common.metrics import Metrics
+from daemon.workers.pins import PinReconciler
+from daemon.wiring.registries import action_registry, detector_registry
 from lab.triton import TritonServer
 from policies.loader import PolicySet, load_policies_text
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)

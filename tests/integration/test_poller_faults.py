@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.ports import free_port
 from tests.support.helpers import local_settings, wait_for
 

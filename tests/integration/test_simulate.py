@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
-from daemon.journal import Journal
+from daemon.wiring.cli import main
+from daemon.storage.journal import Journal
 from lab.triton import TritonServer
 from tests.support.helpers import SAMPLES
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tritonclient.http.aio import InferenceServerClient
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.load import run_load
 from lab.triton import TritonServer
 from tests.support.helpers import local_settings

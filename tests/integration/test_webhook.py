@@ -9,8 +9,8 @@ from typing import AsyncIterator
 import aiohttp
 import pytest
 
-from daemon.registries import action_registry, detector_registry
-from daemon.service import Service
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, sample_payload, wait_for
 
 POLICY = """

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from daemon.config import Settings
+from daemon.common.config import Settings
 from tests.support.paths import SAMPLES
 
 TOKEN = "test-token-3f9c"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon.registries import action_registry, detector_registry
+from daemon.wiring.registries import action_registry, detector_registry
 from policies.loader import load_policies, load_policies_text
 from tests.support.paths import REPO
 

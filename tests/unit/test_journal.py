@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from core.signal import Signal, SignalSource
-from daemon.journal import Journal
+from daemon.storage.journal import Journal
 
 
 def _signal(key: str) -> Signal:

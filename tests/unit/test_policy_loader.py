@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from daemon.cli import main
-from daemon.registries import action_registry, detector_registry
+from daemon.wiring.cli import main
+from daemon.wiring.registries import action_registry, detector_registry
 from policies.json_schema import policy_json_schema
 from policies.loader import PolicyLoadError, load_policies, load_policies_text
 
