@@ -187,19 +187,26 @@ class Executor:
             if not self._may_act():
                 # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
                 return DecisionState.FAILED, f"stopped before step {idx}: this replica may no longer act"
-            outcome = await self._apply_and_verify(decision_id, idx, bound.kind, step, policy, bound.params)
+            outcome, landed = await self._apply_and_verify(decision_id, idx, bound.kind, step, policy,
+                                                           bound.params)
             await self._event(policy, "Remediated" if outcome.ok else "RemediationFailed",
                               f"{bound.kind}: {step.summary}: {outcome.message}", warning=not outcome.ok)
+            if landed:
+                # Applied, even if verify then failed: the change is in place and revert must undo it.
+                applied.append((idx, step))
             if not outcome.ok:
+                failed = f"step {idx} ({bound.kind}) failed: {outcome.message}"
                 if policy.spec.guards.on_failure == "revert" and applied:
-                    await self._revert(decision_id, policy, applied)
-                    return DecisionState.REVERTED, f"step {idx} ({bound.kind}) failed: {outcome.message}; reverted"
-                return DecisionState.FAILED, f"step {idx} ({bound.kind}) failed: {outcome.message}"
-            applied.append((idx, step))
+                    not_reverted = await self._revert(decision_id, policy, applied)
+                    if not_reverted:
+                        return DecisionState.FAILED, f"{failed}; revert failed for step(s) {not_reverted}"
+                    return DecisionState.REVERTED, f"{failed}; reverted"
+                return DecisionState.FAILED, failed
         return DecisionState.SUCCEEDED, f"{len(applied)} step(s) applied and verified"
 
     async def _apply_and_verify(self, decision_id: int, idx: int, kind: str, step: Step,
-                                policy: LoadedPolicy, params: Any) -> Outcome:
+                                policy: LoadedPolicy, params: Any) -> tuple[Outcome, bool]:
+        """The step's final Outcome, and whether its apply landed (so a revert must undo it)."""
         action = self._action(kind)
         started = time.monotonic()
         outcome = Outcome.failure("not attempted")
@@ -209,10 +216,11 @@ class Executor:
                                             outcome.message, {"step": step.as_dict(), "attempt": attempt,
                                                               **dict(outcome.data)},
                                             time.monotonic() - started)
-            if outcome.ok or not outcome.retryable:
+            if outcome.ok or not outcome.retryable or attempt == MAX_APPLY_ATTEMPTS:
                 break
             await self._sleep(2 ** (attempt - 1))
-        if outcome.ok:
+        landed = outcome.ok
+        if landed:
             outcome = await _outcome(action.verify(step, policy.target, params), kind, "verify")
             await self._journal.record_step(decision_id, idx, kind, "verify", outcome.status.value,
                                             outcome.message, dict(outcome.data), time.monotonic() - started)
@@ -225,9 +233,11 @@ class Executor:
         if pin:
             await self._journal.record_pin(policy.target.key, pin["model"], int(pin["version"]))
             self._on_recorded()
-        return outcome
+        return outcome, landed
 
-    async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]]) -> None:
+    async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]]) -> list[int]:
+        """Undo `applied` in reverse order; the indexes whose revert failed (their change may remain)."""
+        failed = []
         for idx, step in reversed(applied):
             bound = policy.actions[idx]
             outcome = await _outcome(self._action(bound.kind).revert(step, policy.target, bound.params),
@@ -235,6 +245,9 @@ class Executor:
             await self._journal.record_step(decision_id, idx, bound.kind, "revert", outcome.status.value,
                                             outcome.message, dict(outcome.data), None)
             self._metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
+            if not outcome.ok:
+                failed.append(idx)
+        return failed
 
     async def _event(self, policy: LoadedPolicy, reason: str, message: str, warning: bool) -> None:
         if self._deps.record_event is None:

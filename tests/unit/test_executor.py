@@ -1,0 +1,361 @@
+"""The executor: revert across steps, retries of transient applies, leadership lost mid-plan,
+exceptions from actions, and noop steps; on a real journal with policies loaded from YAML."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
+
+import pytest
+
+from actions.base import ActionDeps, ActionParams, Step
+from core.outcome import Outcome, PermanentError, TemporaryError
+from core.signal import Signal, SignalSource
+from core.target import Target
+from daemon.common.metrics import Metrics
+from daemon.storage.journal import AsyncJournal, Journal
+from daemon.workers.executor import MAX_APPLY_ATTEMPTS, Executor, ExecutorState
+from policies.loader import load_policies_text
+from policies.planning import Plan
+
+ALERT = "TailLatencyHigh"
+MODEL = "ranker"
+
+
+# ---- test actions ------------------------------------------------------------------------------
+
+class ScriptParams(ActionParams):
+    """What a test action does, written in the policy next to its `type`."""
+
+    observe: str = "ok"  # ok | raise
+    plan: str = "change"  # change | noop | raise
+    apply: tuple[str, ...] = ("ok",)  # per attempt, the last one repeats: ok|retry|fail|temporary|permanent|raise
+    verify: str = "ok"  # ok | fail
+    revert: str = "ok"  # ok | fail
+
+
+@dataclass(frozen=True)
+class Call:
+    phase: str  # observe | plan | apply | verify | revert
+    kind: str
+    step: Step | None = None
+
+
+class ScriptedAction:
+    """Does what its params say and records every call, in order, in the shared `calls`."""
+
+    kind: ClassVar[str]
+    Params: ClassVar[type[ActionParams]] = ScriptParams
+    calls: ClassVar[list[Call]]
+
+    def __init__(self, deps: ActionDeps) -> None:
+        self.deps = deps
+
+    async def observe(self, target: Target, params: ScriptParams) -> Mapping[str, Any]:
+        self.calls.append(Call("observe", self.kind))
+        if params.observe == "raise":
+            raise RuntimeError("observe boom")
+        return {"value": "old"}
+
+    def plan(self, target: Target, params: ScriptParams, observed: Mapping[str, Any], signal: Signal) -> Step:
+        self.calls.append(Call("plan", self.kind))
+        if params.plan == "raise":
+            raise RuntimeError("plan boom")
+        return Step(self.kind, target.key, f"{self.kind}: old -> new", before=dict(observed),
+                    after={"value": "new"}, noop=params.plan == "noop")
+
+    async def apply(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
+        self.calls.append(Call("apply", self.kind, step))
+        attempt = sum(1 for c in self.calls if c.phase == "apply" and c.kind == self.kind)
+        what = params.apply[min(attempt, len(params.apply)) - 1]
+        if what == "retry":
+            return Outcome.failure("transient failure", retryable=True)
+        if what == "fail":
+            return Outcome.failure("permanent failure")
+        if what == "temporary":
+            raise TemporaryError("transient error")
+        if what == "permanent":
+            raise PermanentError("permanent error")
+        if what == "raise":
+            raise RuntimeError("boom")
+        return Outcome.success("applied")
+
+    async def verify(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
+        self.calls.append(Call("verify", self.kind, step))
+        return Outcome.success("verified") if params.verify == "ok" else Outcome.failure("not as wanted")
+
+    async def revert(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
+        self.calls.append(Call("revert", self.kind, step))
+        return Outcome.success("reverted") if params.revert == "ok" else Outcome.failure("revert refused")
+
+
+def _registry(calls: list[Call]) -> dict[str, type[ScriptedAction]]:
+    kinds = ("test.step_a", "test.step_b", "test.step_c")
+    return {k: type(f"Action_{k.split('.')[1]}", (ScriptedAction,), {"kind": k, "calls": calls}) for k in kinds}
+
+
+def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None) -> str:
+    """One policy document: a TailLatencyHigh alert on model `ranker` runs `actions` (YAML flow maps)."""
+    lines = [f"name: {name}", f"target: {{model: {MODEL}}}", "triggers:", f"  - alert: {{name: {ALERT}}}",
+             "actions:", *(f"  - {a}" for a in actions)]
+    if on_failure is not None:
+        lines.append(f"guards: {{onFailure: {on_failure}}}")
+    return "\n".join(lines) + "\n"
+
+
+# ---- harness -----------------------------------------------------------------------------------
+
+@dataclass
+class Harness:
+    journal: AsyncJournal
+    calls: list[Call] = field(default_factory=list)
+    sleeps: list[float] = field(default_factory=list)
+    now: float = field(default_factory=time.time)
+
+    def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True) -> Executor:
+        registry = _registry(self.calls)
+        policies = load_policies_text(policies_yaml, "test.yaml", registry, {})
+
+        async def sleep(delay: float) -> None:
+            self.sleeps.append(delay)
+
+        return Executor(self.journal, ExecutorState(policies), registry, ActionDeps(), Metrics(),
+                        may_act=may_act, clock=lambda: self.now, sleep=sleep)
+
+    async def fire(self, executor: Executor, key: str = "alert-1") -> list[Plan]:
+        """Journal one firing alert about `ranker` and process it, as a worker does."""
+        signal = Signal(SignalSource.ALERT, ALERT, {"model": MODEL}, datetime.now(timezone.utc), key)
+        ((signal_id, stored),), duplicates = await self.journal.record_signals([signal])
+        assert duplicates == 0
+        return await executor.process(signal_id, stored)
+
+    def trace(self) -> list[tuple[str, str]]:
+        return [(c.phase, c.kind) for c in self.calls]
+
+    def trace_of(self, *phases: str) -> list[tuple[str, str]]:
+        return [(c.phase, c.kind) for c in self.calls if c.phase in phases]
+
+    async def steps(self, decision_id: int) -> list[tuple[int, str, str]]:
+        return [(s["idx"], s["phase"], s["status"]) for s in await self.journal.steps(decision_id)]
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    journal = Journal(tmp_path / "journal.db")
+    yield Harness(AsyncJournal(journal))
+    journal.close()
+
+
+A, B, C = "test.step_a", "test.step_b", "test.step_c"
+PLANNING = [("observe", A), ("plan", A), ("observe", B), ("plan", B), ("observe", C), ("plan", C)]
+
+
+# ---- 1. revert across steps --------------------------------------------------------------------
+
+async def test_failed_step_reverts_the_applied_steps_in_reverse_order(h: Harness):
+    """onFailure: revert undoes steps 1 then 0 (never the failed step 2) and ends `reverted`."""
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}}}", f"{{type: {C}, apply: [fail]}}",
+                            on_failure="revert"))
+
+    await h.fire(ex)
+
+    assert h.trace() == PLANNING + [
+        ("apply", A), ("verify", A), ("apply", B), ("verify", B), ("apply", C),
+        ("revert", B), ("revert", A),
+    ]
+    planned = {c.kind: c.step for c in h.calls if c.phase == "apply"}
+    assert [c.step for c in h.calls if c.phase == "revert"] == [planned[B], planned[A]]
+    assert planned[A] is not None and planned[A].before == {"value": "old"}  # what revert restores
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "reverted" and decision.executed
+    assert decision.reason.startswith(f"step 2 ({C}) failed: permanent failure")
+    assert await h.steps(decision.id) == [
+        (0, "apply", "ok"), (0, "verify", "ok"),
+        (1, "apply", "ok"), (1, "verify", "ok"),
+        (2, "apply", "failed"),
+        (1, "revert", "ok"), (0, "revert", "ok"),
+    ]
+    (signal,) = await h.journal.signals()
+    assert signal["state"] == "processed"
+
+
+async def test_failed_step_with_default_on_failure_stops_without_revert(h: Harness):
+    """The default onFailure (stop) reverts nothing and ends `failed`."""
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}}}", f"{{type: {C}, apply: [fail]}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == [
+        ("apply", A), ("verify", A), ("apply", B), ("verify", B), ("apply", C)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    assert decision.reason == f"step 2 ({C}) failed: permanent failure"
+    assert [phase for _, phase, _ in await h.steps(decision.id)] == ["apply", "verify", "apply", "verify", "apply"]
+
+
+async def test_step_that_applied_but_failed_verify_is_reverted_too(h: Harness):
+    """A step whose apply landed but whose verify failed is undone with the steps before it."""
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}, verify: fail}}", on_failure="revert"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == [
+        ("apply", A), ("verify", A), ("apply", B), ("verify", B), ("revert", B), ("revert", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "reverted"
+
+
+async def test_failed_revert_leaves_the_decision_failed(h: Harness):
+    """A revert that fails is not reported as reverted: the decision is `failed` and names the step."""
+    ex = h.executor(_policy(f"{{type: {A}, revert: fail}}", f"{{type: {B}}}", f"{{type: {C}, apply: [fail]}}",
+                            on_failure="revert"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("revert") == [("revert", B), ("revert", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    assert decision.reason == f"step 2 ({C}) failed: permanent failure; revert failed for step(s) [0]"
+
+
+# ---- 2. retries of a retryable apply -----------------------------------------------------------
+
+@pytest.mark.parametrize("transient", ["retry", "temporary"])
+async def test_retryable_apply_is_retried_with_backoff_until_it_succeeds(h: Harness, transient: str):
+    """A retryable failure (an Outcome or a TemporaryError) twice, then success: 3 attempts,
+    sleeps of 1 s and 2 s, each attempt journaled with its number, then one verify."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [{transient}, {transient}, ok]}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", A)] * 3 + [("verify", A)]
+    assert h.sleeps == [1, 2]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    steps = await h.journal.steps(decision.id)
+    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in steps] == [
+        ("apply", "failed", 1), ("apply", "failed", 2), ("apply", "ok", 3), ("verify", "ok", None)]
+
+
+@pytest.mark.parametrize("permanent", ["fail", "permanent"])
+async def test_non_retryable_apply_is_attempted_once(h: Harness, permanent: str):
+    """A non-retryable failure (an Outcome or a PermanentError) is attempted once, with no sleep."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [{permanent}, ok]}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", A)]
+    assert h.sleeps == []
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    steps = await h.journal.steps(decision.id)
+    assert [(s["phase"], s["status"], s["data"]["attempt"]) for s in steps] == [("apply", "failed", 1)]
+
+
+async def test_apply_that_keeps_failing_retryably_stops_at_max_attempts(h: Harness):
+    """A retryable failure every time: MAX_APPLY_ATTEMPTS attempts, then the decision fails."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [retry]}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", A)] * MAX_APPLY_ATTEMPTS
+    # The backoff between attempts: 1 s, 2 s, ...; none after the last one (the target stays locked).
+    assert h.sleeps == [2 ** i for i in range(MAX_APPLY_ATTEMPTS - 1)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    assert decision.reason == f"step 0 ({A}) failed: transient failure"
+    steps = await h.journal.steps(decision.id)
+    assert [(s["phase"], s["data"]["attempt"]) for s in steps] == [
+        ("apply", n) for n in range(1, MAX_APPLY_ATTEMPTS + 1)]
+
+
+# ---- 3. leadership lost between steps ----------------------------------------------------------
+
+async def test_leadership_lost_between_steps_stops_before_the_next_apply(h: Harness):
+    """may_act turning False after step 0 applied: step 1 is never applied, the decision fails."""
+    def may_act() -> bool:
+        return not any(c.phase == "apply" for c in h.calls)
+
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}}}", on_failure="revert"), may_act=may_act)
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == [("apply", A), ("verify", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    assert "step 1" in decision.reason and "this replica may no longer act" in decision.reason
+    assert await h.steps(decision.id) == [(0, "apply", "ok"), (0, "verify", "ok")]
+
+
+# ---- 4. unexpected exceptions from actions -----------------------------------------------------
+
+async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: Harness):
+    """An exception in apply is journaled as a failed apply; process returns and the next
+    policy on the same signal (same target lock) still runs."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [raise]}}", name="boom") + "---\n"
+                    + _policy(f"{{type: {B}}}", name="after"))
+
+    plans = await h.fire(ex)
+
+    assert [p.policy for p in plans] == ["boom", "after"]
+    boom, after = await h.journal.decisions()
+    assert boom.state == "failed" and f"{A}.apply raised RuntimeError: boom" in boom.reason
+    steps = await h.journal.steps(boom.id)
+    assert steps and all(s["phase"] == "apply" and s["status"] == "failed" for s in steps)
+    assert all(f"{A}.apply raised RuntimeError: boom" in s["message"] for s in steps)
+    assert len(steps) == len([c for c in h.calls if c.phase == "apply" and c.kind == A])
+    assert ("verify", A) not in h.trace()
+    assert after.state == "succeeded"
+    assert h.trace_of("apply", "verify")[-2:] == [("apply", B), ("verify", B)]
+    (signal,) = await h.journal.signals()
+    assert signal["state"] == "processed"
+    assert not ex.lock_for(f"default/{MODEL}").locked()
+
+
+@pytest.mark.parametrize("phase", ["plan", "observe"])
+async def test_planning_raising_becomes_a_failed_decision(h: Harness, phase: str):
+    """An exception in plan (or observe) is a `failed` decision saying "planning failed"; nothing is applied."""
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}, {phase}: raise}}"))
+
+    (plan,) = await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == []
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed" and not decision.executed
+    assert decision.reason.startswith("planning failed")
+    assert f"{B}.{phase} raised RuntimeError: {phase} boom" in decision.reason
+    assert plan.blocked == decision.reason
+    assert await h.steps(decision.id) == []
+    (signal,) = await h.journal.signals()
+    assert signal["state"] == "processed"
+
+
+# ---- 5. noop steps -----------------------------------------------------------------------------
+
+async def test_noop_step_is_journaled_and_not_applied(h: Harness):
+    """A noop step is journaled as noop and skipped; the other steps run."""
+    ex = h.executor(_policy(f"{{type: {A}, plan: noop}}", f"{{type: {B}}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", B), ("verify", B)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert decision.reason == "1 step(s) applied and verified"
+    assert await h.steps(decision.id) == [(0, "apply", "noop"), (1, "apply", "ok"), (1, "verify", "ok")]
+
+
+async def test_all_noop_plan_is_decided_noop_without_apply(h: Harness):
+    """A plan whose every step is a noop is decided `noop`; no apply, no step, not executed."""
+    ex = h.executor(_policy(f"{{type: {A}, plan: noop}}", f"{{type: {B}, plan: noop}}"))
+
+    (plan,) = await h.fire(ex)
+
+    assert h.trace() == [("observe", A), ("plan", A), ("observe", B), ("plan", B)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "noop" and not decision.executed
+    assert "nothing to do" in decision.reason
+    assert plan.blocked == decision.reason
+    assert await h.steps(decision.id) == []
