@@ -14,8 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from core.query import Series
-from detectors._prophet_fit import ProphetForecast, fit_prophet_forecast
-from detectors.forecast import ForecastBreachDetector
+from detectors.forecast import ForecastBreachDetector, ProphetForecast, fit_prophet_forecast
 
 STEP = 15.0
 T0 = 1_700_000_000.0

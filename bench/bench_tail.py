@@ -41,7 +41,7 @@ def main() -> None:
     rng = np.random.default_rng(7)
     det = TailAnomalyDetector({"min_absolute_increase": 20.0})
     print(f"{POINTS} points per series, best of {REPEATS}, CPU seconds (time.process_time)\n")
-    print("| series | arrays (evaluate_many) | Detections (detect_many) | per-series loop (detect) "
+    print("| series | arrays (evaluate_many) | Detections (detect_arrays) | per-series loop (detect) "
           "| np.median only | loop / arrays | fired |")
     print("|---|---|---|---|---|---|---|")
     prev = None
@@ -50,7 +50,7 @@ def main() -> None:
         now = float(ts[-1])
         series = [Series({}, ts, row) for row in vals]
         t_arr = cpu_seconds(lambda: det.evaluate_many(ts, vals, now))
-        t_det = cpu_seconds(lambda: det.detect_many(ts, vals, now))
+        t_det = cpu_seconds(lambda: det.detect_arrays(ts, vals, now))
         t_loop = cpu_seconds(lambda: [det.detect(s, now) for s in series])
         t_med = cpu_seconds(lambda: np.median(vals, axis=1))
         fired = int(det.evaluate_many(ts, vals, now).fired.sum())

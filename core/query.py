@@ -1,6 +1,8 @@
-"""Three-way metric query results: a value, no data, or an error. No data is never healthy."""
+"""Metric query results and series identity. An instant answer is three-way: a value, no data, or
+an error; no data is never healthy."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -16,6 +18,12 @@ class Series:
     labels: Mapping[str, str]
     timestamps: Sequence[float]  # unix seconds
     values: Sequence[float]
+
+
+def series_key(labels: Mapping[str, str]) -> str:
+    """A series' identity: the JSON of its sorted labels. The journal and signal dedup keys store
+    this exact encoding, so changing it would split one series' history in two."""
+    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 # 1.4826 * MAD estimates the standard deviation of normally distributed noise.
 MAD_TO_SIGMA = 1.4826
@@ -17,7 +18,7 @@ ABSOLUTE_SCALE_FLOOR = 1e-12
 
 def series_arrays(
     timestamps: Sequence[float], values: Sequence[float]
-) -> tuple[np.ndarray, np.ndarray] | str:
+) -> tuple[NDArray[np.float64], NDArray[np.float64]] | str:
     """Time-sorted float arrays of one series, or a one-line reason why it cannot be read.
 
     Non-finite values stay (as NaN) so callers can count them as gaps.
@@ -37,7 +38,7 @@ def series_arrays(
     return ts[order], vs
 
 
-def nan_median_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nan_median_rows(x: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
     """Per-row median ignoring NaN, and the per-row count of non-NaN values (NaN if none).
 
     One sort per call instead of np.nanmedian's masked-array path: several times faster
@@ -56,32 +57,37 @@ def nan_median_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(n > 0, med, np.nan), n
 
 
-def robust_baseline(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def robust_baseline(
+    x: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int_]]:
     """Per-row (median, MAD, count) of the non-NaN values of x [series x points]."""
     med, n = nan_median_rows(x)
     mad, _ = nan_median_rows(np.abs(x - med[:, None]))
     return med, mad, n
 
 
-def robust_scale(median: np.ndarray, mad: np.ndarray) -> np.ndarray:
+def robust_scale(median: NDArray[np.float64], mad: NDArray[np.float64]) -> NDArray[np.float64]:
     """The sigma estimate used to divide, never 0 (see RELATIVE_SCALE_FLOOR)."""
     floor = np.maximum(RELATIVE_SCALE_FLOOR * np.abs(median), ABSOLUTE_SCALE_FLOOR)
     return np.maximum(MAD_TO_SIGMA * mad, floor)
 
 
-def last_valid_mask(valid: np.ndarray, m: int) -> np.ndarray:
+def last_valid_mask(valid: NDArray[np.bool_], m: int) -> NDArray[np.bool_]:
     """Mask of the most recent m True entries of each row of `valid`."""
-    rank_from_end = np.cumsum(valid[:, ::-1], axis=1)[:, ::-1]
+    rank_from_end: NDArray[np.int_] = np.cumsum(valid[:, ::-1], axis=1)[:, ::-1]
     return valid & (rank_from_end <= m)
 
 
-def last_true_index(mask: np.ndarray) -> np.ndarray:
+def last_true_index(mask: NDArray[np.bool_]) -> NDArray[np.int_]:
     """Per-row index of the last True entry, -1 where a row has none."""
-    idx = np.where(mask, np.arange(mask.shape[1]), -1)
-    return idx.max(axis=1, initial=-1)
+    idx: NDArray[np.int_] = np.where(mask, np.arange(mask.shape[1]), -1)
+    last: NDArray[np.int_] = idx.max(axis=1, initial=-1)
+    return last
 
 
-def episode_start_index(exceed: np.ndarray, valid: np.ndarray, max_gap_points: int) -> np.ndarray:
+def episode_start_index(
+    exceed: NDArray[np.bool_], valid: NDArray[np.bool_], max_gap_points: int
+) -> NDArray[np.int_]:
     """Per-row index of the first exceedance of the latest episode, -1 where there is none.
 
     An episode is a chain of exceedances in which successive ones are separated by at most
@@ -93,7 +99,7 @@ def episode_start_index(exceed: np.ndarray, valid: np.ndarray, max_gap_points: i
     if p == 0:
         return np.full(exceed.shape[0], -1)
     cols = np.arange(p)
-    quiet = np.cumsum(valid & ~exceed, axis=1)
+    quiet: NDArray[np.int_] = np.cumsum(valid & ~exceed, axis=1)
     last_exc = np.maximum.accumulate(np.where(exceed, cols, -1), axis=1)
     prev_exc = np.concatenate([np.full((exceed.shape[0], 1), -1), last_exc[:, :-1]], axis=1)
     quiet_at_prev = np.take_along_axis(quiet, np.maximum(prev_exc, 0), axis=1)
@@ -103,13 +109,13 @@ def episode_start_index(exceed: np.ndarray, valid: np.ndarray, max_gap_points: i
 
 
 def companion_levels(
-    timestamps: np.ndarray,
-    values: np.ndarray,
+    timestamps: NDArray[np.float64],
+    values: NDArray[np.float64],
     now: float,
     baseline_window_seconds: float,
     evaluation_window_seconds: float,
     recent_points: int,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Per-row (baseline median, median of the most recent points) of a companion series.
 
     Uses the same windows as the main series but its own grid, so P99 and P99.9 queried

@@ -4,11 +4,12 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from detectors.base import Detector
 from detectors.forecast import ForecastBreachDetector
 from detectors.tail import TailAnomalyDetector
 from detectors.threshold import ThresholdDetector
 
-DETECTORS: Mapping[str, type] = MappingProxyType({
+DETECTORS: Mapping[str, type[Detector]] = MappingProxyType({
     TailAnomalyDetector.kind: TailAnomalyDetector,
     ThresholdDetector.kind: ThresholdDetector,
     ForecastBreachDetector.kind: ForecastBreachDetector,

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from core.detection import Detection
 from core.query import Series
 from detectors import _robust
-from detectors.base import DetectorParams, Offload
+from detectors._grid import align
+from detectors.base import DetectorParams, Offload, detect_each
 
 # Why a row was or was not evaluated; OK rows are decided by the confirmation count.
 OK, NO_DATA, NO_RECENT, STALE, SHORT_HISTORY, CONSTANT, COMPANION_MISSING = range(7)
@@ -59,32 +61,32 @@ class TailAnomalyParams(DetectorParams):
 class TailBatch:
     """Per-row arrays of one evaluation of S series on one grid of P timestamps."""
 
-    timestamps: np.ndarray  # (P,)
-    lookback_cols: np.ndarray  # (P,) bool: columns inside the lookback window
-    values: np.ndarray  # (S, P), NaN where missing or outside the lookback
-    status: np.ndarray  # (S,) one of OK, NO_DATA ...
-    fired: np.ndarray  # (S,) bool
-    baseline: np.ndarray  # (S,) median of the baseline window
-    mad: np.ndarray  # (S,)
-    baseline_points: np.ndarray  # (S,) valid points in the baseline window
-    threshold: np.ndarray  # (S,) smallest value that counts as an exceedance
-    score: np.ndarray  # (S, P) robust score of every point
-    exceed: np.ndarray  # (S, P) bool
-    recent: np.ndarray  # (S, P) bool: the last M valid points of the evaluation window
-    confirm_count: np.ndarray  # (S,) exceedances among `recent`
-    episode_start: np.ndarray  # (S,) column of the episode's first exceedance, -1 if none
-    latest: np.ndarray  # (S,) column of the newest valid point, -1 if none
-    companion_baseline: np.ndarray | None = None  # (S,)
-    companion_recent: np.ndarray | None = None  # (S,)
-    diverging: np.ndarray | None = None  # (S,) bool: main series exceeds while companion is flat
+    timestamps: NDArray[np.float64]  # (P,)
+    lookback_cols: NDArray[np.bool_]  # (P,) columns inside the lookback window
+    values: NDArray[np.float64]  # (S, P), NaN where missing or outside the lookback
+    status: NDArray[np.int8]  # (S,) one of OK, NO_DATA ...
+    fired: NDArray[np.bool_]  # (S,)
+    baseline: NDArray[np.float64]  # (S,) median of the baseline window
+    mad: NDArray[np.float64]  # (S,)
+    baseline_points: NDArray[np.int_]  # (S,) valid points in the baseline window
+    threshold: NDArray[np.float64]  # (S,) smallest value that counts as an exceedance
+    score: NDArray[np.float64]  # (S, P) robust score of every point
+    exceed: NDArray[np.bool_]  # (S, P)
+    recent: NDArray[np.bool_]  # (S, P) the last M valid points of the evaluation window
+    confirm_count: NDArray[np.int_]  # (S,) exceedances among `recent`
+    episode_start: NDArray[np.int_]  # (S,) column of the episode's first exceedance, -1 if none
+    latest: NDArray[np.int_]  # (S,) column of the newest valid point, -1 if none
+    companion_baseline: NDArray[np.float64] | None = None  # (S,)
+    companion_recent: NDArray[np.float64] | None = None  # (S,)
+    diverging: NDArray[np.bool_] | None = None  # (S,) main series exceeds while companion is flat
 
 
 def evaluate_tail_batch(
     params: TailAnomalyParams,
-    timestamps: np.ndarray,
-    values: np.ndarray,
+    timestamps: NDArray[np.float64],
+    values: NDArray[np.float64],
     now: float,
-    companion: tuple[np.ndarray, np.ndarray] | None = None,
+    companion: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
 ) -> TailBatch:
     """Evaluate S series sharing one time grid, as arrays. Pure; never raises for NaN data.
 
@@ -187,11 +189,11 @@ def batch_detection(batch: TailBatch, row: int, params: TailAnomalyParams, kind:
         "baseline_points": int(b.baseline_points[row]),
         "missing_points": int(np.sum(np.isnan(x[b.lookback_cols]))),
     }
-    if b.companion_baseline is not None:
-        cb, cr = float(b.companion_baseline[row]), float(b.companion_recent[row])  # type: ignore[index]
-        details["companion_baseline"] = cb
-        details["companion_recent"] = cr
-        details["diverging"] = bool(b.diverging[row])  # type: ignore[index]
+    # evaluate_tail_batch sets the three companion arrays together, or none of them.
+    if b.companion_baseline is not None and b.companion_recent is not None and b.diverging is not None:
+        details["companion_baseline"] = float(b.companion_baseline[row])
+        details["companion_recent"] = float(b.companion_recent[row])
+        details["diverging"] = bool(b.diverging[row])
 
     def make(fired: bool, reason: str, col: int = -1, **kw: Any) -> Detection:
         value = float(x[col]) if col >= 0 else None
@@ -262,12 +264,9 @@ class TailAnomalyDetector:
         """Nothing to prepare: the baseline comes from the range query itself."""
         return None
 
-    def detect(self, series: Series, now: float) -> Detection:
-        """Decide on one series (e.g. P99.9 of one model). Never raises for bad data."""
-        return self.detect_pair(series, None, now)
-
-    def detect_pair(self, series: Series, companion: Series | None, now: float) -> Detection:
+    def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
         """Decide on a P99.9 series, optionally with the same model's P99 as `companion`.
+        Never raises for bad data.
 
         With a companion, `details["diverging"]` says whether P99 stayed flat while P99.9 rose,
         and `require_divergence` makes that a condition for firing.
@@ -285,22 +284,39 @@ class TailAnomalyDetector:
         batch = evaluate_tail_batch(self.params, ts, vs[None, :], now, comp)
         return batch_detection(batch, 0, self.params, self.kind)
 
+    def detect_many(
+        self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None = None
+    ) -> list[Detection]:
+        """The vectorized path: aligns the series (and their companions, each on their own grid)
+        and decides every row at once. Raises on a malformed series (see `align`)."""
+        paired: list[Series] | None = None
+        if companions is not None:
+            paired = [c for c in companions if c is not None]
+            if len(paired) != len(series):
+                # A series without its companion cannot join the companion batch (as an all-NaN
+                # row it would read "companion rose too"); such cycles are rare: one by one.
+                return detect_each(self.detect, series, now, companions)
+        if not series:
+            return []
+        grid, values = align(series)
+        return self.detect_arrays(grid, values, now, align(paired) if paired is not None else None)
+
     def evaluate_many(
         self,
-        timestamps: np.ndarray,
-        values: np.ndarray,
+        timestamps: NDArray[np.float64],
+        values: NDArray[np.float64],
         now: float,
-        companion: tuple[np.ndarray, np.ndarray] | None = None,
+        companion: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
     ) -> TailBatch:
         """The vectorized path as arrays: S series [S x P] on one grid. See evaluate_tail_batch."""
         return evaluate_tail_batch(self.params, timestamps, values, now, companion)
 
-    def detect_many(
+    def detect_arrays(
         self,
-        timestamps: np.ndarray,
-        values: np.ndarray,
+        timestamps: NDArray[np.float64],
+        values: NDArray[np.float64],
         now: float,
-        companion: tuple[np.ndarray, np.ndarray] | None = None,
+        companion: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
     ) -> list[Detection]:
         """One Detection per row of `values` [S x P] on the shared grid `timestamps`."""
         batch = evaluate_tail_batch(self.params, timestamps, values, now, companion)

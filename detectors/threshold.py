@@ -2,14 +2,17 @@
 the last 5 points"), the simple rule to start from and to compare the tail detector with."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
 from core.detection import Detection
 from core.query import Series
 from detectors import _robust
+from detectors._grid import align
 from detectors.base import DetectorParams, Offload
 
 
@@ -36,14 +39,24 @@ class ThresholdParams(DetectorParams):
         return self
 
 
-def threshold_breaches(
-    params: ThresholdParams, timestamps: np.ndarray, values: np.ndarray, now: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorized core over S series [S x P] on one grid.
+@dataclass(frozen=True)
+class ThresholdBatch:
+    """Per-row arrays of one evaluation of S series on one grid of P timestamps."""
 
-    Returns:
-        (fired (S,), breach (S, P), recent (S, P), count (S,), episode start column (S,) or -1).
-    """
+    timestamps: NDArray[np.float64]  # (P,)
+    values: NDArray[np.float64]  # (S, P), NaN where missing or outside the window
+    valid: NDArray[np.bool_]  # (S, P) finite points inside the window
+    fired: NDArray[np.bool_]  # (S,)
+    breach: NDArray[np.bool_]  # (S, P)
+    recent: NDArray[np.bool_]  # (S, P) the last M valid points
+    count: NDArray[np.int_]  # (S,) breaches among `recent`
+    episode_start: NDArray[np.int_]  # (S,) column of the episode's first breach, -1 if none
+
+
+def threshold_breaches(
+    params: ThresholdParams, timestamps: NDArray[np.float64], values: NDArray[np.float64], now: float
+) -> ThresholdBatch:
+    """Vectorized core over S series [S x P] on one grid; NaN marks a missing point."""
     p = params
     ts = np.asarray(timestamps, dtype=np.float64)
     x = np.array(values, dtype=np.float64, ndmin=2)
@@ -53,7 +66,7 @@ def threshold_breaches(
     with np.errstate(invalid="ignore"):
         breach = valid & ((x > p.threshold) if p.direction == "above" else (x < p.threshold))
     recent = _robust.last_valid_mask(valid, p.confirm_window_points)
-    count = np.sum(breach & recent, axis=1)
+    count: NDArray[np.int_] = np.sum(breach & recent, axis=1)
     latest = _robust.last_true_index(valid)
     fresh = (latest >= 0) & (
         np.where(latest >= 0, ts[np.maximum(latest, 0)] if ts.size else 0.0, -np.inf)
@@ -61,7 +74,43 @@ def threshold_breaches(
     )
     fired = fresh & (count >= p.confirm_points)
     start = _robust.episode_start_index(breach, valid, p.confirm_window_points - p.confirm_points)
-    return fired, breach, recent, count, np.where(fired, start, -1)
+    return ThresholdBatch(ts, x, valid, fired, breach, recent, count, np.where(fired, start, -1))
+
+
+def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, kind: str,
+                    now: float) -> Detection:
+    """The Detection for one row of a ThresholdBatch, with a one-line reason either way."""
+    p, b = params, batch
+    ts, vs = b.timestamps, b.values[row]
+    count = int(b.count[row])
+    word = ">" if p.direction == "above" else "<"
+    common: dict[str, Any] = {
+        "detector": kind, "threshold": p.threshold,
+        "details": {"confirm": f"{count}/{p.confirm_window_points} (need {p.confirm_points})"},
+    }
+    in_window = np.flatnonzero(b.valid[row])
+    if not in_window.size:
+        return Detection(fired=False, reason=f"no data in the last {p.window_seconds:g} s", **common)
+    last = int(in_window[-1])
+    if ts[last] < now - p.max_staleness_seconds:
+        return Detection(fired=False, value=float(vs[last]), **common,
+                         reason=f"stale: newest point is {now - ts[last]:.0f} s old")
+    if not b.fired[row]:
+        return Detection(
+            fired=False, value=float(vs[last]), **common,
+            reason=f"{count}/{p.confirm_window_points} recent points {word} "
+                   f"{p.threshold:g} (need {p.confirm_points}); latest {vs[last]:.4g}",
+        )
+    start = int(b.episode_start[row])
+    hits = np.flatnonzero(b.breach[row])
+    hits = hits[hits >= start][-4 * p.confirm_window_points:]
+    last_hit = int(np.flatnonzero(b.breach[row] & b.recent[row])[-1])
+    return Detection(
+        fired=True, value=float(vs[last_hit]), episode_start=float(ts[start]),
+        evidence=tuple((float(ts[i]), float(vs[i])) for i in hits), **common,
+        reason=f"{count}/{p.confirm_window_points} recent points {word} "
+               f"{p.threshold:g}; latest breach {vs[last_hit]:.4g}",
+    )
 
 
 class ThresholdDetector:
@@ -84,40 +133,23 @@ class ThresholdDetector:
         """Nothing to prepare."""
         return None
 
-    def detect(self, series: Series, now: float) -> Detection:
-        """Decide on one series. Never raises for bad data: returns fired=False with a reason."""
-        p = self.params
+    def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
+        """Decide on one series (a companion plays no part). Never raises for bad data: returns
+        fired=False with a reason."""
         arrays = _robust.series_arrays(series.timestamps, series.values)
         if isinstance(arrays, str):
             return Detection(detector=self.kind, fired=False, reason=arrays)
         ts, vs = arrays
-        fired, breach, recent, count, start = threshold_breaches(p, ts, vs[None, :], now)
-        in_window = (ts > now - p.window_seconds) & (ts <= now) & np.isfinite(vs)
-        word = ">" if p.direction == "above" else "<"
-        common: dict[str, Any] = {
-            "detector": self.kind, "threshold": p.threshold,
-            "details": {"confirm": f"{int(count[0])}/{p.confirm_window_points} "
-                                   f"(need {p.confirm_points})"},
-        }
-        if not in_window.any():
-            return Detection(fired=False, reason=f"no data in the last {p.window_seconds:g} s",
-                             **common)
-        last = int(np.flatnonzero(in_window)[-1])
-        if ts[last] < now - p.max_staleness_seconds:
-            return Detection(fired=False, value=float(vs[last]), **common,
-                             reason=f"stale: newest point is {now - ts[last]:.0f} s old")
-        if not fired[0]:
-            return Detection(
-                fired=False, value=float(vs[last]), **common,
-                reason=f"{int(count[0])}/{p.confirm_window_points} recent points {word} "
-                       f"{p.threshold:g} (need {p.confirm_points}); latest {vs[last]:.4g}",
-            )
-        hits = np.flatnonzero(breach[0])
-        hits = hits[hits >= start[0]][-4 * p.confirm_window_points:]
-        last_hit = int(np.flatnonzero(breach[0] & recent[0])[-1])
-        return Detection(
-            fired=True, value=float(vs[last_hit]), episode_start=float(ts[start[0]]),
-            evidence=tuple((float(ts[i]), float(vs[i])) for i in hits), **common,
-            reason=f"{int(count[0])}/{p.confirm_window_points} recent points {word} "
-                   f"{p.threshold:g}; latest breach {vs[last_hit]:.4g}",
-        )
+        return batch_detection(threshold_breaches(self.params, ts, vs[None, :], now), 0, self.params,
+                               self.kind, now)
+
+    def detect_many(
+        self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None = None
+    ) -> list[Detection]:
+        """The vectorized path: aligns the series on one grid and decides every row at once, as
+        `detect` would. Raises on a malformed series (see `align`)."""
+        if not series:
+            return []
+        grid, values = align(series)
+        batch = threshold_breaches(self.params, grid, values, now)
+        return [batch_detection(batch, i, self.params, self.kind, now) for i in range(len(series))]

@@ -14,9 +14,7 @@ from statistics import NormalDist
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from detectors._holt import fit_holt, holt_forecast
-from detectors._prophet_fit import fit_prophet_forecast
-from detectors.forecast import anchor_offset, clean_history, infer_step
+from detectors.forecast import anchor_offset, clean_history, fit_holt, fit_prophet_forecast, holt_forecast, infer_step
 from evaluation.nab_data import NabSeries, load_series
 
 H_STEPS = 3  # forecast horizon: 3 of the series' own steps (15 min at 5 min, 90 min for nyc_taxi)

@@ -3,28 +3,25 @@ signals. One range query serves every policy that shares it; failures back off a
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Callable, Mapping
 
-import numpy as np
 import structlog
 
 from core.detection import Detection
 from core.promql import render_query
-from core.query import Series
+from core.query import Series, series_key
 from core.signal import Signal, SignalSource, stable_key
 from daemon.storage.journal import AsyncJournal
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient, RangeResult
+from daemon.workers.emit import Emit
+from detectors.base import Detector, Offload
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")
-
-Emit = Callable[[Signal], Awaitable[None]]
-Offload = Callable[..., Awaitable[Any]]
 
 
 @dataclass
@@ -33,7 +30,7 @@ class Watch:
 
     policy: LoadedPolicy
     bound: BoundDetector
-    detector: Any
+    detector: Detector
     fingerprint: str
     scoped: bool  # the query names the target itself ($model), so unlabeled series are its own
 
@@ -58,17 +55,13 @@ def _fingerprint(policy: LoadedPolicy, bound: BoundDetector) -> str:
                       policy.target.model, policy.target.namespace)
 
 
-def series_key(labels: Mapping[str, str]) -> str:
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
-
-
 class Poller:
     def __init__(
         self,
         prometheus: PrometheusClient,
         journal: AsyncJournal,
         metrics: Metrics,
-        detectors: Mapping[str, type],
+        detectors: Mapping[str, type[Detector]],
         emit: Emit,
         offload: Offload,
         max_backoff_seconds: float = 120.0,
@@ -200,28 +193,23 @@ class Poller:
 
     def _detect_all(self, watch: Watch, mine: list[Series], companions: RangeResult | None,
                     now: float) -> list[Detection]:
-        """One Detection per series: the detector's vectorized path when it has one and the batch
-        is big enough to pay for aligning, else one call per series."""
+        """One Detection per series: the detector's batch path when the batch is big enough to pay
+        for it (a vectorized detector aligns the series on one grid), else one call per series."""
         detector, kind = watch.detector, watch.bound.trigger.type
         pairs = [companion_for(s, companions) for s in mine] if companions is not None else None
-        if (len(mine) >= BATCH_MIN_SERIES and hasattr(detector, "detect_many")
-                and (pairs is None or all(p is not None for p in pairs))):
+        if len(mine) >= BATCH_MIN_SERIES:
             try:
-                grid, values = align(mine)
-                companion = None
-                if pairs is not None:
-                    companion = (grid, align(pairs, grid)[1])  # type: ignore[arg-type]
-                return list(detector.detect_many(grid, values, now, companion=companion))
+                batch = detector.detect_many(mine, now, pairs)
+                if len(batch) != len(mine):  # zip with the series would silently drop verdicts
+                    raise ValueError(f"detect_many returned {len(batch)} detections for {len(mine)} series")
+                return batch
             except Exception:  # the batch path failing must not blind the detector: go per series
                 self._metrics.faults.labels("detector").inc()
                 log.exception("batch detection failed; falling back to per-series", policy=watch.policy.name)
         out = []
         for i, series in enumerate(mine):
             try:
-                if pairs is not None and hasattr(detector, "detect_pair"):
-                    out.append(detector.detect_pair(series, pairs[i], now))
-                else:
-                    out.append(detector.detect(series, now))
+                out.append(detector.detect(series, now, pairs[i] if pairs is not None else None))
             except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
                 self._metrics.faults.labels("detector").inc()
                 log.exception("detector raised", policy=watch.policy.name, series=series_key(series.labels))
@@ -237,20 +225,6 @@ class Poller:
 
 IDENTITY_IGNORED = frozenset({"__name__", "quantile", "le"})
 BATCH_MIN_SERIES = 8  # below this, per-series calls cost less than aligning arrays
-
-
-def align(series: list[Series], grid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Series on one time grid (the union of their timestamps unless given): [S x P], NaN where a
-    series has no point. Range queries share a step, so the union is the query's grid."""
-    if grid is None:
-        grid = np.unique(np.concatenate([np.asarray(s.timestamps, dtype=np.float64) for s in series]))
-    values = np.full((len(series), grid.size), np.nan)
-    for row, s in enumerate(series):
-        ts = np.asarray(s.timestamps, dtype=np.float64)
-        idx = np.searchsorted(grid, ts)
-        ok = (idx < grid.size) & (grid[np.minimum(idx, grid.size - 1)] == ts)
-        values[row, idx[ok]] = np.asarray(s.values, dtype=np.float64)[ok]
-    return grid, values
 
 
 def companion_for(series: Series, companions: RangeResult) -> Series | None:

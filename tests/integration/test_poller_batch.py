@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from core.query import Series
-from daemon.workers.poller import align
 from daemon.sources.prometheus import PrometheusClient
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
+from detectors._grid import align
 from detectors.tail import TailAnomalyDetector, TailAnomalyParams
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from tests.support.helpers import NotifySink, local_settings, wait_for

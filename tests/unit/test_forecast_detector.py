@@ -10,11 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from core.query import Series
-from detectors._prophet_fit import fit_prophet_forecast
 from detectors.forecast import (
     ForecastBreachDetector,
     ForecastBreachParams,
     first_crossing,
+    fit_prophet_forecast,
     next_refit_time,
     refit_due,
     refit_phase_seconds,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors._holt import fit_holt, holt_forecast
+from detectors.forecast import fit_holt, holt_forecast
 
 
 def test_recovers_a_clean_linear_trend() -> None:

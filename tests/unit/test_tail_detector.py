@@ -122,7 +122,7 @@ def test_divergence_flagged_when_p99_flat():
     """P99 stays at ~85 ms while P99.9 rises: the detection says the tail diverges."""
     ts, p999, p99 = grid(), noisy(210, 15), noisy(85, 2, seed=3)
     p999[-6:] = 890
-    d = detector().detect_pair(Series({}, ts, p999), Series({}, ts, p99), now=ts[-1])
+    d = detector().detect(Series({}, ts, p999), now=ts[-1], companion=Series({}, ts, p99))
     assert d.fired
     assert d.details["diverging"] is True
     assert "diverges" in d.reason
@@ -134,9 +134,9 @@ def test_no_divergence_when_p99_rises_too():
     p999[-6:] = 890
     p99[-6:] = 534
     pair = (Series({}, ts, p999), Series({}, ts, p99))
-    d = detector().detect_pair(*pair, now=ts[-1])
+    d = detector().detect(pair[0], now=ts[-1], companion=pair[1])
     assert d.fired and d.details["diverging"] is False
-    strict = detector(require_divergence=True).detect_pair(*pair, now=ts[-1])
+    strict = detector(require_divergence=True).detect(pair[0], now=ts[-1], companion=pair[1])
     assert not strict.fired
     assert "no divergence" in strict.reason
 
@@ -206,7 +206,7 @@ def test_batch_path_agrees_with_single_path():
     vals[5, :] = 42.0  # constant
     vals[6, :-20] = np.nan  # too short
     det = detector()
-    many = det.detect_many(ts, vals, now=ts[-1])
+    many = det.detect_many([Series({}, ts, row) for row in vals], now=ts[-1])
     singles = [det.detect(Series({}, ts, row), now=ts[-1]) for row in vals]
     assert sum(d.fired for d in many) >= 15
     for a, b in zip(many, singles):
@@ -224,7 +224,7 @@ def test_batch_path_with_companion_agrees_with_detect_pair():
     p99[::2, -6:] = 600
     det = detector()
     batch = det.evaluate_many(ts, p999, now=ts[-1], companion=(ts, p99))
-    singles = [det.detect_pair(Series({}, ts, a), Series({}, ts, b), now=ts[-1])
+    singles = [det.detect(Series({}, ts, a), now=ts[-1], companion=Series({}, ts, b))
                for a, b in zip(p999, p99)]
     assert list(batch.diverging) == [d.details["diverging"] for d in singles]
     assert list(batch.diverging) == [False, True] * 3

@@ -1,12 +1,14 @@
 """Damped-trend Holt exponential smoothing in pure numpy, fitted by a vectorized grid search.
 
-Every function takes a batch of equally long series (shape ``(B, n)``) so one call fits many.
+Every function takes a batch of equally long series (shape ``(B, n)``) so one call fits many;
+`fit_holt` is module-level, so the Holt backend can send a batch to the process pool.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 # The grid is coarse on purpose: one-step SSE is flat near its minimum, and 54 candidates
 # evaluated together in one pass cost about as much as a few scalar optimizer iterations.
@@ -16,21 +18,21 @@ BETA_FRACTIONS = np.array([0.02, 0.1, 0.3])
 PHIS = np.array([0.9, 0.95, 0.98])
 
 _A, _BF, _P = (g.ravel() for g in np.meshgrid(ALPHAS, BETA_FRACTIONS, PHIS, indexing="ij"))
-GRID_ALPHA: np.ndarray = _A
-GRID_BETA: np.ndarray = _A * _BF
-GRID_PHI: np.ndarray = _P
+GRID_ALPHA: NDArray[np.float64] = _A
+GRID_BETA: NDArray[np.float64] = _A * _BF
+GRID_PHI: NDArray[np.float64] = _P
 
 
 @dataclass(frozen=True)
 class HoltFit:
     """Final state and chosen parameters of a batch of fits; every field has shape ``(B,)``."""
 
-    level: np.ndarray
-    trend: np.ndarray
-    alpha: np.ndarray
-    beta: np.ndarray
-    phi: np.ndarray
-    sigma: np.ndarray  # std of one-step-ahead residuals with the chosen parameters
+    level: NDArray[np.float64]
+    trend: NDArray[np.float64]
+    alpha: NDArray[np.float64]
+    beta: NDArray[np.float64]
+    phi: NDArray[np.float64]
+    sigma: NDArray[np.float64]  # std of one-step-ahead residuals with the chosen parameters
 
     def row(self, i: int) -> "HoltFit":
         """The fit of series ``i`` alone, as a batch of one."""
@@ -40,7 +42,7 @@ class HoltFit:
 _FIELDS = ("level", "trend", "alpha", "beta", "phi", "sigma")
 
 
-def fit_holt(values: np.ndarray, half_life_points: float | None = None) -> HoltFit:
+def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None) -> HoltFit:
     """Fit damped-trend Holt to each row by minimizing (discounted) one-step SSE over the grid.
 
     Args:
@@ -86,7 +88,7 @@ def fit_holt(values: np.ndarray, half_life_points: float | None = None) -> HoltF
     )
 
 
-def holt_forecast(fit: HoltFit, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def holt_forecast(fit: HoltFit, steps: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Point forecast and its standard error for 1..steps ahead; both shape ``(B, steps)``.
 
     The variance is the ETS(A,Ad,N) one: ``sigma^2 * (1 + sum_{j<h} (alpha + beta*phi_j)^2)``

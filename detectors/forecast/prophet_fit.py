@@ -1,7 +1,7 @@
 """Picklable Prophet fit for the process pool: fit (optionally warm-started), return a compact forecast.
 
 Runs in worker processes, never on the event loop; imports Prophet lazily so the detector
-module stays cheap to import.
+package stays cheap to import. Keep `fit_prophet_forecast` module-level: the pool pickles it by name.
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
+from numpy.typing import NDArray
 
 # Points kept before the history's end, so `detect` can compare fresh actuals to the curve.
 _PAST_POINTS = 10
 _MAX_FUTURE_POINTS = 400
-
 
 
 def _silence_stan_logs() -> None:
@@ -30,17 +30,19 @@ def _silence_stan_logs() -> None:
 class ProphetForecast:
     """A fitted curve on a regular grid from shortly before the last history point onward."""
 
-    times: np.ndarray  # unix seconds
-    yhat: np.ndarray
-    yhat_lower: np.ndarray
-    yhat_upper: np.ndarray
+    times: NDArray[np.float64]  # unix seconds
+    yhat: NDArray[np.float64]
+    yhat_lower: NDArray[np.float64]
+    yhat_upper: NDArray[np.float64]
     fitted_at: float  # unix time of the last history point the fit saw
     n_points: int  # points actually fitted (after downsampling)
     warm_started: bool
     init: Mapping[str, Any] = field(default_factory=dict)  # parameters to warm-start the next fit
 
 
-def downsample_mean(ts: np.ndarray, vs: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+def downsample_mean(
+    ts: NDArray[np.float64], vs: NDArray[np.float64], max_points: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Means of consecutive groups so at most ``max_points`` remain (Prophet's cost grows with n)."""
     n = ts.size
     if n <= max_points:
@@ -63,8 +65,8 @@ def warm_start_params(model: Any) -> dict[str, Any]:
 
 
 def fit_prophet_forecast(
-    timestamps: np.ndarray,
-    values: np.ndarray,
+    timestamps: NDArray[np.float64],
+    values: NDArray[np.float64],
     *,
     ahead_seconds: float,
     step_seconds: float,
