@@ -1,21 +1,22 @@
 """`gateway.retune_timeout`: set a gateway's request timeout from live P99.9, max(floor, p999 x factor).
 
 The decision is pure (`compute_timeout_ms`, `should_write`, `plan_retune`); where the timeout
-lives is a TimeoutSink (actions/timeout_sinks). Writes are compare-and-swap with a bounded retry
-from a fresh read; a value changed by someone else in between is never overwritten.
+lives is a TimeoutSink (actions/timeout_sinks). Writes go through the one compare-and-swap loop
+(actions/_compare_and_swap.py): bounded conflict retries from a fresh read, and a value changed by
+someone else in between is never overwritten.
 No P99.9 data means no change: silence is not a latency.
 """
 from __future__ import annotations
 
-import asyncio
 import math
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Union
 
 import structlog
 from pydantic import Field, model_validator
 
+from actions._compare_and_swap import compare_and_swap
 from actions.base import ActionDeps, ActionParams, Step
-from actions.timeout_sinks.base import SinkConflict, TimeoutReading, TimeoutSink
+from actions.timeout_sinks.base import TimeoutReading, TimeoutSink
 from actions.timeout_sinks.configmap import ConfigMapSinkParams
 from actions.timeout_sinks.http_endpoint import HttpSinkParams
 from actions.timeout_sinks.httproute import HTTPRouteSinkParams
@@ -31,8 +32,6 @@ KIND = "gateway.retune_timeout"
 log = structlog.get_logger("tailguard.actions.gateway")
 
 _MS_PER_UNIT = {"s": 1000.0, "ms": 1.0, "us": 0.001}
-_BACKOFF_BASE_SECONDS = 0.05
-_BACKOFF_MAX_SECONDS = 1.0
 
 SinkSpec = Annotated[
     Union[IstioRouteSinkParams, HTTPRouteSinkParams, ConfigMapSinkParams, HttpSinkParams],
@@ -156,11 +155,36 @@ def plan_retune(target: Target, params: RetuneTimeoutParams, observed: Mapping[s
 # ---- I/O ------------------------------------------------------------------------------------
 
 
+class SinkTimeout:
+    """A sink's timeout as a compare-and-swap value (actions._compare_and_swap.Swap)."""
+
+    what = "timeout"
+
+    def __init__(self, sink: TimeoutSink) -> None:
+        self._sink = sink
+
+    async def read(self) -> TimeoutReading:
+        return await self._sink.read()
+
+    def value(self, reading: TimeoutReading) -> Any:
+        return reading.raw
+
+    def where(self, reading: TimeoutReading) -> str:
+        return reading.where
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+    async def write(self, reading: TimeoutReading, wanted: Any) -> Mapping[str, Any]:
+        written = await self._sink.write(wanted, reading)
+        return {"version": written.version}
+
+
 class RetuneTimeout:
     """The `gateway.retune_timeout` action (see RetuneTimeoutParams)."""
 
-    kind = KIND
-    Params = RetuneTimeoutParams
+    kind: ClassVar[str] = KIND
+    Params: ClassVar[type[ActionParams]] = RetuneTimeoutParams
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps
@@ -186,40 +210,16 @@ class RetuneTimeout:
 
     async def _swap(self, params: RetuneTimeoutParams, expected_raw: Any, want_raw: Any,
                     reading: TimeoutReading | None, purpose: str) -> Outcome:
-        """Compare-and-swap the sink from `expected_raw` to `want_raw`, re-reading on conflict."""
-        sink = self._sink(params)
-        last = ""
-        for attempt in range(params.max_conflict_retries + 1):
-            if attempt:
-                await asyncio.sleep(min(_BACKOFF_MAX_SECONDS, _BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)))
-            if reading is None:
-                reading = await sink.read()
-            if reading.raw == want_raw:
-                return Outcome.noop(f"{purpose}: {reading.where} timeout already {want_raw}")
-            if reading.raw != expected_raw:
-                return Outcome.failure(
-                    f"{purpose}: {reading.where} timeout was changed by someone else (expected "
-                    f"{expected_raw}, found {reading.raw}); not overwriting",
-                    expected=expected_raw, found=reading.raw)
-            try:
-                written = await sink.write(want_raw, reading)
-            except SinkConflict as exc:
-                last, reading = str(exc), None
-                continue
-            return Outcome.success(f"{purpose}: {written.where} timeout {expected_raw} -> {want_raw}",
-                                   timeout=want_raw, attempts=attempt + 1, version=written.version)
-        return Outcome.failure(f"{purpose}: still conflicting after {params.max_conflict_retries + 1} "
-                               f"attempt(s): {last}", retryable=True)
+        """Compare-and-swap the sink from `expected_raw` to `want_raw` (`reading`: trust it for the first try)."""
+        return await compare_and_swap(SinkTimeout(self._sink(params)), expected=expected_raw, wanted=want_raw,
+                                      purpose=purpose, max_retries=params.max_conflict_retries, seen=reading)
 
     async def apply(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         if step.noop:
             return Outcome.noop(step.summary)
         seen = step.before["timeout"]
         reading = TimeoutReading(seen["raw"], seen["ms"], seen["version"], seen["where"], seen.get("extra", {}))
-        try:
-            return await self._swap(params, seen["raw"], step.after["raw"], reading, "apply")
-        except ActionError as exc:
-            return Outcome.failure(str(exc), retryable=exc.retryable)
+        return await self._swap(params, seen["raw"], step.after["raw"], reading, "apply")
 
     async def verify(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         try:
@@ -235,7 +235,4 @@ class RetuneTimeout:
         """Restore exactly the value seen before (an absent timeout is removed again)."""
         if step.noop:
             return Outcome.noop("nothing was changed")
-        try:
-            return await self._swap(params, step.after["raw"], step.before["timeout"]["raw"], None, "revert")
-        except ActionError as exc:
-            return Outcome.failure(str(exc), retryable=exc.retryable)
+        return await self._swap(params, step.after["raw"], step.before["timeout"]["raw"], None, "revert")

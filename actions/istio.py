@@ -1,31 +1,26 @@
 """`istio.shift_weights`: move traffic between the destinations of one Istio VirtualService http route.
 
-Planning is pure (`plan_weights`); writes are optimistic JSON patches guarded by a `test` op on
-metadata.resourceVersion, so an edit by someone else between our read and our write is never
-overwritten blindly.
+Planning is pure (`plan_weights`); writes go through the one compare-and-swap loop
+(actions/_compare_and_swap.py): JSON patches guarded by `test` ops on metadata.resourceVersion and
+each old weight, so an edit by someone else between our read and our write is never overwritten.
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
-import aiohttp
-from kubernetes_asyncio.client import CustomObjectsApi
-from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from actions._kube_errors import api_error, is_precondition_failure, server_message
+from actions._compare_and_swap import compare_and_swap
+from actions._istio_routes import GROUP, PLURAL, http_routes, select_route
+from actions._kube import CustomObject
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import ActionError, Outcome, PermanentError
 from core.signal import Signal
 from core.target import Target
 
 KIND = "istio.shift_weights"
-GROUP, PLURAL = "networking.istio.io", "virtualservices"
-# Between conflict retries: 0.05 s, 0.1 s, 0.2 s ... capped; conflicts clear as soon as we re-read.
-_BACKOFF_BASE_SECONDS = 0.05
-_BACKOFF_MAX_SECONDS = 1.0
+Weights = list[dict[str, Any]]  # a route's destinations as journaled: host, subset, weight (None: absent)
 
 
 class VirtualServiceRef(BaseModel):
@@ -92,21 +87,6 @@ class Destination:
 
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "subset": self.subset, "weight": self.weight}
-
-
-def select_route(spec: Mapping[str, Any], route: str | None, match: int | None) -> int:
-    """The index in spec.http of the route to change: by name, by index, or the first one."""
-    http = spec.get("http") or []
-    if route is not None:
-        found = [i for i, r in enumerate(http) if r.get("name") == route]
-        if not found:
-            names = [r.get("name") for r in http]
-            raise PermanentError(f"no http route named {route!r} (routes: {names})")
-        return found[0]
-    index = match or 0
-    if index >= len(http):
-        raise PermanentError(f"http route index {index} out of range ({len(http)} route(s))")
-    return index
 
 
 def route_destinations(http_route: Mapping[str, Any]) -> list[Destination]:
@@ -184,8 +164,8 @@ def _route_label(index: int, http_route: Mapping[str, Any]) -> str:
 def plan_shift(vs: Mapping[str, Any], params: ShiftWeightsParams) -> Step:
     """The Step for one VirtualService as read: before/after are the route's exact weights."""
     meta = vs.get("metadata", {})
-    index = select_route(vs.get("spec") or {}, params.route, params.match)
-    http_route = vs["spec"]["http"][index]
+    index = select_route(vs, params.route, params.match)
+    http_route = http_routes(vs)[index]
     dests = route_destinations(http_route)
     if not dests:
         raise PermanentError(f"http route {_route_label(index, http_route)} has no destinations")
@@ -225,121 +205,106 @@ def weights_patch(resource_version: str, index: int, current: Sequence[Destinati
 # ---- I/O ------------------------------------------------------------------------------------
 
 
-class _Conflict(Exception):
-    """Our precondition did not hold (409, or 422 from a failed `test` op): re-read and re-plan."""
+def locate_route(vs: Mapping[str, Any], route: Mapping[str, Any]) -> tuple[int, list[Destination]]:
+    """A step's route in a fresh read: by name when it has one (routes may have been inserted
+    before it since), else by index; with its destinations."""
+    name = route.get("name")
+    index = select_route(vs, name, None) if name else int(route["index"])
+    http = http_routes(vs)
+    if index >= len(http):
+        raise PermanentError(f"http route #{index} no longer exists")
+    return index, route_destinations(http[index])
+
+
+def show_weights(weights: Weights) -> str:
+    """`v1 90, v2 10` (`unset` for an absent weight)."""
+    return ", ".join(f"{Destination(**d).key} {'unset' if d['weight'] is None else d['weight']}"
+                     for d in weights)
+
+
+@dataclass(frozen=True)
+class RouteReading:
+    """One read of a route: the object's resourceVersion, the route's index and its destinations."""
+
+    resource_version: str
+    index: int
+    destinations: list[Destination]
+
+
+class RouteWeights:
+    """The weights of one http route as a compare-and-swap value (actions._compare_and_swap.Swap)."""
+
+    what = "weights"
+
+    def __init__(self, vs: CustomObject, route: Mapping[str, Any]) -> None:
+        self._vs = vs
+        self._route = route  # {"index", "name"} as planned
+
+    async def read(self) -> RouteReading:
+        vs = await self._vs.get()
+        index, destinations = locate_route(vs, self._route)
+        return RouteReading(str(vs["metadata"]["resourceVersion"]), index, destinations)
+
+    def value(self, reading: RouteReading) -> Weights:
+        return [d.as_dict() for d in reading.destinations]
+
+    def where(self, reading: RouteReading) -> str:
+        return (f"VirtualService {self._vs.namespace}/{self._vs.name} route "
+                f"{_route_label(reading.index, self._route)}")
+
+    def show(self, value: Weights) -> str:
+        return show_weights(value)
+
+    async def write(self, reading: RouteReading, wanted: Weights) -> Mapping[str, Any]:
+        ops = weights_patch(reading.resource_version, reading.index, reading.destinations,
+                            [d["weight"] for d in wanted])
+        written = await self._vs.patch(ops)
+        return {"resourceVersion": (written.get("metadata") or {}).get("resourceVersion")}
 
 
 class ShiftWeights:
     """The `istio.shift_weights` action (see ShiftWeightsParams)."""
 
-    kind = KIND
-    Params = ShiftWeightsParams
+    kind: ClassVar[str] = KIND
+    Params: ClassVar[type[ActionParams]] = ShiftWeightsParams
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps
 
-    def _api(self) -> CustomObjectsApi:
-        if self._deps.kube is None:
-            raise PermanentError("istio.shift_weights needs a Kubernetes client (deps.kube is None)")
-        return CustomObjectsApi(self._deps.kube)
-
-    def _fail(self, exc: BaseException, verb: str, params: ShiftWeightsParams) -> ActionError:
-        """Turn a client error into the action's error taxonomy, naming what was attempted."""
+    def _object(self, params: ShiftWeightsParams) -> CustomObject:
         ref = params.virtual_service
-        return api_error(exc, f"{verb} {PLURAL}.{GROUP} {ref.namespace}/{ref.name}")
-
-    async def _read(self, params: ShiftWeightsParams) -> dict[str, Any]:
-        ref = params.virtual_service
-        try:
-            return await self._api().get_namespaced_custom_object(
-                GROUP, params.api_version, ref.namespace, PLURAL, ref.name,
-                _request_timeout=params.request_timeout_seconds)
-        except (ApiException, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._fail(exc, "get", params) from exc
-
-    async def _patch(self, params: ShiftWeightsParams, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        ref = params.virtual_service
-        try:
-            return await self._api().patch_namespaced_custom_object(
-                GROUP, params.api_version, ref.namespace, PLURAL, ref.name, ops,
-                _content_type="application/json-patch+json",
-                _request_timeout=params.request_timeout_seconds)
-        except ApiException as exc:
-            if is_precondition_failure(exc):
-                raise _Conflict(server_message(exc)) from exc
-            raise self._fail(exc, "patch", params) from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._fail(exc, "patch", params) from exc
+        return CustomObject(self._deps.kube, KIND, group=GROUP, version=params.api_version, plural=PLURAL,
+                            namespace=ref.namespace, name=ref.name, timeout_seconds=params.request_timeout_seconds)
 
     async def observe(self, target: Target, params: ShiftWeightsParams) -> Mapping[str, Any]:
-        return {"virtualService": await self._read(params)}
+        return {"virtualService": await self._object(params).get()}
 
     def plan(self, target: Target, params: ShiftWeightsParams, observed: Mapping[str, Any],
              signal: Signal) -> Step:
         return plan_shift(observed["virtualService"], params)
 
-    async def _write_weights(self, params: ShiftWeightsParams, route: Mapping[str, Any],
-                             expected: Sequence[Mapping[str, Any]], desired: Sequence[int | None],
-                             resource_version: str | None, purpose: str) -> Outcome:
-        """Compare-and-swap the route's weights from `expected` to `desired`, re-reading on conflict.
-
-        After a conflict the object is re-read and the route re-resolved (by name when it has one):
-        an unrelated edit (labels, other routes) is retried on the fresh resourceVersion; weights
-        already at `desired` are a noop; weights changed by someone else are left alone (failure).
-        """
-        want = [{**e, "weight": w} for e, w in zip(expected, desired)]
-        last = ""
-        for attempt in range(params.max_conflict_retries + 1):
-            if attempt:
-                await asyncio.sleep(min(_BACKOFF_MAX_SECONDS, _BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)))
-            if resource_version is None:  # after a conflict (or for revert): plan from a fresh read
-                vs = await self._read(params)
-                resource_version = str(vs["metadata"]["resourceVersion"])
-                index, current = self._locate(vs, route)
-            else:  # first apply attempt: trust what plan saw; the `test` op checks it server-side
-                index, current = int(route["index"]), [Destination(**e) for e in expected]
-            seen = [d.as_dict() for d in current]
-            if seen == want:
-                return Outcome.noop(f"{purpose}: weights already as wanted", weights=want)
-            if seen != list(expected):
-                return Outcome.failure(
-                    f"{purpose}: route weights were changed by someone else (expected {list(expected)}, "
-                    f"found {seen}); not overwriting", expected=list(expected), found=seen)
-            try:
-                written = await self._patch(params, weights_patch(resource_version, index, current, desired))
-            except _Conflict as exc:
-                last, resource_version = str(exc), None
-                continue
-            return Outcome.success(f"{purpose}: weights written", weights=want, attempts=attempt + 1,
-                                   resourceVersion=written.get("metadata", {}).get("resourceVersion"))
-        return Outcome.failure(f"{purpose}: still conflicting after {params.max_conflict_retries + 1} "
-                               f"attempt(s): {last}", retryable=True)
-
-    @staticmethod
-    def _locate(vs: Mapping[str, Any], route: Mapping[str, Any]) -> tuple[int, list[Destination]]:
-        # A named route is found by name again: someone may have inserted routes before it.
-        name = route.get("name")
-        index = select_route(vs.get("spec") or {}, name, None) if name else int(route["index"])
-        http = (vs.get("spec") or {}).get("http") or []
-        if index >= len(http):
-            raise PermanentError(f"http route #{index} no longer exists")
-        return index, route_destinations(http[index])
+    async def _swap(self, params: ShiftWeightsParams, route: Mapping[str, Any], expected: Sequence[Mapping[str, Any]],
+                    desired: Sequence[int | None], purpose: str, seen: RouteReading | None) -> Outcome:
+        """Compare-and-swap the route's weights from `expected` to `desired` (one per destination)."""
+        before = [dict(e) for e in expected]
+        wanted = [{**e, "weight": w} for e, w in zip(before, desired)]
+        return await compare_and_swap(RouteWeights(self._object(params), route), expected=before, wanted=wanted,
+                                      purpose=purpose, max_retries=params.max_conflict_retries, seen=seen)
 
     async def apply(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         if step.noop:
             return Outcome.noop(step.summary)
-        try:
-            return await self._write_weights(
-                params, step.before["route"], step.before["destinations"],
-                [d["weight"] for d in step.after["destinations"]], step.before.get("resourceVersion"),
-                "apply")
-        except ActionError as exc:
-            return Outcome.failure(str(exc), retryable=exc.retryable)
+        route, expected = step.before["route"], step.before["destinations"]
+        version = step.before.get("resourceVersion")
+        # The first try trusts what plan saw; the `test` ops check it server-side.
+        seen = None if version is None else RouteReading(
+            str(version), int(route["index"]), [Destination(**e) for e in expected])
+        return await self._swap(params, route, expected, [d["weight"] for d in step.after["destinations"]],
+                                "apply", seen)
 
     async def verify(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         try:
-            vs = await self._read(params)
-            _, current = self._locate(vs, step.after["route"])
+            _, current = locate_route(await self._object(params).get(), step.after["route"])
         except ActionError as exc:
             return Outcome.failure(f"verify: {exc}", retryable=exc.retryable)
         seen = [d.as_dict() for d in current]
@@ -352,9 +317,5 @@ class ShiftWeights:
         """Restore exactly `step.before` (absent weights removed again), only from `step.after`."""
         if step.noop:
             return Outcome.noop("nothing was changed")
-        try:
-            return await self._write_weights(
-                params, step.after["route"], step.after["destinations"],
-                [d["weight"] for d in step.before["destinations"]], None, "revert")
-        except ActionError as exc:
-            return Outcome.failure(str(exc), retryable=exc.retryable)
+        return await self._swap(params, step.after["route"], step.after["destinations"],
+                                [d["weight"] for d in step.before["destinations"]], "revert", None)

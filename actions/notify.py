@@ -1,7 +1,7 @@
 """`notify`: POST a JSON message about the signal to an HTTP endpoint (chat webhook, pager bridge)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import aiohttp
 from pydantic import Field
@@ -21,8 +21,8 @@ class NotifyParams(ActionParams):
 
 
 class Notify:
-    kind = KIND
-    Params = NotifyParams
+    kind: ClassVar[str] = KIND
+    Params: ClassVar[type[ActionParams]] = NotifyParams
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps

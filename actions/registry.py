@@ -4,12 +4,13 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Mapping
 
+from actions.base import Action
 from actions.gateway import RetuneTimeout
 from actions.istio import ShiftWeights
 from actions.notify import Notify
 from actions.triton import TritonRollback
 
-ACTIONS: Mapping[str, type] = MappingProxyType({
+ACTIONS: Mapping[str, type[Action]] = MappingProxyType({
     TritonRollback.kind: TritonRollback,
     Notify.kind: Notify,
     ShiftWeights.kind: ShiftWeights,

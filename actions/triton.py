@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 from urllib.parse import urlsplit
 
 from pydantic import Field
@@ -137,8 +137,8 @@ def _client_url(base_url: str) -> tuple[str, bool]:
 
 
 class TritonRollback:
-    kind = KIND
-    Params = TritonRollbackParams
+    kind: ClassVar[str] = KIND
+    Params: ClassVar[type[ActionParams]] = TritonRollbackParams
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps

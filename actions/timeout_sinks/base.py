@@ -3,7 +3,8 @@
 A sink stores the timeout in its own text (`raw`: an Istio duration, a Gateway API duration, a
 ConfigMap string, a JSON number); `encode`/`to_ms` convert. `write` is a compare-and-swap against
 what `read` returned (resourceVersion, ETag): when someone else wrote in between it raises
-SinkConflict and the caller re-reads, so nothing is ever overwritten blindly.
+Conflict, and the compare-and-swap loop (actions/_compare_and_swap.py) re-reads and decides
+again, so nothing is ever overwritten blindly. Sinks never retry anything themselves.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from actions._kube import CustomObject
 from core.durations import format_ms_duration, parse_duration
-from actions._kube_errors import api_error, is_precondition_failure, server_message  # noqa: F401  (re-exported)
 from core.outcome import PermanentError
 
 if TYPE_CHECKING:
@@ -44,10 +45,6 @@ class TimeoutReading:
         return {"raw": self.raw, "ms": self.ms, "version": self.version, "where": self.where}
 
 
-class SinkConflict(Exception):
-    """The precondition of a write did not hold (409, failed `test`, 412): re-read and decide again."""
-
-
 class TimeoutSink(Protocol):
     kind: ClassVar[str]
     Params: ClassVar[type[SinkParams]]
@@ -64,7 +61,7 @@ class TimeoutSink(Protocol):
         """The current value with its CAS token. Raises ActionError."""
 
     async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
-        """Store `raw` (None removes it) if the sink is still as `expected` said; SinkConflict if not."""
+        """Store `raw` (None removes it) if the sink is still as `expected` said; Conflict if not."""
 
 
 def duration_text(ms: float) -> str:
@@ -95,11 +92,23 @@ def duration_ms(raw: Any) -> float | None:
 
 
 class DurationSink:
-    """Shared by sinks whose timeout is a Kubernetes duration string (Istio, Gateway API)."""
+    """Shared by sinks whose timeout is a duration string in a custom object (Istio, Gateway API).
+
+    Their params name the object: namespace, name, apiVersion; the class names group and plural.
+    """
+
+    kind: ClassVar[str]
+    group: ClassVar[str]
+    plural: ClassVar[str]
 
     def __init__(self, params: Any, deps: "ActionDeps") -> None:
         self.params = params
         self._deps = deps
+
+    def _object(self) -> CustomObject:
+        p = self.params
+        return CustomObject(self._deps.kube, f"the {self.kind} timeout sink", group=self.group,
+                            version=p.api_version, plural=self.plural, namespace=p.namespace, name=p.name)
 
     def encode(self, ms: int) -> str:
         return duration_text(ms)

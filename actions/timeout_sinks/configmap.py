@@ -1,18 +1,13 @@
 """Timeout sink `configmap`: one key of a ConfigMap, as milliseconds, seconds or a duration string."""
 from __future__ import annotations
 
-import asyncio
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import aiohttp
 from kubernetes_asyncio.client import CoreV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import Field
 
-from actions.timeout_sinks._kube import REQUEST_TIMEOUT_SECONDS
-from actions.timeout_sinks.base import (SinkConflict, SinkParams, TimeoutReading, api_error,
-                                        duration_ms, duration_text, is_precondition_failure,
-                                        server_message, value_patch)
+from actions import _kube
+from actions.timeout_sinks.base import SinkParams, TimeoutReading, duration_ms, duration_text, value_patch
 from core.outcome import PermanentError
 
 if TYPE_CHECKING:
@@ -29,17 +24,15 @@ class ConfigMapSinkParams(SinkParams):
 
 
 class ConfigMapSink:
-    kind = "configmap"
-    Params = ConfigMapSinkParams
+    kind: ClassVar[str] = "configmap"
+    Params: ClassVar[type[SinkParams]] = ConfigMapSinkParams
 
     def __init__(self, params: ConfigMapSinkParams, deps: "ActionDeps") -> None:
         self.params = params
         self._deps = deps
 
     def _api(self) -> CoreV1Api:
-        if self._deps.kube is None:
-            raise PermanentError("the configmap timeout sink needs a Kubernetes client (kubernetes.mode is off)")
-        return CoreV1Api(self._deps.kube)
+        return CoreV1Api(_kube.client(self._deps.kube, "the configmap timeout sink"))
 
     def encode(self, ms: int) -> str:
         if self.params.format == "ms":
@@ -65,11 +58,8 @@ class ConfigMapSink:
 
     async def read(self) -> TimeoutReading:
         p = self.params
-        try:
-            cm = await self._api().read_namespaced_config_map(p.name, p.namespace,
-                                                              _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        except (ApiException, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise api_error(exc, f"get configmaps {p.namespace}/{p.name}") from exc
+        cm = await _kube.read(f"get configmaps {p.namespace}/{p.name}", self._api().read_namespaced_config_map(
+            p.name, p.namespace, _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
         data = cm.data
         raw = (data or {}).get(p.key)
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
@@ -80,15 +70,7 @@ class ConfigMapSink:
         key = p.key.replace("~", "~0").replace("/", "~1")
         ops = value_patch(expected.version, f"/data/{key}", expected.raw, raw,
                           parent=None if expected.extra.get("has_data") else "/data")
-        try:
-            cm = await self._api().patch_namespaced_config_map(
-                p.name, p.namespace, ops, _content_type="application/json-patch+json",
-                _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        except ApiException as exc:
-            if is_precondition_failure(exc):
-                raise SinkConflict(server_message(exc)) from exc
-            raise api_error(exc, f"patch configmaps {p.namespace}/{p.name}") from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise api_error(exc, f"patch configmaps {p.namespace}/{p.name}") from exc
+        cm = await _kube.write(f"patch configmaps {p.namespace}/{p.name}", self._api().patch_namespaced_config_map(
+            p.name, p.namespace, ops, _content_type=_kube.JSON_PATCH, _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
                               {"has_data": True})

@@ -6,12 +6,13 @@ Without an ETag the value is compared right before the write (the best such an A
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import aiohttp
 from pydantic import Field
 
-from actions.timeout_sinks.base import SinkConflict, SinkParams, TimeoutReading
+from actions._compare_and_swap import Conflict
+from actions.timeout_sinks.base import SinkParams, TimeoutReading
 from core.outcome import ActionError, PermanentError, TemporaryError
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ class HttpSinkParams(SinkParams):
 
 
 class HttpEndpointSink:
-    kind = "http"
-    Params = HttpSinkParams
+    kind: ClassVar[str] = "http"
+    Params: ClassVar[type[SinkParams]] = HttpSinkParams
 
     def __init__(self, params: HttpSinkParams, deps: "ActionDeps") -> None:
         self.params = params
@@ -81,10 +82,10 @@ class HttpEndpointSink:
         else:
             fresh = await self.read()
             if fresh.raw != expected.raw:
-                raise SinkConflict(f"timeoutMs changed from {expected.raw} to {fresh.raw}")
+                raise Conflict(f"timeoutMs changed from {expected.raw} to {fresh.raw}")
         status, payload, etag = await self._request("PUT", headers, {"timeoutMs": raw})
         if status == 412:
-            raise SinkConflict(f"PUT {self.params.url}: precondition failed (ETag {expected.version})")
+            raise Conflict(f"PUT {self.params.url}: precondition failed (ETag {expected.version})")
         if status not in (200, 204):
             raise self._error("PUT", status, payload)
         return TimeoutReading(raw, self.to_ms(raw), etag, expected.where)

@@ -1,11 +1,10 @@
 """Timeout sink `httproute`: `rules[i].timeouts.request` of a Gateway API HTTPRoute (v1 / v1beta1)."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from actions.timeout_sinks import _kube
 from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, duration_ms, value_patch
 from core.outcome import PermanentError
 
@@ -21,13 +20,14 @@ class HTTPRouteSinkParams(SinkParams):
 
 
 class HTTPRouteSink(DurationSink):
-    kind = "httproute"
-    Params = HTTPRouteSinkParams
+    kind: ClassVar[str] = "httproute"
+    group, plural = GROUP, PLURAL
+    Params: ClassVar[type[SinkParams]] = HTTPRouteSinkParams
     params: HTTPRouteSinkParams
 
     async def read(self) -> TimeoutReading:
         p = self.params
-        route = await _kube.get_custom(self._deps, self.kind, GROUP, p.api_version, p.namespace, PLURAL, p.name)
+        route = await self._object().get()
         rules = (route.get("spec") or {}).get("rules") or []
         if p.rule >= len(rules):
             raise PermanentError(f"HTTPRoute {p.namespace}/{p.name} has {len(rules)} rule(s), no rule #{p.rule}")
@@ -52,8 +52,7 @@ class HTTPRouteSink(DurationSink):
         else:
             ops = value_patch(expected.version, f"{base}/request", expected.raw, raw,
                               parent=None if timeouts is not None else base)
-        written = await _kube.patch_custom(self._deps, self.kind, GROUP, p.api_version, p.namespace, PLURAL,
-                                           p.name, ops)
+        written = await self._object().patch(ops)
         return TimeoutReading(raw, self.to_ms(raw), str(written["metadata"]["resourceVersion"]),
                               expected.where, {"timeouts": _timeouts_after(timeouts, raw)})
 

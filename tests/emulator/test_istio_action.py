@@ -308,7 +308,8 @@ async def test_concurrent_edit_to_the_wanted_weights_is_a_noop(action: ShiftWeig
 
 
 async def test_endless_conflicts_are_bounded(action: ShiftWeights, kube_emulator: KubeEmulator) -> None:
-    """An object edited after every read gives up after 1 + maxConflictRetries patches, retryable."""
+    """An object edited after every read gives up after 1 + maxConflictRetries patches, not retryable:
+    conflicts are retried only inside the compare-and-swap, never again by the executor."""
     kube_emulator.seed(virtual_service(90, 10))
     counter = itertools.count()
     kube_emulator.after("get", "virtualservices", lambda emu, rec: emu.modify(
@@ -316,7 +317,7 @@ async def test_endless_conflicts_are_bounded(action: ShiftWeights, kube_emulator
         times=None)
     p = params(route="primary", set={"v2": 0}, maxConflictRetries=2)
     outcome = await action.apply(await observe_and_plan(action, p), TARGET, p)
-    assert outcome.status == OutcomeStatus.FAILED and outcome.retryable
+    assert outcome.status == OutcomeStatus.FAILED and not outcome.retryable
     assert len(kube_emulator.requests_for("patch")) == 3
     assert weights_in(kube_emulator) == [90, 10]
 
