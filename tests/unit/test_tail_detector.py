@@ -215,8 +215,8 @@ def test_batch_path_agrees_with_single_path():
         assert a.value == b.value and a.threshold == b.threshold
 
 
-def test_batch_path_with_companion_agrees_with_detect_pair():
-    """evaluate_many with a companion array flags the same rows as detect_pair per series."""
+def test_batch_path_with_companion_agrees_with_per_series_detect():
+    """evaluate_many with a companion array flags the same rows as detect(companion=) per series."""
     ts = grid()
     p999 = np.stack([noisy(210, 15, seed=s) for s in range(6)])
     p999[:, -6:] = 890
