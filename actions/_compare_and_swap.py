@@ -4,7 +4,8 @@ read -> compare what is there with what was expected -> write guarded by the rea
 (JSON-patch `test` ops on resourceVersion and the old value, or If-Match) -> on a conflict re-read
 and decide again. The decisions are pure (`decide`, `backoff_seconds`):
 
-- the value is already as wanted: noop (someone, or our own earlier try, got there first);
+- the value is already as wanted: noop (someone, or our own earlier try, got there first; a write
+  of ours carries the step's effect key, so the noop says when the value is our own landed write);
 - the value is neither expected nor wanted: someone else changed it: refused, never overwritten
   (re-planning would make the journaled `before` untrue and revert would restore the wrong thing);
 - the value is as expected: write it.
@@ -79,8 +80,12 @@ class Swap(Protocol[R, T]):
     def show(self, value: T) -> str:
         """A value in words."""
 
+    def ours(self, reading: R) -> bool:
+        """Whether the object as read was last written by this very step (its effect key)."""
+
     async def write(self, reading: R, wanted: T) -> Mapping[str, Any]:
-        """Store `wanted` if the object is still as `reading`; Conflict if not. Returns journal data."""
+        """Store `wanted` if the object is still as `reading`; Conflict if not. Returns journal data.
+        The write carries the step's effect key where the object can hold it (see actions/_kube.py)."""
 
 
 async def compare_and_swap(swap: Swap[R, T], *, expected: T, wanted: T, purpose: str, max_retries: int,
@@ -118,6 +123,9 @@ async def _swap(swap: Swap[R, T], expected: T, wanted: T, purpose: str, max_retr
         label = f"{purpose}: {swap.where(reading)} {swap.what}"
         decision = decide(found, expected, wanted)
         if decision is Decision.NOOP:
+            if swap.ours(reading):
+                return Outcome.noop(f"{label} already {swap.show(wanted)}: this step's own write had landed",
+                                    **{swap.what: wanted, "ours": True})
             return Outcome.noop(f"{label} already {swap.show(wanted)}", **{swap.what: wanted})
         if decision is Decision.REFUSE:
             return Outcome.failure(

@@ -2,12 +2,17 @@
 
 Failures come back in the action taxonomy (`_kube_errors.api_error`); a write whose precondition
 failed (409, or a failed JSON-patch `test`) raises `Conflict` for the compare-and-swap loop.
+
+Every write of an action stamps the object with the step's effect key (annotation
+`tailguard.io/decision: "<decision id>/<step index>"`, `mark_ops`), and every read reports the
+stamp it found (`mark_of`): a decision resumed after a crash recognises a change of its own that
+landed, instead of taking it for someone else's edit.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Mapping, cast
 
 import aiohttp
 from kubernetes_asyncio.client import CustomObjectsApi
@@ -22,6 +27,37 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 JSON_PATCH = "application/json-patch+json"
+DECISION_ANNOTATION = "tailguard.io/decision"
+_DECISION_POINTER = "/metadata/annotations/" + DECISION_ANNOTATION.replace("~", "~0").replace("/", "~1")
+
+
+def mark_of(annotations: Mapping[str, str] | None) -> dict[str, Any]:
+    """What a read saw of our stamp, as journaled with the reading: whether the object has
+    `metadata.annotations` at all (`annotated`), and the effect key of the write that stamped it (`by`)."""
+    return {"annotated": annotations is not None, "by": (annotations or {}).get(DECISION_ANNOTATION)}
+
+
+def marked_by(mark: Mapping[str, Any] | None, effect_key: str | None) -> bool:
+    """Whether `mark` (from `mark_of`) is the stamp of the write for `effect_key`."""
+    return effect_key is not None and mark is not None and mark.get("by") == effect_key
+
+
+def stamp_note(mark: Mapping[str, Any] | None, effect_key: str | None) -> str:
+    """For a verify message: says when the object carries this step's own stamp ("" otherwise)."""
+    return f" (stamped {effect_key} by this step's write)" if marked_by(mark, effect_key) else ""
+
+
+def mark_ops(mark: Mapping[str, Any] | None, effect_key: str | None) -> list[dict[str, Any]]:
+    """JSON-patch ops that stamp the object with `effect_key` (none without a key).
+
+    `mark` is what the guarded read saw: without annotations the whole map is added; with them,
+    or when unknown (None), only our key (a wrong guess fails the patch, which re-reads).
+    """
+    if effect_key is None:
+        return []
+    if mark is not None and mark.get("annotated") is False:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {DECISION_ANNOTATION: effect_key}}]
+    return [{"op": "add", "path": _DECISION_POINTER, "value": effect_key}]
 
 
 def client(kube: "ApiClient | None", who: str) -> "ApiClient":

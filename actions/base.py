@@ -1,10 +1,18 @@
 """The Action protocol: observe (I/O) -> plan (pure) -> apply -> verify -> revert.
 
 One module per implementation; `actions.registry` maps the policy's `type:` to the class.
+
+Delivery (docs/design-notes.md, "Delivery guarantees per action"): the executor journals the intent
+of every apply before the call and its result after. A decision resumed after a crash calls
+`verify` for a step whose intent has no result: an OK Outcome means the step's change landed
+(recorded as applied, not applied again); anything else applies it again with the same
+`Step.effect_key`. An action whose effect can be observed is therefore exactly-once; one whose
+effect cannot be observed answers verify with NOOP and is at-least-once, and should hand the
+effect key to the receiver (an `Idempotency-Key` header) so it can drop the repeat.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -29,8 +37,16 @@ class ActionParams(BaseModel):
 class Step:
     """One concrete change an action decided on, computed without I/O.
 
-    `before` is what was observed, `after` what apply will make true; revert restores `before`.
-    A step with `noop=True` is journaled and skipped: the world is already as wanted.
+    `action` is the action's kind (the policy's `type:`). `before` is what was observed, `after`
+    what apply will make true; revert restores `before`. A step with `noop=True` is journaled and
+    skipped: the world is already as wanted.
+
+    `effect_key` is not planned: the executor fills it (`dataclasses.replace`) before it calls
+    apply, verify or revert, as `"<decision id>/<step index>"`: the same on every attempt and
+    after a restart, unique within one journal. Actions mark what they change with it, so a
+    resumed decision recognises its own landed change: Kubernetes writes annotate the object
+    (`tailguard.io/decision`), HTTP effects send `Idempotency-Key`. None outside the executor
+    (simulate, the pin reconciler, direct calls): then nothing is marked.
     """
 
     action: str
@@ -39,6 +55,7 @@ class Step:
     before: Mapping[str, Any] = field(default_factory=dict)
     after: Mapping[str, Any] = field(default_factory=dict)
     noop: bool = False
+    effect_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +67,15 @@ class Step:
             "noop": self.noop,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Step":
+        """The step `as_dict` gave (a journaled plan's step); the effect key is the executor's to fill."""
+        known = {f.name for f in fields(cls)} - {"effect_key"}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# The header an HTTP effect that cannot be observed carries its `Step.effect_key` in.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 QueryFn = Callable[[str], Awaitable[QueryResult]]
 EventFn = Callable[..., Awaitable[None]]
@@ -92,7 +118,8 @@ class Action(Protocol):
         """Make `step.after` true."""
 
     async def verify(self, step: Step, target: Target, params: Any) -> Outcome:
-        """Check that `step.after` holds now."""
+        """Check that `step.after` holds now: OK when it was observed to hold, FAILED when it does
+        not; NOOP when the effect cannot be observed (a resumed decision then applies again)."""
 
     async def revert(self, step: Step, target: Target, params: Any) -> Outcome:
         """Restore `step.before` exactly."""

@@ -5,6 +5,10 @@ lives is a TimeoutSink (actions/timeout_sinks). Writes go through the one compar
 (actions/_compare_and_swap.py): bounded conflict retries from a fresh read, and a value changed by
 someone else in between is never overwritten.
 No P99.9 data means no change: silence is not a latency.
+
+Delivery: Kubernetes sinks are exactly-once by re-observation (the write stamps the object with the
+step's effect key, and a decision resumed after a crash reads the timeout before writing again);
+the HTTP endpoint sink is at-least-once with `Idempotency-Key` (actions/timeout_sinks/http_endpoint.py).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import structlog
 from pydantic import Field, model_validator
 
 from actions._compare_and_swap import compare_and_swap
+from actions._kube import marked_by, stamp_note
 from actions.base import ActionDeps, ActionParams, Step
 from actions.timeout_sinks.base import TimeoutReading, TimeoutSink
 from actions.timeout_sinks.configmap import ConfigMapSinkParams
@@ -160,8 +165,9 @@ class SinkTimeout:
 
     what = "timeout"
 
-    def __init__(self, sink: TimeoutSink) -> None:
+    def __init__(self, sink: TimeoutSink, effect_key: str | None) -> None:
         self._sink = sink
+        self._effect_key = effect_key  # marks every write (annotation, Idempotency-Key)
 
     async def read(self) -> TimeoutReading:
         return await self._sink.read()
@@ -175,8 +181,11 @@ class SinkTimeout:
     def show(self, value: Any) -> str:
         return str(value)
 
+    def ours(self, reading: TimeoutReading) -> bool:
+        return marked_by(reading.extra.get("mark"), self._effect_key)
+
     async def write(self, reading: TimeoutReading, wanted: Any) -> Mapping[str, Any]:
-        written = await self._sink.write(wanted, reading)
+        written = await self._sink.write(wanted, reading, self._effect_key)
         return {"version": written.version}
 
 
@@ -208,18 +217,20 @@ class RetuneTimeout:
              signal: Signal) -> Step:
         return plan_retune(target, params, observed, self._sink(params).encode)
 
-    async def _swap(self, params: RetuneTimeoutParams, expected_raw: Any, want_raw: Any,
+    async def _swap(self, params: RetuneTimeoutParams, step: Step, expected_raw: Any, want_raw: Any,
                     reading: TimeoutReading | None, purpose: str) -> Outcome:
-        """Compare-and-swap the sink from `expected_raw` to `want_raw` (`reading`: trust it for the first try)."""
-        return await compare_and_swap(SinkTimeout(self._sink(params)), expected=expected_raw, wanted=want_raw,
-                                      purpose=purpose, max_retries=params.max_conflict_retries, seen=reading)
+        """Compare-and-swap the sink from `expected_raw` to `want_raw` (`reading`: trust it for the first
+        try), marked with the step's effect key."""
+        return await compare_and_swap(SinkTimeout(self._sink(params), step.effect_key), expected=expected_raw,
+                                      wanted=want_raw, purpose=purpose, max_retries=params.max_conflict_retries,
+                                      seen=reading)
 
     async def apply(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         if step.noop:
             return Outcome.noop(step.summary)
         seen = step.before["timeout"]
         reading = TimeoutReading(seen["raw"], seen["ms"], seen["version"], seen["where"], seen.get("extra", {}))
-        return await self._swap(params, seen["raw"], step.after["raw"], reading, "apply")
+        return await self._swap(params, step, seen["raw"], step.after["raw"], reading, "apply")
 
     async def verify(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         try:
@@ -229,10 +240,12 @@ class RetuneTimeout:
         if reading.raw != step.after["raw"]:
             return Outcome.failure(f"verify: {reading.where} timeout is {reading.raw}, expected "
                                    f"{step.after['raw']}", found=reading.raw)
-        return Outcome.success(f"verify: {reading.where} timeout is {reading.raw}")
+        mark = reading.extra.get("mark")
+        return Outcome.success(f"verify: {reading.where} timeout is {reading.raw}{stamp_note(mark, step.effect_key)}",
+                               ours=marked_by(mark, step.effect_key))
 
     async def revert(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         """Restore exactly the value seen before (an absent timeout is removed again)."""
         if step.noop:
             return Outcome.noop("nothing was changed")
-        return await self._swap(params, step.after["raw"], step.before["timeout"]["raw"], None, "revert")
+        return await self._swap(params, step, step.after["raw"], step.before["timeout"]["raw"], None, "revert")

@@ -3,6 +3,11 @@
 Planning is pure (`plan_weights`); writes go through the one compare-and-swap loop
 (actions/_compare_and_swap.py): JSON patches guarded by `test` ops on metadata.resourceVersion and
 each old weight, so an edit by someone else between our read and our write is never overwritten.
+
+Delivery: exactly-once by re-observation. Every write stamps the VirtualService with the step's
+effect key (annotation `tailguard.io/decision`); a decision resumed after a crash between the
+PATCH and its journal record verifies first, finds the weights (and our stamp) in place, and
+records the step as applied without a second PATCH.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from actions._compare_and_swap import compare_and_swap
 from actions._istio_routes import GROUP, PLURAL, http_routes, select_route
-from actions._kube import CustomObject
+from actions._kube import CustomObject, mark_of, mark_ops, marked_by, stamp_note
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import ActionError, Outcome, PermanentError
 from core.signal import Signal
@@ -172,7 +177,7 @@ def plan_shift(vs: Mapping[str, Any], params: ShiftWeightsParams) -> Step:
     weights = plan_weights(dests, set_weights=params.set_weights, step_weights=params.step_weights)
     route_ref = {"index": index, "name": http_route.get("name")}
     before = {"resourceVersion": meta.get("resourceVersion"), "route": route_ref,
-              "destinations": [d.as_dict() for d in dests]}
+              "destinations": [d.as_dict() for d in dests], "mark": mark_of(meta.get("annotations"))}
     after = {"route": route_ref,
              "destinations": [{**d.as_dict(), "weight": w} for d, w in zip(dests, weights)]}
     noop = weights == effective_weights(dests)
@@ -224,11 +229,13 @@ def show_weights(weights: Weights) -> str:
 
 @dataclass(frozen=True)
 class RouteReading:
-    """One read of a route: the object's resourceVersion, the route's index and its destinations."""
+    """One read of a route: the object's resourceVersion, the route's index, its destinations, and
+    our stamp on the object (`_kube.mark_of`; None: not known)."""
 
     resource_version: str
     index: int
     destinations: list[Destination]
+    mark: Mapping[str, Any] | None = None
 
 
 class RouteWeights:
@@ -236,14 +243,16 @@ class RouteWeights:
 
     what = "weights"
 
-    def __init__(self, vs: CustomObject, route: Mapping[str, Any]) -> None:
+    def __init__(self, vs: CustomObject, route: Mapping[str, Any], effect_key: str | None) -> None:
         self._vs = vs
         self._route = route  # {"index", "name"} as planned
+        self._effect_key = effect_key  # stamped on the object by every write
 
     async def read(self) -> RouteReading:
         vs = await self._vs.get()
         index, destinations = locate_route(vs, self._route)
-        return RouteReading(str(vs["metadata"]["resourceVersion"]), index, destinations)
+        return RouteReading(str(vs["metadata"]["resourceVersion"]), index, destinations,
+                            mark_of(vs["metadata"].get("annotations")))
 
     def value(self, reading: RouteReading) -> Weights:
         return [d.as_dict() for d in reading.destinations]
@@ -255,10 +264,13 @@ class RouteWeights:
     def show(self, value: Weights) -> str:
         return show_weights(value)
 
+    def ours(self, reading: RouteReading) -> bool:
+        return marked_by(reading.mark, self._effect_key)
+
     async def write(self, reading: RouteReading, wanted: Weights) -> Mapping[str, Any]:
         ops = weights_patch(reading.resource_version, reading.index, reading.destinations,
                             [d["weight"] for d in wanted])
-        written = await self._vs.patch(ops)
+        written = await self._vs.patch(ops + mark_ops(reading.mark, self._effect_key))
         return {"resourceVersion": (written.get("metadata") or {}).get("resourceVersion")}
 
 
@@ -283,13 +295,16 @@ class ShiftWeights:
              signal: Signal) -> Step:
         return plan_shift(observed["virtualService"], params)
 
-    async def _swap(self, params: ShiftWeightsParams, route: Mapping[str, Any], expected: Sequence[Mapping[str, Any]],
-                    desired: Sequence[int | None], purpose: str, seen: RouteReading | None) -> Outcome:
-        """Compare-and-swap the route's weights from `expected` to `desired` (one per destination)."""
+    async def _swap(self, params: ShiftWeightsParams, step: Step, route: Mapping[str, Any],
+                    expected: Sequence[Mapping[str, Any]], desired: Sequence[int | None], purpose: str,
+                    seen: RouteReading | None) -> Outcome:
+        """Compare-and-swap the route's weights from `expected` to `desired` (one per destination),
+        stamped with the step's effect key."""
         before = [dict(e) for e in expected]
         wanted = [{**e, "weight": w} for e, w in zip(before, desired)]
-        return await compare_and_swap(RouteWeights(self._object(params), route), expected=before, wanted=wanted,
-                                      purpose=purpose, max_retries=params.max_conflict_retries, seen=seen)
+        return await compare_and_swap(RouteWeights(self._object(params), route, step.effect_key), expected=before,
+                                      wanted=wanted, purpose=purpose, max_retries=params.max_conflict_retries,
+                                      seen=seen)
 
     async def apply(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         if step.noop:
@@ -298,24 +313,27 @@ class ShiftWeights:
         version = step.before.get("resourceVersion")
         # The first try trusts what plan saw; the `test` ops check it server-side.
         seen = None if version is None else RouteReading(
-            str(version), int(route["index"]), [Destination(**e) for e in expected])
-        return await self._swap(params, route, expected, [d["weight"] for d in step.after["destinations"]],
+            str(version), int(route["index"]), [Destination(**e) for e in expected], step.before.get("mark"))
+        return await self._swap(params, step, route, expected, [d["weight"] for d in step.after["destinations"]],
                                 "apply", seen)
 
     async def verify(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         try:
-            _, current = locate_route(await self._object(params).get(), step.after["route"])
+            vs = await self._object(params).get()
+            _, current = locate_route(vs, step.after["route"])
         except ActionError as exc:
             return Outcome.failure(f"verify: {exc}", retryable=exc.retryable)
         seen = [d.as_dict() for d in current]
         if seen != list(step.after["destinations"]):
             return Outcome.failure(f"verify: route weights are {seen}, expected {list(step.after['destinations'])}",
                                    found=seen)
-        return Outcome.success("verify: route weights as planned", weights=seen)
+        mark = mark_of(vs["metadata"].get("annotations"))
+        return Outcome.success(f"verify: route weights as planned{stamp_note(mark, step.effect_key)}",
+                               weights=seen, ours=marked_by(mark, step.effect_key))
 
     async def revert(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         """Restore exactly `step.before` (absent weights removed again), only from `step.after`."""
         if step.noop:
             return Outcome.noop("nothing was changed")
-        return await self._swap(params, step.after["route"], step.after["destinations"],
+        return await self._swap(params, step, step.after["route"], step.after["destinations"],
                                 [d["weight"] for d in step.before["destinations"]], "revert", None)

@@ -1,4 +1,11 @@
-"""`notify`: POST a JSON message about the signal to an HTTP endpoint (chat webhook, pager bridge)."""
+"""`notify`: POST a JSON message about the signal to an HTTP endpoint (chat webhook, pager bridge).
+
+Delivery: at-least-once, with an idempotency key. A sent message cannot be observed afterwards, so
+`verify` answers NOOP and a decision resumed after a crash between the POST and its journal record
+sends the message again. Every POST of one step carries the same `Idempotency-Key: <effect key>`
+(`"<decision id>/<step index>"`, unique within one journal): a receiver that keeps the keys it
+has seen delivers the message once.
+"""
 from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
@@ -6,7 +13,7 @@ from typing import Any, ClassVar, Mapping
 import aiohttp
 from pydantic import Field
 
-from actions.base import ActionDeps, ActionParams, Step
+from actions.base import IDEMPOTENCY_HEADER, ActionDeps, ActionParams, Step
 from core.outcome import Outcome
 from core.signal import Signal
 from core.target import Target
@@ -41,7 +48,8 @@ class Notify:
         owned = session is None
         session = session or aiohttp.ClientSession()
         try:
-            async with session.post(step.after["url"], json=step.after["body"],
+            headers = {} if step.effect_key is None else {IDEMPOTENCY_HEADER: step.effect_key}
+            async with session.post(step.after["url"], json=step.after["body"], headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=params.timeout_seconds)) as resp:
                 if resp.status >= 300:
                     return Outcome.failure(f"notify endpoint answered {resp.status}",
@@ -54,7 +62,8 @@ class Notify:
         return Outcome.success("notified")
 
     async def verify(self, step: Step, target: Target, params: NotifyParams) -> Outcome:
-        return Outcome.noop("a sent message needs no verification")
+        # NOOP, not OK: nothing shows the message arrived, so a resumed decision sends it again.
+        return Outcome.noop("a sent message cannot be observed")
 
     async def revert(self, step: Step, target: Target, params: NotifyParams) -> Outcome:
         return Outcome.noop("a sent message cannot be unsent")

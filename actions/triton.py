@@ -3,6 +3,11 @@
 Rollback that works (docs/stack-facts.md): read the model config, set
 `version_policy: {specific: {versions: [N]}}` and `load_model(name, config=...)`; Triton loads N
 and unloads the bad version in one step (~1.5 s), faster than load-beside-then-unload.
+
+Delivery: exactly-once by re-observation. Triton's model control holds no mark of who loaded a
+version, but the effect is a state that `verify` reads (every replica serves only the target
+version): a decision resumed after a crash between the load and its journal record verifies
+first, and records the step as applied (recovered) instead of loading again when the state holds.
 """
 from __future__ import annotations
 

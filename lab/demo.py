@@ -145,6 +145,8 @@ async def main() -> None:
                 for step in d.plan.get("steps", []):
                     print(f"  plan    {step['summary']}")
                 for s in await svc.journal.steps(d.id):
+                    if s["phase"] == "intent":
+                        continue  # written before each apply, for crash recovery; not news
                     print(f"  {s['phase']:<7} {s['status']}: {s['message']}")
     finally:
         for server in (prom, am, triton):

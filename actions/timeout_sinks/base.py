@@ -5,6 +5,10 @@ ConfigMap string, a JSON number); `encode`/`to_ms` convert. `write` is a compare
 what `read` returned (resourceVersion, ETag): when someone else wrote in between it raises
 Conflict, and the compare-and-swap loop (actions/_compare_and_swap.py) re-reads and decides
 again, so nothing is ever overwritten blindly. Sinks never retry anything themselves.
+
+`write` gets the step's effect key (`Step.effect_key`): Kubernetes sinks stamp the object with it
+(annotation `tailguard.io/decision`, actions/_kube.py) and report the stamp they read in
+`extra["mark"]`; the HTTP sink sends it as `Idempotency-Key`.
 """
 from __future__ import annotations
 
@@ -60,8 +64,9 @@ class TimeoutSink(Protocol):
     async def read(self) -> TimeoutReading:
         """The current value with its CAS token. Raises ActionError."""
 
-    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
-        """Store `raw` (None removes it) if the sink is still as `expected` said; Conflict if not."""
+    async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
+        """Store `raw` (None removes it) if the sink is still as `expected` said; Conflict if not.
+        `effect_key` marks the write as the step's (None: unmarked)."""
 
 
 def duration_text(ms: float) -> str:

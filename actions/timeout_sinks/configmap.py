@@ -63,13 +63,14 @@ class ConfigMapSink:
         data = cm.data
         raw = (data or {}).get(p.key)
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
-                              {"has_data": data is not None})
+                              {"has_data": data is not None, "mark": _kube.mark_of(cm.metadata.annotations)})
 
-    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
+    async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         p = self.params
         key = p.key.replace("~", "~0").replace("/", "~1")
         ops = value_patch(expected.version, f"/data/{key}", expected.raw, raw,
                           parent=None if expected.extra.get("has_data") else "/data")
+        ops += _kube.mark_ops(expected.extra.get("mark"), effect_key)
         cm = await _kube.write(f"patch configmaps {p.namespace}/{p.name}", self._api().patch_namespaced_config_map(
             p.name, p.namespace, ops, _content_type=_kube.JSON_PATCH, _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),

@@ -2,6 +2,11 @@
 
 Optimistic when the gateway sends an ETag: the PUT carries If-Match and a 412 is a conflict.
 Without an ETag the value is compared right before the write (the best such an API allows).
+
+Delivery: at-least-once, with `Idempotency-Key: <effect key>` on the PUT. A decision resumed after
+a crash between the PUT and its journal record GETs the value first and does not PUT again when it
+already reads as planned; but the endpoint holds no mark of who wrote it and may apply a PUT
+later than it answers, so a repeated PUT (same key) is possible and the gateway should drop it.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import aiohttp
 from pydantic import Field
 
 from actions._compare_and_swap import Conflict
+from actions.base import IDEMPOTENCY_HEADER
 from actions.timeout_sinks.base import SinkParams, TimeoutReading
 from core.outcome import ActionError, PermanentError, TemporaryError
 
@@ -75,8 +81,8 @@ class HttpEndpointSink:
         raw = payload["timeoutMs"]
         return TimeoutReading(raw, self.to_ms(raw), etag, f"gateway endpoint {self.params.url}")
 
-    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
-        headers = {}
+    async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
+        headers = {} if effect_key is None else {IDEMPOTENCY_HEADER: effect_key}
         if expected.version is not None:
             headers["If-Match"] = expected.version
         else:

@@ -5,6 +5,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from actions._kube import mark_of, mark_ops
 from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, duration_ms, value_patch
 from core.outcome import PermanentError
 
@@ -35,9 +36,9 @@ class HTTPRouteSink(DurationSink):
         raw = (timeouts or {}).get("request")
         return TimeoutReading(raw, self.to_ms(raw), str(route["metadata"]["resourceVersion"]),
                               f"HTTPRoute {p.namespace}/{p.name} rule #{p.rule}",
-                              {"timeouts": timeouts})
+                              {"timeouts": timeouts, "mark": mark_of(route["metadata"].get("annotations"))})
 
-    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
+    async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         p = self.params
         timeouts = expected.extra.get("timeouts")
         backend = (timeouts or {}).get("backendRequest")
@@ -52,7 +53,7 @@ class HTTPRouteSink(DurationSink):
         else:
             ops = value_patch(expected.version, f"{base}/request", expected.raw, raw,
                               parent=None if timeouts is not None else base)
-        written = await self._object().patch(ops)
+        written = await self._object().patch(ops + mark_ops(expected.extra.get("mark"), effect_key))
         return TimeoutReading(raw, self.to_ms(raw), str(written["metadata"]["resourceVersion"]),
                               expected.where, {"timeouts": _timeouts_after(timeouts, raw)})
 

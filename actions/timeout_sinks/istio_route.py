@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from actions._istio_routes import GROUP, PLURAL, http_routes, select_route
+from actions._kube import mark_of, mark_ops
 from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, value_patch
 
 
@@ -38,10 +39,11 @@ class IstioRouteSink(DurationSink):
         label = repr(p.route) if p.route else f"#{index}"
         return TimeoutReading(raw, self.to_ms(raw), str(vs["metadata"]["resourceVersion"]),
                               f"VirtualService {p.namespace}/{p.name} http route {label}",
-                              {"index": index})
+                              {"index": index, "mark": mark_of(vs["metadata"].get("annotations"))})
 
-    async def write(self, raw: Any, expected: TimeoutReading) -> TimeoutReading:
+    async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         path = f"/spec/http/{int(expected.extra['index'])}/timeout"
-        written = await self._object().patch(value_patch(expected.version, path, expected.raw, raw))
+        written = await self._object().patch(value_patch(expected.version, path, expected.raw, raw)
+                                             + mark_ops(expected.extra.get("mark"), effect_key))
         return TimeoutReading(raw, self.to_ms(raw), str(written["metadata"]["resourceVersion"]),
                               expected.where, expected.extra)

@@ -76,6 +76,9 @@ class Box:
     def show(self, value: str) -> str:
         return value
 
+    def ours(self, reading: tuple[str, int]) -> bool:
+        return False
+
     async def write(self, reading: tuple[str, int], wanted: str) -> Mapping[str, Any]:
         self.writes += 1
         if self.fail:

@@ -63,7 +63,7 @@ async def test_webhook_rolls_triton_back_to_v1_and_journals_it(tmp_path: Path, t
         (step,) = decision.plan["steps"]
         assert step["after"]["version"] == 1 and step["action"] == "triton.rollback"
         phases = [(s["phase"], s["status"]) for s in await svc.journal.steps(decision.id)]
-        assert phases == [("apply", "ok"), ("verify", "ok")]
+        assert phases == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
         assert (await svc.journal.pins())[0]["version"] == 1
 
         # Idempotent: rolling back what is already rolled back does nothing.

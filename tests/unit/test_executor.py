@@ -1,5 +1,6 @@
 """The executor: revert across steps, retries of transient applies, leadership lost mid-plan,
-exceptions from actions, and noop steps; on a real journal with policies loaded from YAML."""
+exceptions from actions, noop steps, and decisions resumed after a crash between an apply and its
+record; on a real journal with policies loaded from YAML."""
 from __future__ import annotations
 
 import time
@@ -16,7 +17,7 @@ from core.signal import Signal, SignalSource
 from core.target import Target
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, Journal
-from daemon.workers.executor import MAX_APPLY_ATTEMPTS, Executor, ExecutorState
+from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, Executor, ExecutorState
 from policies.loader import load_policies_text
 from policies.planning import Plan
 
@@ -31,9 +32,16 @@ class ScriptParams(ActionParams):
 
     observe: str = "ok"  # ok | raise
     plan: str = "change"  # change | noop | raise
-    apply: tuple[str, ...] = ("ok",)  # per attempt, the last one repeats: ok|retry|fail|temporary|permanent|raise
-    verify: str = "ok"  # ok | fail
+    # per attempt, the last one repeats: ok|retry|fail|temporary|permanent|raise, or a crash of the
+    # process between the call and its record: crash (the change landed) | crash_before (it did not)
+    apply: tuple[str, ...] = ("ok",)
+    # ok | fail | observe (OK when a change of this action landed, else failure) | blind (NOOP: cannot observe)
+    verify: str = "ok"
     revert: str = "ok"  # ok | fail
+
+
+class Crash(BaseException):
+    """The process dies here (nothing catches a BaseException on the way out, as with SIGKILL)."""
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,13 @@ class Call:
 
 
 class ScriptedAction:
-    """Does what its params say and records every call, in order, in the shared `calls`."""
+    """Does what its params say and records every call, in order, in the shared `calls`, and every
+    change that landed in the shared `effects`."""
 
     kind: ClassVar[str]
     Params: ClassVar[type[ActionParams]] = ScriptParams
     calls: ClassVar[list[Call]]
+    effects: ClassVar[list[Step]]
 
     def __init__(self, deps: ActionDeps) -> None:
         self.deps = deps
@@ -70,6 +80,10 @@ class ScriptedAction:
         self.calls.append(Call("apply", self.kind, step))
         attempt = sum(1 for c in self.calls if c.phase == "apply" and c.kind == self.kind)
         what = params.apply[min(attempt, len(params.apply)) - 1]
+        if what in ("ok", "crash"):
+            self.effects.append(step)
+        if what in ("crash", "crash_before"):
+            raise Crash(f"{self.kind} crashed in apply")
         if what == "retry":
             return Outcome.failure("transient failure", retryable=True)
         if what == "fail":
@@ -84,6 +98,11 @@ class ScriptedAction:
 
     async def verify(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
         self.calls.append(Call("verify", self.kind, step))
+        if params.verify == "blind":
+            return Outcome.noop("cannot be observed")
+        if params.verify == "observe":
+            landed = any(e.action == self.kind for e in self.effects)
+            return Outcome.success("new value in place") if landed else Outcome.failure("old value in place")
         return Outcome.success("verified") if params.verify == "ok" else Outcome.failure("not as wanted")
 
     async def revert(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
@@ -91,9 +110,10 @@ class ScriptedAction:
         return Outcome.success("reverted") if params.revert == "ok" else Outcome.failure("revert refused")
 
 
-def _registry(calls: list[Call]) -> dict[str, type[ScriptedAction]]:
+def _registry(calls: list[Call], effects: list[Step]) -> dict[str, type[ScriptedAction]]:
     kinds = ("test.step_a", "test.step_b", "test.step_c")
-    return {k: type(f"Action_{k.split('.')[1]}", (ScriptedAction,), {"kind": k, "calls": calls}) for k in kinds}
+    return {k: type(f"Action_{k.split('.')[1]}", (ScriptedAction,), {"kind": k, "calls": calls, "effects": effects})
+            for k in kinds}
 
 
 def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None) -> str:
@@ -111,11 +131,12 @@ def _policy(*actions: str, name: str = "remediate", on_failure: str | None = Non
 class Harness:
     journal: AsyncJournal
     calls: list[Call] = field(default_factory=list)
+    effects: list[Step] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
     now: float = field(default_factory=time.time)
 
     def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True) -> Executor:
-        registry = _registry(self.calls)
+        registry = _registry(self.calls, self.effects)
         policies = load_policies_text(policies_yaml, "test.yaml", registry, {})
 
         async def sleep(delay: float) -> None:
@@ -126,10 +147,27 @@ class Harness:
 
     async def fire(self, executor: Executor, key: str = "alert-1") -> list[Plan]:
         """Journal one firing alert about `ranker` and process it, as a worker does."""
+        return await executor.process(*await self._journaled(key))
+
+    async def _journaled(self, key: str) -> tuple[int, Signal]:
         signal = Signal(SignalSource.ALERT, ALERT, {"model": MODEL}, datetime.now(timezone.utc), key)
         ((signal_id, stored),), duplicates = await self.journal.record_signals([signal])
         assert duplicates == 0
-        return await executor.process(signal_id, stored)
+        return signal_id, stored
+
+    async def crash_and_restart(self, policies_yaml: str, after_restart: str | None = None) -> int:
+        """Fire an alert into an executor that dies mid-plan (an action's apply raises Crash), then
+        process the still-pending signal again with a new executor (policies `after_restart`, by
+        default the same), as the daemon does after a restart. Returns the number of calls made
+        before the restart."""
+        signal_id, signal = await self._journaled("alert-1")
+        with pytest.raises(Crash):
+            await self.executor(policies_yaml).process(signal_id, signal)
+        (decision,) = await self.journal.decisions()
+        assert decision.state == "executing"
+        before = len(self.calls)
+        await self.executor(after_restart or policies_yaml).process(signal_id, signal)
+        return before
 
     def trace(self) -> list[tuple[str, str]]:
         return [(c.phase, c.kind) for c in self.calls]
@@ -137,8 +175,12 @@ class Harness:
     def trace_of(self, *phases: str) -> list[tuple[str, str]]:
         return [(c.phase, c.kind) for c in self.calls if c.phase in phases]
 
+    async def results(self, decision_id: int) -> list[dict[str, Any]]:
+        """The decision's step rows without the intents journaled before each apply."""
+        return [s for s in await self.journal.steps(decision_id) if s["phase"] != INTENT]
+
     async def steps(self, decision_id: int) -> list[tuple[int, str, str]]:
-        return [(s["idx"], s["phase"], s["status"]) for s in await self.journal.steps(decision_id)]
+        return [(s["idx"], s["phase"], s["status"]) for s in await self.results(decision_id)]
 
 
 @pytest.fixture
@@ -234,7 +276,7 @@ async def test_retryable_apply_is_retried_with_backoff_until_it_succeeds(h: Harn
     assert h.sleeps == [1, 2]
     (decision,) = await h.journal.decisions()
     assert decision.state == "succeeded"
-    steps = await h.journal.steps(decision.id)
+    steps = await h.results(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in steps] == [
         ("apply", "failed", 1), ("apply", "failed", 2), ("apply", "ok", 3), ("verify", "ok", None)]
 
@@ -250,7 +292,7 @@ async def test_non_retryable_apply_is_attempted_once(h: Harness, permanent: str)
     assert h.sleeps == []
     (decision,) = await h.journal.decisions()
     assert decision.state == "failed"
-    steps = await h.journal.steps(decision.id)
+    steps = await h.results(decision.id)
     assert [(s["phase"], s["status"], s["data"]["attempt"]) for s in steps] == [("apply", "failed", 1)]
 
 
@@ -266,7 +308,7 @@ async def test_apply_that_keeps_failing_retryably_stops_at_max_attempts(h: Harne
     (decision,) = await h.journal.decisions()
     assert decision.state == "failed"
     assert decision.reason == f"step 0 ({A}) failed: transient failure"
-    steps = await h.journal.steps(decision.id)
+    steps = await h.results(decision.id)
     assert [(s["phase"], s["data"]["attempt"]) for s in steps] == [
         ("apply", n) for n in range(1, MAX_APPLY_ATTEMPTS + 1)]
 
@@ -302,7 +344,7 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     assert [p.policy for p in plans] == ["boom", "after"]
     boom, after = await h.journal.decisions()
     assert boom.state == "failed" and f"{A}.apply raised RuntimeError: boom" in boom.reason
-    steps = await h.journal.steps(boom.id)
+    steps = await h.results(boom.id)
     assert steps and all(s["phase"] == "apply" and s["status"] == "failed" for s in steps)
     assert all(f"{A}.apply raised RuntimeError: boom" in s["message"] for s in steps)
     assert len(steps) == len([c for c in h.calls if c.phase == "apply" and c.kind == A])
@@ -359,3 +401,108 @@ async def test_all_noop_plan_is_decided_noop_without_apply(h: Harness):
     assert "nothing to do" in decision.reason
     assert plan.blocked == decision.reason
     assert await h.steps(decision.id) == []
+
+
+# ---- 6. intents, and decisions resumed after a crash between an apply and its record -------------
+
+async def test_each_apply_attempt_journals_its_intent_first_with_the_effect_key(h: Harness):
+    """An intent row (step, attempt, effect key "<decision>/<step>") before every apply attempt;
+    the action gets the step with that key, the same on every attempt."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [retry, ok]}}", f"{{type: {B}}}"))
+
+    await h.fire(ex)
+
+    (decision,) = await h.journal.decisions()
+    rows = await h.journal.steps(decision.id)
+    assert [(s["idx"], s["phase"], s["data"].get("attempt")) for s in rows] == [
+        (0, INTENT, 1), (0, "apply", 1), (0, INTENT, 2), (0, "apply", 2), (0, "verify", None),
+        (1, INTENT, 1), (1, "apply", 1), (1, "verify", None)]
+    keys = [f"{decision.id}/0", f"{decision.id}/0", f"{decision.id}/1"]
+    assert [s["data"]["effect_key"] for s in rows if s["phase"] == INTENT] == keys
+    assert [c.step.effect_key for c in h.calls if c.phase == "apply" and c.step] == keys
+    assert all("effect_key" not in s for s in decision.plan["steps"])  # the plan is the policy's, keys are not
+
+
+async def test_resumed_step_in_doubt_whose_change_landed_is_recorded_not_applied(h: Harness):
+    """Crash after the change landed, before its result was journaled: after the restart the
+    journaled plan is resumed (no observe, no plan), verify finds the change, the step is recorded
+    as applied (recovered after restart) and apply is not called again."""
+    calls_before = await h.crash_and_restart(_policy(f"{{type: {A}, apply: [crash, ok], verify: observe}}"))
+
+    assert h.trace()[calls_before:] == [("verify", A)]
+    assert len(h.effects) == 1
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded" and decision.reason == "1 step(s) applied and verified"
+    rows = await h.journal.steps(decision.id)
+    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
+        (INTENT, "pending", 1), ("apply", "ok", 1), ("verify", "ok", None)]
+    assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
+    assert rows[1]["data"]["recovered"] and rows[1]["data"]["effect_key"] == f"{decision.id}/0"
+    (signal,) = await h.journal.signals()
+    assert signal["state"] == "processed"
+
+
+async def test_resumed_step_in_doubt_whose_change_did_not_land_is_applied_once(h: Harness):
+    """Crash before the change landed: verify after the restart finds the old value, so the step
+    is applied once more (attempt 2, same effect key) and verified."""
+    calls_before = await h.crash_and_restart(
+        _policy(f"{{type: {A}, apply: [crash_before, ok], verify: observe}}"))
+
+    assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
+    assert len(h.effects) == 1
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    rows = await h.journal.steps(decision.id)
+    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
+        (INTENT, "pending", 1), (INTENT, "pending", 2), ("apply", "ok", 2), ("verify", "ok", None)]
+    applies = [c.step for c in h.calls if c.phase == "apply" and c.step]
+    assert [s.effect_key for s in applies] == [f"{decision.id}/0"] * 2
+
+
+async def test_resumed_step_that_cannot_be_observed_is_sent_again_with_the_same_key(h: Harness):
+    """An effect verify cannot observe (NOOP, as notify answers) is at-least-once: applied again
+    after the restart, with the same effect key for the receiver to drop the repeat."""
+    calls_before = await h.crash_and_restart(_policy(f"{{type: {A}, apply: [crash, ok], verify: blind}}"))
+
+    assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert [e.effect_key for e in h.effects] == [f"{decision.id}/0"] * 2
+
+
+async def test_resumed_decision_skips_steps_with_a_result_and_applies_the_rest(h: Harness):
+    """Steps whose result was journaled before the crash (a noop, an applied and verified one) are
+    not called again; the step in doubt goes on, the step never started is applied."""
+    calls_before = await h.crash_and_restart(_policy(
+        f"{{type: {A}, plan: noop}}", f"{{type: {B}}}", f"{{type: {C}, apply: [crash_before, ok], verify: observe}}"))
+
+    assert h.trace()[calls_before:] == [("verify", C), ("apply", C), ("verify", C)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded" and decision.reason == "2 step(s) applied and verified"
+    assert await h.steps(decision.id) == [
+        (0, "apply", "noop"), (1, "apply", "ok"), (1, "verify", "ok"), (2, "apply", "ok"), (2, "verify", "ok")]
+
+
+async def test_step_applied_before_the_crash_counts_for_revert_with_its_journaled_before(h: Harness):
+    """onFailure: revert after a restart undoes the step applied before the crash, with the step
+    as journaled (its true `before`), though it was not called again."""
+    calls_before = await h.crash_and_restart(_policy(
+        f"{{type: {A}}}", f"{{type: {B}, apply: [crash_before, fail], verify: observe}}", on_failure="revert"))
+
+    assert h.trace()[calls_before:] == [("verify", B), ("apply", B), ("revert", A)]
+    (revert,) = [c.step for c in h.calls if c.phase == "revert"]
+    assert revert is not None and revert.before == {"value": "old"}
+    (decision,) = await h.journal.decisions()
+    assert revert.effect_key == f"{decision.id}/0"
+    assert decision.state == "reverted"
+    assert decision.reason.startswith(f"step 1 ({B}) failed: permanent failure")
+
+
+async def test_resumed_decision_whose_policy_changed_its_actions_is_failed_not_run(h: Harness):
+    """A plan journaled for other actions than the policy now names is not resumed: `failed`, no call."""
+    calls_before = await h.crash_and_restart(_policy(f"{{type: {A}, apply: [crash]}}"),
+                                             after_restart=_policy(f"{{type: {B}}}"))
+
+    assert h.trace()[calls_before:] == []
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed" and decision.reason.startswith("not resumed after restart")
