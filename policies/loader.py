@@ -1,11 +1,14 @@
 """Load policies from YAML files or a directory: parse strictly, bind plugin params, cross-check.
 
 Everything is validated at load time; a reload builds a new `PolicySet` and the caller swaps
-it in only when it is valid.
+it in only when it is valid. Whatever a file holds (bytes that are not UTF-8, a file that vanishes
+while read, YAML nested too deep or aliases that expand without end, documents that are not
+mappings), loading ends in a PolicySet or a PolicyLoadError, each error one line naming the file.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,6 +22,17 @@ from detectors.base import Detector
 from policies.schema import DetectorTrigger, Policy
 
 YAML_SUFFIXES = (".yaml", ".yml")
+MAX_FILE_BYTES = 1_048_576
+"""A policy file larger than this is refused (a ConfigMap holds at most 1 MiB)."""
+MAX_YAML_DEPTH = 64
+"""Nesting of YAML collections; PyYAML's composer recurses once per level."""
+MAX_YAML_VALUES = 100_000
+"""Values in one document once aliases are expanded (a 'billion laughs' document expands without end)."""
+
+
+def _printable(text: str) -> str:
+    """`text` on one line: newlines, other control characters and undecodable bytes escaped."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -29,12 +43,12 @@ class PolicyError:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}"
+        where = _printable(self.file)
         if self.policy:
             where += f": policy {self.policy!r}"
         if self.field:
-            where += f": {self.field}"
-        return f"{where}: {self.message}"
+            where += f": {_printable(self.field)}"
+        return f"{where}: {_printable(self.message)}"
 
 
 class PolicyLoadError(Exception):
@@ -87,13 +101,40 @@ def policy_files(path: Path) -> list[Path]:
     Kubernetes mounts ConfigMaps through `..data` symlinks; hidden entries are skipped so each
     file is read once.
     """
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise PolicyLoadError([PolicyError(str(path), None, "", "no such file or directory")])
-    return sorted(
-        p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and not p.name.startswith(".") and p.is_file()
-    )
+    try:
+        if path.is_file():
+            return [path]
+        if not path.is_dir():
+            raise PolicyLoadError([PolicyError(str(path), None, "", "no such file or directory")])
+        return sorted(
+            p for p in path.iterdir() if p.suffix in YAML_SUFFIXES and not p.name.startswith(".") and p.is_file()
+        )
+    except (OSError, ValueError) as exc:  # unreadable, or gone while listed
+        raise PolicyLoadError([PolicyError(str(path), None, "", f"cannot list: {_os_reason(exc)}")]) from None
+
+
+def _os_reason(exc: OSError | ValueError) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
+def _read(file: Path) -> bytes | str:
+    """The file's bytes, or a one-line reason why they cannot be had."""
+    try:
+        with file.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:
+        return f"cannot read: {_os_reason(exc)}"
+    if len(data) > MAX_FILE_BYTES:
+        return f"larger than {MAX_FILE_BYTES} bytes"
+    return data
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8 text. Raises ValueError with a one-line reason."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def load_policies(
@@ -117,8 +158,16 @@ def load_policies(
     loaded: list[LoadedPolicy] = []
     hasher = hashlib.sha256()
     for file in files:
-        text = file.read_text(encoding="utf-8")
-        hasher.update(file.name.encode() + b"\0" + text.encode())
+        data = _read(file)
+        if isinstance(data, str):
+            errors.append(PolicyError(str(file), None, "", data))
+            continue
+        hasher.update(os.fsencode(file.name) + b"\0" + data)
+        try:
+            text = _decode(data)
+        except ValueError as exc:
+            errors.append(PolicyError(str(file), None, "", str(exc)))
+            continue
         loaded.extend(_load_text(text, str(file), actions, detectors, errors))
     _cross_check(loaded, errors)
     if errors:
@@ -135,7 +184,53 @@ def load_policies_text(
     _cross_check(loaded, errors)
     if errors:
         raise PolicyLoadError(errors)
-    return PolicySet(tuple(loaded), hashlib.sha256(text.encode()).hexdigest()[:16])
+    return PolicySet(tuple(loaded), hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16])
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting deeper than MAX_YAML_DEPTH as it composes, before Python's
+    recursion limit turns it into a RecursionError."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  parent.start_mark if parent is not None else None)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expands_too_far(document: Any) -> bool:
+    """Whether `document` holds more than MAX_YAML_VALUES values with aliases expanded (what
+    pydantic would walk). Iterative, and stops at the bound: an alias cycle ends too."""
+    stack = [document]
+    for _ in range(MAX_YAML_VALUES):
+        if not stack:
+            return False
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            stack.extend(value)
+    return bool(stack)
+
+
+def _yaml_reason(exc: Exception) -> str:
+    """One line: where (for syntax errors) and what."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = "; ".join(p for p in (exc.context, exc.problem) if p)
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {' '.join(what.split())}"
+    if isinstance(exc, RecursionError):
+        return "invalid YAML: nested too deep"
+    return f"invalid YAML: {' '.join(str(exc).split())}"
 
 
 def _load_text(
@@ -146,18 +241,29 @@ def _load_text(
     errors: list[PolicyError],
 ) -> list[LoadedPolicy]:
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        errors.append(PolicyError(source, None, "", f"invalid YAML: {exc}"))
+        # ValueError: timestamps like 2024-02-30 and integers over Python's digit limit
+        documents = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        errors.append(PolicyError(source, None, "", _yaml_reason(exc)))
         return []
     out = []
     for number, doc in enumerate(documents, start=1):
-        label = doc.get("name") if isinstance(doc, dict) else None
+        name = doc.get("name") if isinstance(doc, dict) else None
+        label = name if isinstance(name, str) else None
         where = f"{source} (document {number})" if len(documents) > 1 else source
         if not isinstance(doc, dict):
             errors.append(PolicyError(where, None, "", "a policy must be a mapping"))
             continue
-        policy = _parse_one(doc, where, label, actions, detectors, errors)
+        if _expands_too_far(doc):
+            errors.append(PolicyError(where, label, "", f"expands to more than {MAX_YAML_VALUES} values "
+                                                        "(YAML aliases repeating each other?)"))
+            continue
+        try:
+            policy = _parse_one(doc, where, label, actions, detectors, errors)
+        except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
+            # a validator that raised something pydantic does not wrap (float() of a 400-digit int)
+            errors.append(PolicyError(where, label, "", f"invalid value: {exc}"))
+            continue
         if policy is not None:
             out.append(policy)
     return out

@@ -16,6 +16,8 @@ class _Section(BaseModel):
 class ListenSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    shutdown_timeout_seconds: float = Field(10.0, ge=0, alias="shutdownTimeoutSeconds")
+    """On stop, how long requests in progress may finish before they are cancelled (below the pod's grace period)."""
 
 
 class WebhookSettings(_Section):
@@ -24,6 +26,10 @@ class WebhookSettings(_Section):
     max_body_bytes: int = Field(1_048_576, ge=1024, alias="maxBodyBytes")
     allow_unauthenticated: bool = Field(False, alias="allowUnauthenticated")
     """Only for local experiments: accept webhooks without a token."""
+    body_read_timeout_seconds: float = Field(10.0, gt=0, alias="bodyReadTimeoutSeconds")
+    """A webhook body not received in full within this is answered 408 and its connection closed."""
+    max_concurrent_requests: int = Field(64, ge=1, alias="maxConcurrentRequests")
+    """Webhook requests in progress at once; one more is answered 503 with Retry-After."""
 
 
 class PolicySettings(_Section):

@@ -14,6 +14,9 @@ class Metrics:
         r = self.registry
         self.webhooks = Counter("tailguard_webhooks_total", "Webhook requests by HTTP status.",
                                 ["code"], registry=r)
+        self.http_responses = Counter("tailguard_http_responses_total",
+                                      "HTTP responses by route and status (unknown paths: route \"unmatched\").",
+                                      ["route", "code"], registry=r)
         self.alerts_received = Counter("tailguard_alerts_received_total",
                                        "Alerts received in webhooks, by status.", ["status"], registry=r)
         self.alerts_deduplicated = Counter("tailguard_alerts_deduplicated_total",

@@ -1,21 +1,24 @@
 """The aiohttp app: Alertmanager webhook, health, readiness and the daemon's own metrics."""
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
+import aiohttp
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from core.signal import Signal
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
-from daemon.http.intake import PayloadError, alert_signals, parse_payload
+from daemon.http.intake import BodyError, PayloadError, alert_signals, decode_body, parse_payload
 from daemon.storage.journal import AsyncJournal, JournalError
 
 log = structlog.get_logger("tailguard.http")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Daemon(Protocol):
@@ -37,17 +40,92 @@ class Daemon(Protocol):
 
 
 SERVICE: web.AppKey[Daemon] = web.AppKey("service")
+IN_FLIGHT: web.AppKey["InFlight"] = web.AppKey("webhooks_in_flight")
+# What aiohttp decodes for us; anything else (x-gzip, "gzip, gzip", zstd) is refused, not read raw.
+CONTENT_CODINGS = frozenset({"identity", "gzip", "deflate"})
+_REASON_CHARS = 300
+
+
+class InFlight:
+    """Webhook requests in progress: a bound, so slow or stalled senders cannot pile up."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def try_enter(self) -> bool:
+        if self.count >= self.limit:
+            return False
+        self.count += 1
+        return True
+
+    def leave(self) -> None:
+        self.count -= 1
 
 
 def _error(status: int, reason: str, **headers: str) -> web.Response:
-    return web.json_response({"error": reason}, status=status, headers=headers or None)
+    flat = " ".join(reason.split())  # one line, whatever the reason quotes
+    if len(flat) > _REASON_CHARS:
+        flat = flat[:_REASON_CHARS - 3] + "..."
+    return web.json_response({"error": flat}, status=status, headers=headers or None)
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response` now and close the connection when the body was not read to its end (stalled,
+    undecodable, or refused before reading): aiohttp would otherwise linger up to 10 s reading the
+    rest, and re-raise a broken body's error into its log."""
+    if request.content.is_eof():
+        return response
+    response.force_close()
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionError:
+        pass  # the sender is gone; nothing to tell it
+    request.protocol.force_close()
+    return response
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    if resource is not None:
+        return resource.canonical
+    # 404 and 405 come from a system route: name the path only when it is one of ours (bounded labels)
+    ours = {r.canonical for r in request.app.router.resources()}
+    return request.path if request.path in ours else "unmatched"
+
+
+@web.middleware
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count every response by route and status; an unexpected exception becomes a JSON 500 that is
+    counted and logged once (one line in JSON format) instead of aiohttp's plain-text traceback."""
+    metrics = request.app[SERVICE].metrics
+    route = _route(request)
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:  # the router's 404/405: aiohttp renders them
+        metrics.http_responses.labels(route, str(exc.status)).inc()
+        raise
+    except Exception:
+        metrics.faults.labels("http").inc()
+        log.exception("unhandled error in request handler; answered 500", method=request.method, route=route)
+        response = _error(500, "internal error; the daemon's log has the details")
+    metrics.http_responses.labels(route, str(response.status)).inc()
+    return response
 
 
 async def receive_alerts(request: web.Request) -> web.Response:
     """POST /api/v1/alerts. 2xx only once every alert is journaled; 4xx for bad input (Alertmanager
-    does not retry those); 503 when the alert must come again (journal down, not the leader)."""
+    does not retry those); 503 when the alert must come again (journal down, not the leader, busy)."""
     svc = request.app[SERVICE]
-    response = await _receive(request, svc)
+    try:
+        response = await _receive(request, svc)
+    except web.HTTPException as exc:  # aiohttp renders it
+        svc.metrics.webhooks.labels(str(exc.status)).inc()
+        raise
+    except Exception:
+        svc.metrics.webhooks.labels("500").inc()  # the middleware answers it
+        raise
     svc.metrics.webhooks.labels(str(response.status)).inc()
     return response
 
@@ -57,20 +135,51 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
     if token is not None:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            return _error(401, "missing or invalid bearer token", **{"WWW-Authenticate": "Bearer"})
+        # aiohttp decodes header bytes that are not UTF-8 as surrogates: encode them back the same way
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, token.encode()):
+            return await _answer_and_close(
+                request, _error(401, "missing or invalid bearer token", **{"WWW-Authenticate": "Bearer"}))
+    in_flight = request.app[IN_FLIGHT]
+    if not in_flight.try_enter():
+        return await _answer_and_close(request, _error(
+            503, f"more than {in_flight.limit} webhook requests in progress; retry", **{"Retry-After": "1"}))
+    try:
+        return await _receive_admitted(request, svc)
+    finally:
+        in_flight.leave()
+
+
+async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
+    settings = svc.settings.webhook
     if not svc.may_act():
-        return _error(503, "this replica is not the leader; retry", **{"Retry-After": "5"})
-    if request.content_length is not None and request.content_length > svc.settings.webhook.max_body_bytes:
-        return _error(413, f"body larger than {svc.settings.webhook.max_body_bytes} bytes")
+        return await _answer_and_close(
+            request, _error(503, "this replica is not the leader; retry", **{"Retry-After": "5"}))
+    if request.content_length is not None and request.content_length > settings.max_body_bytes:
+        # aiohttp reads the rest for up to 10 s (lingering) so that a sender still writing gets the 413
+        return _error(413, f"body larger than {settings.max_body_bytes} bytes")
+    codings = [c.strip().lower() for value in request.headers.getall(hdrs.CONTENT_ENCODING, [])
+               for c in value.split(",") if c.strip()]
+    if len(codings) > 1 or not set(codings) <= CONTENT_CODINGS:
+        return await _answer_and_close(request, _error(
+            400, f"unsupported Content-Encoding {', '.join(codings)!r}; send one of {', '.join(sorted(CONTENT_CODINGS))}"))
     try:
-        raw = await request.read()
+        async with asyncio.timeout(settings.body_read_timeout_seconds):
+            raw = await request.read()
+    except TimeoutError:
+        return await _answer_and_close(
+            request, _error(408, f"body not received within {settings.body_read_timeout_seconds:g} s"))
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"body larger than {svc.settings.webhook.max_body_bytes} bytes")
+        return _error(413, f"body larger than {settings.max_body_bytes} bytes")
+    except (web.RequestPayloadError, aiohttp.ClientError, ConnectionError) as exc:
+        # A body that does not match its Content-Encoding or chunking, or a sender that went away.
+        cause = exc.__cause__ or exc
+        return await _answer_and_close(
+            request, _error(400, f"unreadable body: {getattr(cause, 'message', None) or cause}"))
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return _error(400, f"malformed JSON: {exc}")
+        body = decode_body(raw)
+    except BodyError as exc:
+        return _error(400, str(exc))
     try:
         payload = parse_payload(body)
     except PayloadError as exc:
@@ -109,11 +218,20 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+async def expect_continue(request: web.Request) -> None:
+    """`Expect: 100-continue` is answered as aiohttp does; any other expectation is ignored (RFC 9110
+    allows that), so the request reaches the handlers and is counted instead of getting a 417 before
+    them (and aiohttp then reading a broken body into its log)."""
+    if request.headers.get(hdrs.EXPECT, "").strip().lower() == "100-continue":
+        await _default_expect_handler(request)
+
+
 def build_app(service: Daemon) -> web.Application:
-    app = web.Application(client_max_size=service.settings.webhook.max_body_bytes)
+    app = web.Application(client_max_size=service.settings.webhook.max_body_bytes, middlewares=[observe])
     app[SERVICE] = service
-    app.router.add_post("/api/v1/alerts", receive_alerts)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app[IN_FLIGHT] = InFlight(service.settings.webhook.max_concurrent_requests)
+    app.router.add_post("/api/v1/alerts", receive_alerts, expect_handler=expect_continue)
+    app.router.add_get("/healthz", healthz, expect_handler=expect_continue)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_continue)
+    app.router.add_get("/metrics", metrics, expect_handler=expect_continue)
     return app

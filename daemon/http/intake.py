@@ -1,13 +1,44 @@
-"""Alertmanager webhook payloads -> Signals. Lenient with new fields, strict with what we use."""
+"""Alertmanager webhook payloads -> Signals. Lenient with new fields, strict with what we use.
+
+Every body maps to a Signal list, a BodyError (HTTP 400) or a PayloadError (HTTP 422), never to
+another exception: JSON is parsed with bounded depth and number sizes, strings must be Unicode
+scalar values (SQLite and the metrics exposition cannot encode lone surrogates), labels are bounded,
+and startsAt must convert to UTC within years 1970-9000.
+"""
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import re
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any, Iterable, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from core.signal import Signal, SignalSource, SignalStatus
+
+MAX_JSON_DEPTH = 32
+"""Nesting of objects and arrays; an Alertmanager body has 4."""
+MAX_NUMBER_CHARS = 40
+"""Characters of one JSON number (Python's int() refuses more than 4,300 digits with ValueError)."""
+MAX_LABELS = 128
+MAX_LABEL_NAME_CHARS = 1024
+MAX_LABEL_VALUE_CHARS = 16_384
+MAX_ANNOTATION_VALUE_CHARS = 65_536
+MIN_YEAR, MAX_YEAR = 1970, 9000
+"""startsAt, converted to UTC, must fall in these years (0001-01-01T00:00:00+01:00 cannot convert)."""
+
+_LabelName = Annotated[str, StringConstraints(max_length=MAX_LABEL_NAME_CHARS)]
+Labels = Annotated[
+    dict[_LabelName, Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_CHARS)]],
+    Field(max_length=MAX_LABELS),
+]
+Annotations = Annotated[
+    dict[_LabelName, Annotated[str, StringConstraints(max_length=MAX_ANNOTATION_VALUE_CHARS)]],
+    Field(max_length=MAX_LABELS),
+]
 
 
 class _Lenient(BaseModel):
@@ -17,18 +48,32 @@ class _Lenient(BaseModel):
 
 class WebhookAlert(_Lenient):
     status: str = Field(pattern="^(firing|resolved)$")
-    labels: dict[str, str]
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: Labels
+    annotations: Annotations = Field(default_factory=dict)
     startsAt: datetime
     endsAt: datetime | None = None
+    """Parsed, never converted: a firing alert's endsAt is 0001-01-01T00:00:00Z."""
     generatorURL: str = ""
-    fingerprint: str = ""
+    fingerprint: str = Field("", max_length=256)
 
     @field_validator("labels")
     @classmethod
     def _has_alertname(cls, value: dict[str, str]) -> dict[str, str]:
         if "alertname" not in value:
             raise ValueError("labels.alertname is required")
+        return value
+
+    @field_validator("startsAt")
+    @classmethod
+    def _converts_to_utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:  # RFC 3339 requires an offset; read a missing one as UTC
+            value = value.replace(tzinfo=timezone.utc)
+        try:
+            year = value.astimezone(timezone.utc).year
+        except (OverflowError, ValueError):
+            year = 0
+        if not MIN_YEAR <= year <= MAX_YEAR:
+            raise ValueError(f"must be within years {MIN_YEAR}-{MAX_YEAR} in UTC")
         return value
 
 
@@ -44,21 +89,109 @@ class WebhookPayload(_Lenient):
     truncatedAlerts: int = 0
 
 
+class BodyError(Exception):
+    """The body is not JSON within our bounds (HTTP 400)."""
+
+
 class PayloadError(Exception):
     """The payload is well-formed JSON but not an Alertmanager v4 webhook (HTTP 422)."""
+
+
+# A JSON string, escapes included; possessive, so a long or unterminated one is one linear scan.
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of objects and arrays in `text`, counted without recursion (strings
+    are skipped; on malformed text an estimate that json.loads then rejects anyway)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def _bounded_number(text: str) -> str:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise BodyError(f"malformed JSON: a number of {len(text)} characters (at most {MAX_NUMBER_CHARS})")
+    return text
+
+
+def _parse_int(text: str) -> int:
+    return int(_bounded_number(text))
+
+
+def _parse_float(text: str) -> float:
+    value = float(_bounded_number(text))
+    if not math.isfinite(value):
+        raise BodyError(f"malformed JSON: number {text} is out of range")
+    return value
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise BodyError(f"malformed JSON: {name} is not a JSON value")
+
+
+def decode_body(raw: bytes) -> Any:
+    """Parse a webhook body: strict UTF-8, bounded depth and numbers. Raises BodyError."""
+    try:
+        text = raw.decode("utf-8")  # strict: encoded surrogates (ED A0 80) are refused too
+    except UnicodeDecodeError as exc:
+        raise BodyError(f"malformed JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise BodyError(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BodyError(f"malformed JSON: {exc}") from None
+
+
+def field_path(parts: Iterable[Any]) -> str:
+    """A readable, one-line, bounded field path: alerts.0.labels.alertname; odd keys escaped."""
+    out = []
+    for part in parts:
+        text = str(part)
+        if not text.isprintable():
+            text = ascii(text)
+        out.append(text if len(text) <= 64 else text[:61] + "...")
+    return ".".join(out) or "body"
+
+
+def _lone_surrogate(body: Any) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate, or None. Iterative."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return field_path(path)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return field_path((*path, key))
+                stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), item) for i, item in enumerate(value))
+    return None
 
 
 def parse_payload(body: Any) -> WebhookPayload:
     if not isinstance(body, dict):
         raise PayloadError("the body must be a JSON object")
     if str(body.get("version")) != "4":
-        raise PayloadError(f"unsupported webhook version {body.get('version')!r}; expected \"4\"")
+        raise PayloadError(f"unsupported webhook version {field_path([repr(body.get('version'))])}; expected \"4\"")
+    bad = _lone_surrogate(body)
+    if bad is not None:
+        raise PayloadError(f"{bad}: not valid Unicode text (lone surrogate)")
     try:
         return WebhookPayload.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise PayloadError(f"{loc}: {first['msg']} ({len(exc.errors())} error(s))") from exc
+        raise PayloadError(f"{field_path(first['loc'])}: {first['msg']} ({len(exc.errors())} error(s))") from exc
 
 
 def alert_fingerprint(labels: dict[str, str]) -> str:

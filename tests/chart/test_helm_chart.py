@@ -211,8 +211,31 @@ def test_config_paths_point_at_mounts(rendered) -> None:
     assert str(Path(config["webhook"]["tokenFile"]).parent) in mounts
     assert config["policies"]["path"] in mounts
     assert str(Path(config["journal"]["path"]).parent) in mounts
-    assert config["listen"] == {"host": "0.0.0.0", "port": 8080}
+    assert config["listen"] == {"host": "0.0.0.0", "port": 8080, "shutdownTimeoutSeconds": 10}
     assert config["leaderElection"]["leaseNamespace"] == hr.NAMESPACE
+
+
+def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) -> None:
+    """The webhook bounds and the shutdown timeout are rendered into config.yaml, defaults and
+    overrides alike, and the daemon's settings read them."""
+    from daemon.common.config import load_settings
+
+    for values, expected in (({}, (10.0, 10.0, 64)),
+                             ({"shutdownTimeoutSeconds": 2.5, "terminationGracePeriodSeconds": 10,
+                               "webhook": {"bodyReadTimeoutSeconds": 0.5, "maxConcurrentRequests": 1000000}},
+                              (2.5, 0.5, 1000000))):
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(_config(hr.render(values))))
+        settings = load_settings(path)
+        assert (settings.listen.shutdown_timeout_seconds, settings.webhook.body_read_timeout_seconds,
+                settings.webhook.max_concurrent_requests) == expected
+
+
+def test_shutdown_fits_in_the_grace_period() -> None:
+    """The defaults leave room; the hand-back of the Lease counts only with leader election."""
+    assert _deployment(hr.render({}))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    hr.render({"shutdownTimeoutSeconds": 24})  # 24 + 2 x 2 + 1 = 29 < 30
+    hr.render({"replicas": 1, "leaderElection": {"enabled": False}, "shutdownTimeoutSeconds": 29})
 
 
 def test_state_configmap_in_config_is_the_one_rbac_grants() -> None:
@@ -504,6 +527,9 @@ def test_notes_receiver_snippet_is_valid_alertmanager_config(tmp_path: Path) -> 
     ({"rbac": {"namespaces": ["Serving"]}}, "at '/rbac/namespaces/0'"),
     ({"policies": [{"name": "p", "target": {}, "triggers": [{}]}]}, "missing property 'actions'"),
     ({"replicas": 2, "leaderElection": {"enabled": False}}, "at '/leaderElection/enabled'"),
+    ({"webhook": {"maxConcurrentRequests": 0}}, "at '/webhook/maxConcurrentRequests': minimum"),
+    ({"webhook": {"bodyReadTimeoutSeconds": 0}}, "at '/webhook/bodyReadTimeoutSeconds': exclusiveMinimum"),
+    ({"shutdownTimeoutSeconds": "10s"}, "at '/shutdownTimeoutSeconds': got string, want number"),
 ])
 def test_schema_rejects_bad_values_with_the_field_path(values: dict[str, Any], message: str) -> None:
     """values.schema.json refuses the values at render time and the error names the offending field."""
@@ -518,6 +544,10 @@ def test_schema_rejects_bad_values_with_the_field_path(values: dict[str, Any], m
     ({"policies": [EXAMPLE_POLICY, EXAMPLE_POLICY]}, 'name "ranker-tail" is used twice'),
     ({"actions": {"configmap": {"enabled": True}}}, "needs actions.configmap.names"),
     ({"leaderElection": {"renewDeadlineSeconds": 20}}, "leaseDurationSeconds > renewDeadlineSeconds"),
+    ({"shutdownTimeoutSeconds": 25}, "shutdownTimeoutSeconds (25) plus the leader's Lease hand-back (5 s"),
+    ({"terminationGracePeriodSeconds": 15}, "must stay below terminationGracePeriodSeconds (15)"),
+    ({"replicas": 1, "leaderElection": {"enabled": False}, "shutdownTimeoutSeconds": 30},
+     "hand-back (0 s"),
 ])
 def test_templates_reject_inconsistent_values(values: dict[str, Any], message: str) -> None:
     """Cross-field mistakes that JSON Schema cannot word well fail the render with a sentence."""

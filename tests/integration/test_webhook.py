@@ -115,7 +115,7 @@ async def test_bad_input_gets_its_status_and_journals_nothing(service: Service, 
     """Each kind of bad input gets its 4xx with a short reason; the journal stays empty."""
     got, body = await _post(service, raw, token=token)
     assert got == status
-    assert reason in body["error"]
+    assert reason in body["error"] and "\n" not in body["error"]
     assert await service.journal.signals() == []
 
 
@@ -152,6 +152,8 @@ async def test_health_ready_and_metrics(service: Service):
         async with http.get(base + "/metrics") as r:
             text = await r.text()
     assert 'tailguard_webhooks_total{code="200"} 1.0' in text
+    assert 'tailguard_http_responses_total{code="200",route="/api/v1/alerts"} 1.0' in text
+    assert 'tailguard_http_responses_total{code="200",route="/healthz"} 1.0' in text
     assert 'tailguard_alerts_received_total{status="firing"} 1.0' in text
     assert 'tailguard_actions_total{action="notify",result="succeeded"} 1.0' in text
 

@@ -114,9 +114,12 @@ live in one namespace, see rbac-leader-election.yaml.
 listen:
   host: 0.0.0.0
   port: 8080
+  shutdownTimeoutSeconds: {{ .Values.shutdownTimeoutSeconds }}
 webhook:
   tokenFile: /var/run/secrets/tailguard/token
   maxBodyBytes: {{ int64 .Values.webhook.maxBodyBytes }}
+  bodyReadTimeoutSeconds: {{ .Values.webhook.bodyReadTimeoutSeconds }}
+  maxConcurrentRequests: {{ int64 .Values.webhook.maxConcurrentRequests }}
 policies:
   path: /etc/tailguard/policies
   reloadIntervalSeconds: {{ .Values.policyReloadIntervalSeconds }}
@@ -158,6 +161,16 @@ every workload template so `helm template` fails before anything renders.
 {{- $le := .Values.leaderElection }}
 {{- if and $le.enabled (not (and (gt (int $le.leaseDurationSeconds) (int $le.renewDeadlineSeconds)) (gt (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds)))) }}
 {{- fail (printf "leaderElection needs leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds (got %v > %v > %v)" $le.leaseDurationSeconds $le.renewDeadlineSeconds $le.retryPeriodSeconds) }}
+{{- end }}
+{{- /* SIGTERM: webhook requests finish (shutdownTimeoutSeconds), then the leader hands its Lease back
+(2 x retryPeriodSeconds + 1 s); all of it before the kubelet's SIGKILL. */}}
+{{- $handBack := 0.0 }}
+{{- if $le.enabled }}
+{{- $handBack = addf 1 (mulf 2 $le.retryPeriodSeconds) }}
+{{- end }}
+{{- $shutdown := addf .Values.shutdownTimeoutSeconds $handBack }}
+{{- if not (lt $shutdown (float64 .Values.terminationGracePeriodSeconds)) }}
+{{- fail (printf "shutdownTimeoutSeconds (%v) plus the leader's Lease hand-back (%v s: 2 x leaderElection.retryPeriodSeconds + 1) must stay below terminationGracePeriodSeconds (%v), or the kubelet kills the daemon mid-shutdown" .Values.shutdownTimeoutSeconds $handBack .Values.terminationGracePeriodSeconds) }}
 {{- end }}
 {{- $names := dict }}
 {{- range .Values.policies }}
