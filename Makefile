@@ -33,6 +33,7 @@ test: setup
 bench: setup
 	$(PY) bench/bench_tail.py
 	$(PY) bench/bench_forecast.py
+	$(PY) bench/bench_intake.py $(BENCH_INTAKE_FLAGS)
 
 eval: setup
 	$(PY) -m evaluation.tail_eval

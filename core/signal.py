@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping
 
@@ -52,6 +52,24 @@ class Signal:
             "policy": self.policy,
             "details": _jsonable(self.details),
         }
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any]) -> "Signal":
+        """Rebuild a Signal from its journaled `summary()` (restart recovery, the backlog's refill)."""
+        observed = datetime.fromisoformat(summary["observed_at"])
+        if observed.tzinfo is None:
+            observed = observed.replace(tzinfo=timezone.utc)
+        return cls(
+            source=SignalSource(summary["source"]),
+            name=summary["name"],
+            labels=summary.get("labels", {}),
+            observed_at=observed,
+            dedup_key=summary["dedup_key"],
+            status=SignalStatus(summary.get("status", "firing")),
+            value=summary.get("value"),
+            policy=summary.get("policy"),
+            details=summary.get("details", {}),
+        )
 
 
 def stable_key(*parts: Any) -> str:

@@ -42,6 +42,8 @@ class JournalSettings(_Section):
     retention_days: float = Field(30.0, ge=1, alias="retentionDays")
     """Processed signals, their decisions and steps older than this are pruned (pending ones never)."""
     prune_interval_seconds: float = Field(3600.0, gt=0, alias="pruneIntervalSeconds")
+    max_pending: int = Field(100_000, ge=1, alias="maxPending")
+    """Pending signals past which the webhook answers 503 + Retry-After (Alertmanager retries)."""
 
 
 class PrometheusSettings(_Section):
@@ -82,6 +84,8 @@ class ExecutorSettings(_Section):
     triton_timeout_seconds: float = Field(30.0, gt=0, alias="tritonTimeoutSeconds")
     pin_reconcile_interval_seconds: float = Field(30.0, gt=0, alias="pinReconcileIntervalSeconds")
     """How often pins from past rollbacks are re-checked on every replica (new pods load the newest)."""
+    queue_size: int = Field(10_000, ge=1, alias="queueSize")
+    """Signals held in memory per class (matching a policy, matching none); more wait in the journal."""
 
 
 class Settings(_Section):

@@ -11,11 +11,10 @@ from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from core.signal import Signal
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.http.intake import BodyError, PayloadError, alert_signals, decode_body, parse_payload
-from daemon.storage.journal import AsyncJournal, JournalError
+from daemon.storage.journal import AsyncJournal, JournalBackpressure, JournalError, JournalValueError
 
 log = structlog.get_logger("tailguard.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -31,9 +30,6 @@ class Daemon(Protocol):
 
     def may_act(self) -> bool:
         """Whether this replica may take signals now (the leader, with the shared state imported)."""
-
-    def enqueue(self, signal_id: int, signal: Signal) -> None:
-        """Hand a journaled signal to the workers."""
 
     def readiness(self) -> dict[str, Any]:
         """The /readyz document; `ready` says whether to answer 200."""
@@ -188,15 +184,20 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
     for s in signals:
         svc.metrics.alerts_received.labels(s.status.value).inc()
     try:
+        # Committed rows go to the workers' backlog from inside the journal, before this returns.
         new, duplicates = await svc.journal.record_signals(signals)
+    except JournalValueError as exc:  # cannot be stored however often it is sent: no retry
+        return _error(422, str(exc))
+    except JournalBackpressure as exc:
+        log.warning("backlog full; asking Alertmanager to retry", error=str(exc))
+        return _error(503, "backlog full; retry", **{"Retry-After": "5"})
     except JournalError as exc:
         svc.metrics.faults.labels("journal").inc()
         log.error("journal write failed; asking Alertmanager to retry", error=str(exc))
         return _error(503, "journal unavailable; retry", **{"Retry-After": "5"})
     svc.metrics.alerts_deduplicated.inc(duplicates)
-    for signal_id, signal in new:
+    for _, signal in new:
         svc.metrics.signals.labels(signal.source.value, signal.name).inc()
-        svc.enqueue(signal_id, signal)
     log.info("webhook accepted", alerts=len(signals), new=len(new), duplicates=duplicates,
              group=payload.groupKey)
     return web.json_response({"accepted": len(new), "duplicates": duplicates})

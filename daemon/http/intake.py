@@ -219,21 +219,3 @@ def alert_signals(payload: WebhookPayload) -> list[Signal]:
                      "groupKey": payload.groupKey},
         ))
     return out
-
-
-def signal_from_summary(summary: dict[str, Any]) -> Signal:
-    """Rebuild a Signal from its journaled summary (restart recovery)."""
-    observed = datetime.fromisoformat(summary["observed_at"])
-    if observed.tzinfo is None:
-        observed = observed.replace(tzinfo=timezone.utc)
-    return Signal(
-        source=SignalSource(summary["source"]),
-        name=summary["name"],
-        labels=summary.get("labels", {}),
-        observed_at=observed,
-        dedup_key=summary["dedup_key"],
-        status=SignalStatus(summary.get("status", "firing")),
-        value=summary.get("value"),
-        policy=summary.get("policy"),
-        details=summary.get("details", {}),
-    )

@@ -7,15 +7,26 @@ import json
 import sqlite3
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Concatenate, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterable, ParamSpec, Sequence, TypeVar
 
 from core.decision import DecisionState
 from core.signal import Signal
 
 P = ParamSpec("P")
 T = TypeVar("T")
+B = TypeVar("B")
+R = TypeVar("R")
+
+# What recording signals returns: (id, signal) of the new ones, and how many were duplicates.
+Recorded = tuple[list[tuple[int, Signal]], int]
+# Called with the (id, signal) of the new ones once they are committed.
+OnCommit = Callable[[list[tuple[int, Signal]]], None]
+
+DEFAULT_MAX_PENDING = 100_000
+INSERT_CHUNK = 1_000  # rows per INSERT statement (6 parameters each, under SQLite's 32,766)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS signals (
@@ -106,13 +117,106 @@ class JournalError(Exception):
     """The journal could not be written; callers must not acknowledge what they could not record."""
 
 
-class Journal:
-    """Thread-safe SQLite journal; the async methods run the blocking calls in a worker thread."""
+class JournalValueError(JournalError):
+    """A value cannot be stored (text with a lone surrogate): the same value will fail again."""
 
-    def __init__(self, path: Path | str, busy_timeout_seconds: float = 5.0) -> None:
+
+class JournalBackpressure(JournalError):
+    """Too many signals are pending: the caller should come back later (HTTP 503 + Retry-After)
+    instead of the backlog growing without bound."""
+
+
+@dataclass(frozen=True)
+class SignalBatch:
+    """One caller's signals for a group commit, with their rows (checked, serialized by the caller:
+    the writer's turn stays short); `on_commit` runs once they are committed."""
+
+    signals: list[Signal]
+    rows: list[tuple[Any, ...]]
+    on_commit: OnCommit | None = None
+
+
+class GroupCommit(Generic[B, R]):
+    """Group commit: one writer thread takes every batch waiting and hands them all to `write`
+    (one transaction, one fsync), then completes each caller's future with its own result.
+
+    `write` returns one result per batch, in order, an exception for a caller that failed alone;
+    if it raises, every caller of the group gets that exception. Nothing completes before `write`
+    has returned, so no caller hears back before its rows are committed. The storage backend
+    supplies `write`; the batching is the same for any backend (SQLite here, PostgreSQL likewise).
+    """
+
+    def __init__(self, write: Callable[[list[B]], Sequence[R | Exception]], name: str,
+                 max_group: int = 512) -> None:
+        self._write = write
+        self._name = name
+        self._max_group = max_group
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[B, Future[R]]] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, batch: B) -> Future[R]:
+        fut: Future[R] = Future()
+        with self._cond:
+            if self._closed:
+                fut.set_exception(JournalError("journal closed"))
+                return fut
+            self._waiting.append((batch, fut))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return fut
+
+    def close(self) -> None:
+        """Write what is waiting, then stop the writer; later submits fail with JournalError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                taken = self._waiting[:self._max_group]
+                del self._waiting[:self._max_group]
+            # A caller cancelled before its turn is not written at all.
+            group = [(batch, fut) for batch, fut in taken if fut.set_running_or_notify_cancel()]
+            if not group:
+                continue
+            try:
+                results = self._write([batch for batch, _ in group])
+            except BaseException as exc:  # handed to every caller of the group
+                results = [exc if isinstance(exc, Exception) else JournalError(f"journal writer: {exc!r}")] * len(group)
+            for (_, fut), result in zip(group, results):
+                if isinstance(result, Exception):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+
+class Journal:
+    """Thread-safe SQLite journal; the async methods run the blocking calls in a worker thread.
+
+    Args:
+        max_pending: Bound on pending signals; past it, recording signals raises
+            JournalBackpressure instead of growing the backlog.
+    """
+
+    def __init__(self, path: Path | str, busy_timeout_seconds: float = 5.0,
+                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.path = Path(path)
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_pending = max_pending
+        self.commits = 0  # committed write transactions (tests and benchmarks count them)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None,
                                    timeout=busy_timeout_seconds)
@@ -122,61 +226,176 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        # Kept exact by every write that changes a signal's state (all of them go through here).
+        self._pending = int(self._db.execute("SELECT COUNT(*) FROM signals WHERE state='pending'").fetchone()[0])
+        self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_signal_batches, "journal-writer")
 
     def close(self) -> None:
+        self._group.close()
         with self._lock:
             self._db.close()
 
-    def _tx(self, fn: Callable[[], T]) -> T:
+    def _tx(self, fn: Callable[[], T], after_commit: Callable[[T], None] | None = None) -> T:
+        """Run `fn` in one transaction. Whatever it raises rolls the transaction back: an Exception
+        comes out as JournalError, anything else (cancellation, KeyboardInterrupt) unchanged.
+        `after_commit` runs with the result once committed, still under the lock."""
         with self._lock:
             try:
+                if self._db.in_transaction:  # a rollback that failed earlier: never build on it
+                    self._db.execute("ROLLBACK")
                 self._db.execute("BEGIN IMMEDIATE")
                 result = fn()
                 self._db.execute("COMMIT")
-                return result
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise JournalError(f"journal write failed: {exc}") from exc
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, JournalError) or not isinstance(exc, Exception):
+                    raise
+                raise JournalError(f"journal write failed: {type(exc).__name__}: {exc}") from exc
+            self.commits += 1
+            if after_commit is not None:
+                after_commit(result)
+            return result
+
+    def _rollback(self) -> None:
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the next _tx rolls back before it begins (or the journal is closed)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             try:
                 return self._db.execute(sql, params).fetchall()
-            except sqlite3.Error as exc:
-                raise JournalError(f"journal read failed: {exc}") from exc
+            except Exception as exc:
+                raise JournalError(f"journal read failed: {type(exc).__name__}: {exc}") from exc
 
     # ---- signals ----------------------------------------------------------------------------
 
-    def record_signals(self, signals: Iterable[Signal]) -> tuple[list[tuple[int, Signal]], int]:
-        """Insert signals in one transaction. Returns ((id, signal) of new ones, number of duplicates)."""
-        sigs = list(signals)
+    def record_signals(self, signals: Iterable[Signal]) -> Recorded:
+        """Insert signals in one transaction. Returns ((id, signal) of new ones, number of duplicates).
 
-        def run() -> tuple[list[tuple[int, Signal]], int]:
-            new: list[tuple[int, Signal]] = []
-            dup = 0
-            now = time.time()
-            for s in sigs:
-                cur = self._db.execute(
-                    "INSERT OR IGNORE INTO signals(dedup_key, source, name, policy, received_at, payload)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (s.dedup_key, s.source.value, s.name, s.policy, now, json.dumps(s.summary())),
-                )
-                if cur.rowcount == 1:
-                    new.append((int(cur.lastrowid or 0), s))
+        Raises:
+            JournalValueError: a text value cannot be stored; nothing was written.
+            JournalBackpressure: more than `max_pending` signals are pending; nothing was written.
+            JournalError: the journal could not be written.
+        """
+        (result,) = self.record_signal_batches([self._batch(signals)])
+        if isinstance(result, JournalError):
+            raise result
+        return result
+
+    def submit_signals(self, signals: Iterable[Signal], on_commit: OnCommit | None = None) -> Future[Recorded]:
+        """record_signals through the group commit: concurrent callers share one transaction.
+        The future completes once the signals are committed; `on_commit` runs just before."""
+        try:
+            batch = self._batch(signals, on_commit)
+        except JournalValueError as exc:
+            failed: Future[Recorded] = Future()
+            failed.set_exception(exc)
+            return failed
+        return self._group.submit(batch)
+
+    @staticmethod
+    def _batch(signals: Iterable[Signal], on_commit: OnCommit | None = None) -> SignalBatch:
+        """The batch of `signals`, every text checked (JournalValueError before anything is written)."""
+        sigs, now = list(signals), time.time()
+        return SignalBatch(sigs, [_signal_row(n, s, now) for n, s in enumerate(sigs)], on_commit)
+
+    def record_signal_batches(self, batches: Sequence[SignalBatch]) -> list[Recorded | JournalError]:
+        """Several callers' signals in one transaction (one fsync). Each caller's signals are
+        written all or none and get the result record_signals would give it, duplicates across
+        callers included (the earlier batch inserts, the later one counts a duplicate). Raises
+        JournalError when the transaction itself fails (then every caller failed)."""
+        results: list[Recorded | JournalError] = [([], 0) for _ in batches]
+
+        def run() -> int:
+            pending = self._pending
+            for i, batch in enumerate(batches):
+                if not batch.rows:
+                    continue
+                if pending >= self.max_pending:
+                    results[i] = JournalBackpressure(
+                        f"{pending} signals pending (bound {self.max_pending}); retry later")
+                    continue
+                try:
+                    new, dup = self._insert_signals(batch.signals, batch.rows)
+                except Exception as exc:
+                    if not self._db.in_transaction:  # SQLite gave the whole transaction up (disk full ...)
+                        raise
+                    results[i] = JournalError(f"journal write failed: {type(exc).__name__}: {exc}")
                 else:
-                    dup += 1
-            return new, dup
+                    results[i] = (new, dup)
+                    pending += len(new)
+            return pending
 
-        return self._tx(run)
+        def committed(pending: int) -> None:
+            self._pending = pending
+            for batch, result in zip(batches, results):
+                if batch.on_commit is not None and isinstance(result, tuple) and result[0]:
+                    try:
+                        batch.on_commit(result[0])
+                    except Exception:  # a listener gone (its loop closed): the rows stay pending, found by
+                        pass  # the next reader of the journal
 
-    def pending_signals(self) -> list[StoredSignal]:
-        rows = self._read("SELECT id, dedup_key, payload, state FROM signals WHERE state='pending' ORDER BY id")
+        self._tx(run, after_commit=committed)
+        return results
+
+    def _insert_signals(self, signals: Sequence[Signal], rows: Sequence[tuple[Any, ...]]) -> Recorded:
+        """One caller's signals, all or none: one statement per INSERT_CHUNK rows (a statement is
+        atomic; several are wrapped in a savepoint). Few statements, because the writer thread
+        takes the GIL back after each one, and the event loop holds it most of the time."""
+        chunks = [rows[i:i + INSERT_CHUNK] for i in range(0, len(rows), INSERT_CHUNK)]
+        if len(chunks) > 1:
+            self._db.execute("SAVEPOINT batch")
+        try:
+            inserted: dict[str, int] = {}
+            for chunk in chunks:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO signals(dedup_key, source, name, policy, received_at, payload) VALUES "
+                    + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)) + " RETURNING id, dedup_key",
+                    [value for row in chunk for value in row])
+                inserted.update((key, int(i)) for i, key in cur.fetchall())
+        except BaseException:
+            if len(chunks) > 1 and self._db.in_transaction:
+                self._db.execute("ROLLBACK TO batch")
+                self._db.execute("RELEASE batch")
+            raise
+        if len(chunks) > 1:
+            self._db.execute("RELEASE batch")
+        new: list[tuple[int, Signal]] = []
+        for s in signals:
+            # Only inserted rows come back: a key seen before (or twice in this batch) is a duplicate.
+            signal_id = inserted.pop(s.dedup_key, None)
+            if signal_id is not None:
+                new.append((signal_id, s))
+        return new, len(signals) - len(new)
+
+    def pending_signals(self, limit: int | None = None, after_id: int = 0) -> list[StoredSignal]:
+        """Pending signals in id order: all of them, or `limit` from the first id above `after_id`."""
+        rows = self._read("SELECT id, dedup_key, payload, state FROM signals WHERE state='pending' AND id > ?"
+                          " ORDER BY id LIMIT ?", (after_id, -1 if limit is None else limit))
         return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"]) for r in rows]
 
+    def pending_count(self) -> int:
+        """How many signals are pending (what JournalBackpressure compares with `max_pending`)."""
+        with self._lock:
+            return self._pending
+
     def mark_processed(self, signal_id: int) -> None:
-        self._tx(lambda: self._db.execute(
-            "UPDATE signals SET state='processed', processed_at=? WHERE id=?", (time.time(), signal_id)))
+        self.mark_processed_many([signal_id])
+
+    def mark_processed_many(self, signal_ids: Sequence[int]) -> int:
+        """Mark signals processed in one transaction; returns how many were still pending."""
+        # One statement (the ids as a JSON array), not one per id: see _insert_signals.
+        ids = json.dumps([int(i) for i in signal_ids])
+        return self._tx(lambda: self._db.execute(
+            "UPDATE signals SET state='processed', processed_at=? WHERE state='pending'"
+            " AND id IN (SELECT value FROM json_each(?))", (time.time(), ids)).rowcount,
+            after_commit=self._processed)
+
+    def _processed(self, count: int) -> None:
+        self._pending -= count
 
     def signals(self) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM signals ORDER BY id")
@@ -190,6 +409,8 @@ class Journal:
 
     def record_decision(self, signal_id: int, policy: str, target: str, state: DecisionState, reason: str,
                         plan: dict[str, Any], executed: bool) -> int:
+        _checked(policy=policy, target=target, state=state, reason=reason)
+
         def run() -> int:
             cur = self._db.execute(
                 "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
@@ -205,11 +426,13 @@ class Journal:
         return self._tx(run)
 
     def finish_decision(self, decision_id: int, state: DecisionState, reason: str) -> None:
+        _checked(state=state, reason=reason)
         self._tx(lambda: self._db.execute(
             "UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id)))
 
     def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
                     message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
+        _checked(action=action, phase=phase, status=status, message=message)
         self._tx(lambda: self._db.execute(
             "INSERT INTO steps(decision_id, idx, action, phase, status, message, data, at, duration_seconds)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -271,6 +494,7 @@ class Journal:
     def record_evaluation(self, policy: str, trigger_index: int, series: str, fired: bool,
                           reason: str) -> None:
         """The latest verdict per series (no signal is also an answer, with its reason)."""
+        _checked(policy=policy, series=series, reason=reason)
         self._tx(lambda: self._db.execute(
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
@@ -280,6 +504,8 @@ class Journal:
     def record_evaluations(self, rows: Sequence[tuple[str, int, str, bool, str]]) -> None:
         """Many verdicts (policy, trigger index, series, fired, reason) in one transaction:
         a poll cycle over thousands of series must not pay one fsync per series."""
+        for p, _, k, _, r in rows:
+            _checked(policy=p, series=k, reason=r)
         now = time.time()
         self._tx(lambda: self._db.executemany(
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
@@ -295,6 +521,7 @@ class Journal:
 
     def record_pin(self, target: str, model: str, version: int) -> None:
         """Remember that `target` must serve only `version` (re-applied to new replicas)."""
+        _checked(target=target, model=model)
         self._tx(lambda: self._db.execute(
             "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
             " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
@@ -302,6 +529,7 @@ class Journal:
             (target, model, version, time.time())))
 
     def clear_pin(self, target: str) -> None:
+        _checked(target=target)
         self._tx(lambda: self._db.execute("DELETE FROM pins WHERE target=?", (target,)))
 
     def pins(self) -> list[dict[str, Any]]:
@@ -320,6 +548,10 @@ class Journal:
             (pins inserted or replaced, marks added).
         """
         pin_rows, mark_rows = list(pins), list(marks)
+        for target, model, _, _ in pin_rows:
+            _checked(target=target, model=model)
+        for policy, target, _ in mark_rows:
+            _checked(policy=policy, target=target)
 
         def run() -> tuple[int, int]:
             changed = added = 0
@@ -355,10 +587,31 @@ class AsyncJournal:
 
     def __init__(self, journal: Journal) -> None:
         self.sync = journal
+        self._listener: tuple[asyncio.AbstractEventLoop, OnCommit] | None = None
 
-    record_signals = _in_thread(Journal.record_signals)
+    def on_signals(self, listener: OnCommit | None) -> None:
+        """Call `listener` on this event loop with the (id, signal) of the new signals of every
+        record_signals call, in commit order, once committed and before that call returns; None
+        stops. Scheduled while the journal is still locked after the commit, so a read of the
+        journal that this loop sees complete later was made after the listener was called."""
+        self._listener = None if listener is None else (asyncio.get_running_loop(), listener)
+
+    async def record_signals(self, signals: Iterable[Signal]) -> Recorded:
+        """Journal.record_signals, group-committed: concurrent callers share one transaction (one
+        fsync); each gets its own result once its signals are committed."""
+        on_commit: OnCommit | None = None
+        if self._listener is not None:
+            loop, listener = self._listener
+
+            def on_commit(new: list[tuple[int, Signal]]) -> None:
+                loop.call_soon_threadsafe(listener, new)
+
+        return await asyncio.wrap_future(self.sync.submit_signals(signals, on_commit))
+
     pending_signals = _in_thread(Journal.pending_signals)
+    pending_count = _in_thread(Journal.pending_count)
     mark_processed = _in_thread(Journal.mark_processed)
+    mark_processed_many = _in_thread(Journal.mark_processed_many)
     signals = _in_thread(Journal.signals)
     decision_for = _in_thread(Journal.decision_for)
     record_decision = _in_thread(Journal.record_decision)
@@ -376,6 +629,27 @@ class AsyncJournal:
     clear_pin = _in_thread(Journal.clear_pin)
     pins = _in_thread(Journal.pins)
     merge_cluster_state = _in_thread(Journal.merge_cluster_state)
+
+
+def _checked(**fields: object) -> None:
+    """Raise JournalValueError naming the first text field SQLite could not store: text that is
+    not encodable as UTF-8 (a lone surrogate such as "\\ud800" from a JSON escape)."""
+    for name, value in fields.items():
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise JournalValueError(f"{name}: not storable as UTF-8 text ({exc.reason} at position "
+                                        f"{exc.start})") from exc
+
+
+def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
+    """The signals row of `s` (the n-th of its batch), every text checked."""
+    prefix = f"signal {n} "
+    _checked(**{prefix + "dedup_key": s.dedup_key, prefix + "source": s.source.value, prefix + "name": s.name,
+                prefix + "policy": s.policy})
+    # ensure_ascii (the default): the payload is always storable, escapes included.
+    return (s.dedup_key, s.source.value, s.name, s.policy, now, json.dumps(s.summary()))
 
 
 def _decision(r: sqlite3.Row) -> Decision:

@@ -17,12 +17,13 @@ from daemon.cluster.cluster_state import ClusterState, guard_horizon
 from daemon.cluster.kube import identity
 from daemon.cluster.leader import LeaderElector
 from daemon.common.config import ConfigError, Settings, webhook_token
+from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
 from daemon.http.app import build_app
-from daemon.http.intake import signal_from_summary
 from daemon.sources.prometheus import PrometheusClient
-from daemon.storage.journal import Journal, JournalError
+from daemon.storage.journal import Journal, JournalBackpressure, JournalError
 from daemon.wiring.parts import build_parts
+from daemon.workers.backlog import Backlog
 from daemon.workers.pins import PinReconciler
 from daemon.workers.poller import Poller
 from daemon.workers.scheduler import run_schedules
@@ -30,7 +31,6 @@ from detectors.base import Detector
 from policies.loader import PolicyLoadError, PolicySet, load_policies
 
 log = structlog.get_logger("tailguard.service")
-
 
 class Service:
     def __init__(
@@ -49,7 +49,8 @@ class Service:
         if self.webhook_token is None and not settings.webhook.allow_unauthenticated:
             raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
                               "(or webhook.allowUnauthenticated: true for local experiments)")
-        self.parts = build_parts(settings, actions, Journal(settings.journal.path), self.metrics,
+        journal = Journal(settings.journal.path, max_pending=settings.journal.max_pending)
+        self.parts = build_parts(settings, actions, journal, self.metrics,
                                  may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
         self.journal, self.state = self.parts.journal, self.parts.state
         self.deps, self.executor = self.parts.deps, self.parts.executor
@@ -58,7 +59,8 @@ class Service:
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
         self.last_reload_error: str | None = None
-        self._queue: asyncio.Queue[tuple[int, Signal]] = asyncio.Queue()
+        self.backlog = Backlog(self.journal, lambda: self.state.policies.policies, self.executor.process,
+                               self.metrics, settings.executor.queue_size)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
@@ -113,22 +115,23 @@ class Service:
 
     # ---- signals ----------------------------------------------------------------------------
 
-    def enqueue(self, signal_id: int, signal: Signal) -> None:
-        self._queue.put_nowait((signal_id, signal))
-
     async def emit(self, signal: Signal) -> None:
-        """Journal a detector or schedule signal, then queue it (duplicates are dropped)."""
+        """Journal a detector or schedule signal; the journal hands it to the backlog (duplicates
+        are dropped)."""
         if not self.may_act():
             return
         try:
             new, _ = await self.journal.record_signals([signal])
+        except JournalBackpressure as exc:
+            self.metrics.faults.labels("journal").inc()
+            log.warning("journal backlog full; signal dropped", error=str(exc), signal=signal.dedup_key)
+            return
         except JournalError as exc:
             self.metrics.faults.labels("journal").inc()
             log.error("could not journal signal", error=str(exc), signal=signal.dedup_key)
             return
-        for signal_id, s in new:
+        for _, s in new:
             self.metrics.signals.labels(s.source.value, s.name).inc()
-            self.enqueue(signal_id, s)
 
     # ---- policies ---------------------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class Service:
 
     def _swap(self, new: PolicySet) -> None:
         self.state.policies = new
+        self.backlog.policies_changed()
         self.policies_loaded = True
         self.last_reload_error = None
         self.metrics.policies_loaded.set(len(new.policies))
@@ -185,26 +189,17 @@ class Service:
             except asyncio.TimeoutError:
                 pass
 
-    async def _worker(self, n: int) -> None:
-        while True:
-            signal_id, signal = await self._queue.get()
-            try:
-                await self.executor.process(signal_id, signal)
-            except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
-                self.metrics.faults.labels("executor").inc()
-                log.exception("processing failed; signal left pending", signal=signal.dedup_key)
-            finally:
-                self._queue.task_done()
-
     async def drain(self) -> None:
-        """Wait until every queued signal is processed (tests, demo, simulate)."""
-        await self._queue.join()
+        """Wait until every signal journaled so far is processed (tests, demo, simulate)."""
+        await self.backlog.drain()
 
     async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         if self._pool is None:
             # spawn: a forked child of a threaded process can deadlock; Prophet fits are slow anyway
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                # The worker's own logs (Prophet, cmdstanpy) in the daemon's format, not plain text.
+                initializer=configure_logging, initargs=(self.settings.log.format, self.settings.log.level))
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -233,11 +228,13 @@ class Service:
             # Not ready until valid policies exist; the reload loop keeps trying.
             self.last_reload_error = str(exc)
             log.error("policies invalid at start; not ready", errors=str(exc))
-        for pending in await self.journal.pending_signals():
-            # Journaled before a crash or restart: finish what was acknowledged.
-            self.enqueue(pending.id, signal_from_summary(pending.payload))
+        # From now on every committed signal reaches the backlog; what was journaled before a crash
+        # or restart (acknowledged, not processed) is read back by the refill.
+        self.journal.on_signals(self.backlog.admit)
         for n in range(self.settings.executor.workers):
-            self._tasks.append(asyncio.create_task(self._worker(n), name=f"worker-{n}"))
+            self._tasks.append(asyncio.create_task(self.backlog.work(), name=f"worker-{n}"))
+        self._tasks.append(asyncio.create_task(self.backlog.refill(), name="backlog-refill"))
+        self._tasks.append(asyncio.create_task(self.backlog.mark_unmatched(), name="backlog-unmatched"))
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="policy-reload"))
         self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
         self._tasks.append(asyncio.create_task(
@@ -246,7 +243,8 @@ class Service:
             self._tasks.append(asyncio.create_task(self.poller.run(self._stop), name="poller"))
         self._tasks.append(asyncio.create_task(self.pins.run(self._stop), name="pin-reconciler"))
         app = build_app(self)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None,
+                                     shutdown_timeout=self.settings.listen.shutdown_timeout_seconds)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.listen.host, self.settings.listen.port)
         await site.start()
@@ -264,6 +262,7 @@ class Service:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self.journal.on_signals(None)
         if self.cluster_state is not None:
             # Share the last plans and pins before the Lease is handed back (bounded per request).
             await self.cluster_state.flush()

@@ -1,0 +1,427 @@
+"""Webhook intake under load, on loopback, each figure against a baseline measured in the same run:
+
+1. intake: 2xx webhooks per second (10 alerts each, all new, none matching a policy) from 16
+   keep-alive clients for a fixed time: tailguard (durable journal, committed before the 2xx)
+   against a bare aiohttp handler (read, parse JSON, 200);
+2. time to action: from the 2xx of a matching alert to its action (the notify call arriving
+   here), sent right behind 50,000 alerts that match no policy (sent live; and left pending in the
+   journal before a start), against the same on an idle daemon;
+3. memory: resident set of the daemon through a burst of 100,000 matching alerts (each needs the
+   executor, which cannot keep up), against the same daemon idle.
+
+Every server runs in a subprocess started here and stopped by its PID; the clients speak raw
+HTTP/1.1 over asyncio streams so that the load generator costs little next to the server. Every
+loop is bounded (a deadline, a request count, retries per request, timeouts).
+Prints a table; not a test. Run: python bench/bench_intake.py [--quick]  (make bench BENCH_INTAKE_FLAGS=--quick)
+The daemon measured is this checkout's, or the source tree named by TAILGUARD_SRC (a before/after).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from aiohttp import web
+
+SRC = Path(os.environ.get("TAILGUARD_SRC", Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(SRC))
+
+from lab.ports import LOOPBACK, free_port  # noqa: E402
+from lab.process import ManagedProcess  # noqa: E402
+
+TOKEN = "bench-token"
+CLIENTS = 16
+ALERTS_PER_REQUEST = 10
+REQUEST_TIMEOUT_SECONDS = 30.0
+MAX_RETRIES = 600  # per request, on 503, each after min(Retry-After, RETRY_PAUSE_SECONDS)
+RETRY_PAUSE_SECONDS = 0.1
+ACTION_TIMEOUT_SECONDS = 120.0
+
+
+
+# ---- the servers (run in subprocesses) -----------------------------------------------------
+
+def _bare_app() -> web.Application:
+    async def alerts(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        return web.json_response({"accepted": len(body["alerts"]), "duplicates": 0})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/alerts", alerts)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str) -> None:
+    from daemon.common.config import Settings
+    from daemon.common.logs import configure_logging
+    from daemon.wiring.registries import action_registry, detector_registry
+    from daemon.wiring.service import Service
+
+    policies = work / "policies"
+    policies.mkdir(parents=True, exist_ok=True)
+    # One policy (JSON is YAML): notify `sink_url` on TritonTailLatencyHigh about model ranker.
+    policy = {"name": "ranker-notify", "target": {"model": "ranker"},
+              "triggers": [{"alert": {"name": "TritonTailLatencyHigh"}}],
+              "actions": [{"type": "notify", "url": sink_url}],
+              "guards": {"cooldown": cooldown, "maxActions": 1_000_000}}
+    (policies / "p.yaml").write_text(json.dumps(policy))
+    configure_logging("json", "info")  # the daemon's default level, into its log file
+    settings = Settings.model_validate({"listen": {"host": LOOPBACK, "port": port},
+                                        "policies": {"path": str(policies)},
+                                        "journal": {"path": str(work / "journal.db")}})
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with Service(settings, action_registry(), detector_registry()) as svc:
+        await stop.wait()
+    # Write transactions the journal committed (this version counts them), for the table.
+    (work / "stats.json").write_text(json.dumps({"commits": getattr(svc.journal.sync, "commits", None)}))
+
+
+@dataclass
+class Server:
+    kind: str
+    port: int
+    work: Path
+    process: ManagedProcess
+
+    def rss_mib(self) -> tuple[float, float]:
+        """(VmRSS, VmHWM) of the server process, MiB."""
+        lines = Path(f"/proc/{self.process.pid}/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def commits(self) -> int | None:
+        """Journal write transactions, once the daemon has stopped (None where it does not count them)."""
+        stats = self.work / "stats.json"
+        return json.loads(stats.read_text())["commits"] if stats.exists() else None
+
+    def pending(self) -> int:
+        """Pending signals in the daemon's journal (read-only)."""
+        db = sqlite3.connect(f"file:{self.work / 'journal.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM signals WHERE state='pending'").fetchone()[0])
+        finally:
+            db.close()
+
+
+@contextmanager
+def server(kind: str, root: Path, sink_url: str = "http://127.0.0.1:9/hook", cooldown: str = "0s",
+           pending: int = 0) -> Iterator[Server]:
+    """A server subprocess started here, ready for webhooks; stopped by its PID on exit.
+    `pending`: unmatched alerts journaled before the start (acknowledged before a restart)."""
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+    if pending:
+        _journal_unmatched(work / "journal.db", pending)
+    argv = [sys.executable, str(Path(__file__).resolve()), "serve", kind, "--port", str(port),
+            "--work", str(work), "--sink-url", sink_url, "--cooldown", cooldown]
+    env = dict(os.environ, TAILGUARD_WEBHOOK_TOKEN=TOKEN, PYTHONPATH=str(SRC))
+    process = ManagedProcess(argv=argv, log_path=work / "server.log", env=env)
+    process.start()
+    try:
+        process.wait_ready(f"http://{LOOPBACK}:{port}/" + ("healthz" if kind == "bare" else "readyz"))
+        yield Server(kind, port, work, process)
+    finally:
+        process.stop()
+
+
+def _journal_unmatched(path: Path, count: int) -> None:
+    from daemon.http.intake import alert_signals, parse_payload
+    from daemon.storage.journal import Journal
+
+    alerts, journal = Alerts(), Journal(path)
+    try:
+        for _ in range(count // 1_000):
+            journal.record_signals(alert_signals(parse_payload(json.loads(alerts.body("other", 1_000)))))
+    finally:
+        journal.close()
+
+
+# ---- the clients ---------------------------------------------------------------------------
+
+class Alerts:
+    """Webhook bodies of new alerts (fingerprints never repeat) about a model."""
+
+    MARK = "@@FP@@"
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._templates: dict[tuple[str, int], list[str]] = {}
+
+    def body(self, model: str, count: int = ALERTS_PER_REQUEST) -> bytes:
+        parts = self._template(model, count)
+        out = [parts[0]]
+        for part in parts[1:]:
+            out += [f"{self._next:016x}", part]
+            self._next += 1
+        return "".join(out).encode()
+
+    def _template(self, model: str, count: int) -> list[str]:
+        if (model, count) not in self._templates:
+            alert = {"status": "firing", "fingerprint": self.MARK,
+                     "labels": {"alertname": "TritonTailLatencyHigh", "model": model, "severity": "page"},
+                     "annotations": {"summary": "P99.9 request latency above 500 ms"},
+                     "startsAt": "2026-11-29T17:26:08.551Z", "endsAt": "0001-01-01T00:00:00Z"}
+            body = {"version": "4", "status": "firing", "receiver": "bench", "alerts": [alert] * count,
+                    "groupKey": '{}:{alertname="TritonTailLatencyHigh"}', "groupLabels": {},
+                    "commonLabels": {}, "externalURL": "http://alertmanager.invalid", "truncatedAlerts": 0}
+            self._templates[model, count] = json.dumps(body).split(self.MARK)
+        return self._templates[model, count]
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to the webhook, one request at a time."""
+
+    HEAD = (f"POST /api/v1/alerts HTTP/1.1\r\nHost: {LOOPBACK}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n").encode()
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, body: bytes) -> tuple[int, dict[str, str]]:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(LOOPBACK, self.port)
+        reader, writer = self._streams
+        writer.write(self.HEAD % len(body) + body)
+        async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
+            await reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return int(lines[0].split()[1]), headers
+
+    async def post_until_accepted(self, body: bytes, refused: collections.Counter[int]) -> int:
+        """Post, and post again after each 503 (as Alertmanager does), a bounded number of times."""
+        for _ in range(MAX_RETRIES):
+            status, headers = await self.post(body)
+            if status != 503:
+                return status
+            refused[status] += 1
+            await asyncio.sleep(min(float(headers.get("retry-after", "1")), RETRY_PAUSE_SECONDS))
+        raise RuntimeError(f"still refused after {MAX_RETRIES} tries")
+
+    def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+
+async def load_for(port: int, seconds: float, body: Callable[[], bytes]) -> collections.Counter[int]:
+    """CLIENTS connections posting back to back until the deadline; statuses counted."""
+    statuses: collections.Counter[int] = collections.Counter()
+    deadline = time.monotonic() + seconds
+
+    async def client() -> None:
+        conn = Connection(port)
+        try:
+            while time.monotonic() < deadline:
+                statuses[(await conn.post(body()))[0]] += 1
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    return statuses
+
+
+async def send_all(port: int, requests: int, body: Callable[[], bytes]) -> collections.Counter[int]:
+    """`requests` webhooks over CLIENTS connections, each until accepted; the refusals counted."""
+    refused: collections.Counter[int] = collections.Counter()
+    left = [requests]
+
+    async def client() -> None:
+        conn = Connection(port)
+        try:
+            while left[0] > 0:
+                left[0] -= 1
+                status = await conn.post_until_accepted(body(), refused)
+                if status != 200:
+                    raise RuntimeError(f"webhook answered {status}")
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    return refused
+
+
+@dataclass
+class Sink:
+    """The notify action's target, here: when each call arrived."""
+
+    arrivals: list[float] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            await request.read()
+            self.arrivals.append(time.monotonic())
+            self.event.set()
+            return web.Response()
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, LOOPBACK, port).start()
+        self.url = f"http://{LOOPBACK}:{port}/hook"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def time_to_action(self, port: int, alerts: Alerts) -> float:
+        """Seconds from the 2xx of one matching alert to its notify call arriving."""
+        self.event.clear()
+        conn = Connection(port)
+        try:
+            await conn.post_until_accepted(alerts.body("ranker", 1), collections.Counter())
+        finally:
+            conn.close()
+        accepted = time.monotonic()
+        await asyncio.wait_for(self.event.wait(), ACTION_TIMEOUT_SECONDS)
+        return self.arrivals[-1] - accepted
+
+
+# ---- the measurements ----------------------------------------------------------------------
+
+async def intake(root: Path, seconds: float) -> dict[str, Any]:
+    alerts = Alerts()
+    rates: dict[str, float] = {}
+    errors: dict[str, int] = {}
+    for kind in ("bare", "tailguard"):
+        with server(kind, root) as srv:
+            warm = await load_for(srv.port, min(1.0, seconds / 3), lambda: alerts.body("other"))
+            statuses = await load_for(srv.port, seconds, lambda: alerts.body("other"))
+            rates[kind] = statuses[200] / seconds
+            errors[kind] = sum(statuses.values()) - statuses[200]
+        accepted = warm[200] + statuses[200]
+    commits = srv.commits()  # the tailguard one, stopped
+    return {"rates": rates, "errors": errors, "ratio": rates["tailguard"] / rates["bare"],
+            "tx_per_webhook": None if commits is None else commits / accepted}
+
+
+async def behind(root: Path, backlog_alerts: int) -> dict[str, Any]:
+    """Time to action on an idle daemon (median of 5), right behind a live flood of unmatched
+    alerts, and right after a start with as many unmatched alerts left pending in the journal."""
+    alerts = Alerts()
+    sink = Sink()
+    await sink.start()
+    try:
+        with server("tailguard", root, sink.url) as srv:
+            idle = statistics.median([await sink.time_to_action(srv.port, alerts) for _ in range(5)])
+            started = time.monotonic()
+            refused = await send_all(srv.port, backlog_alerts // ALERTS_PER_REQUEST, lambda: alerts.body("other"))
+            intake_seconds = time.monotonic() - started
+            live_pending = srv.pending()
+            live = await sink.time_to_action(srv.port, alerts)
+        with server("tailguard", root, sink.url, pending=backlog_alerts) as srv:
+            restart_pending = srv.pending()
+            restart = await sink.time_to_action(srv.port, alerts)
+    finally:
+        await sink.stop()
+    return {"idle": idle, "live": live, "live_pending": live_pending, "restart": restart,
+            "restart_pending": restart_pending, "refused": sum(refused.values()), "intake_seconds": intake_seconds}
+
+
+async def burst(root: Path, burst_alerts: int) -> dict[str, Any]:
+    alerts = Alerts()
+    sink = Sink()
+    await sink.start()
+    try:
+        with server("tailguard", root, sink.url, cooldown="1h") as srv:
+            await asyncio.sleep(1.0)
+            idle, _ = srv.rss_mib()
+            samples: list[float] = []
+
+            async def sample(stop: asyncio.Event) -> None:
+                while not stop.is_set():
+                    samples.append(srv.rss_mib()[0])
+                    try:
+                        await asyncio.wait_for(stop.wait(), 0.05)
+                    except TimeoutError:
+                        pass
+
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(sample(stop))
+            started = time.monotonic()
+            refused = await send_all(srv.port, burst_alerts // ALERTS_PER_REQUEST, lambda: alerts.body("ranker"))
+            seconds = time.monotonic() - started
+            await asyncio.sleep(2.0)  # the backlog keeps being worked on
+            stop.set()
+            await sampler
+            rss_end, hwm = srv.rss_mib()
+            pending = srv.pending()
+    finally:
+        await sink.stop()
+    return {"idle": idle, "peak": max(samples + [hwm]), "end": rss_end, "ratio": max(samples + [hwm]) / idle,
+            "refused": sum(refused.values()), "seconds": seconds, "pending": pending}
+
+
+async def main(quick: bool) -> None:
+    seconds, backlog, burst_size = (1.5, 5_000, 10_000) if quick else (5.0, 50_000, 100_000)
+    with tempfile.TemporaryDirectory(prefix="bench-intake-") as tmp:
+        root = Path(tmp)
+        print(f"loopback, {CLIENTS} keep-alive clients, {ALERTS_PER_REQUEST} alerts per webhook; "
+              f"daemon from {SRC}\n")
+        i = await intake(root, seconds)
+        b = await behind(root, backlog)
+        m = await burst(root, burst_size)
+    print("| measure | tailguard | baseline (same run) | ratio |")
+    print("|---|---|---|---|")
+    print(f"| intake, {seconds:g} s, 2xx webhooks/s | {i['rates']['tailguard']:,.0f} "
+          f"({i['rates']['tailguard'] * ALERTS_PER_REQUEST:,.0f} alerts/s, {i['errors']['tailguard']} not 2xx) "
+          f"| bare aiohttp {i['rates']['bare']:,.0f} | {i['ratio']:.3f} |")
+    print(f"| 2xx to action, right behind {backlog:,} unmatched alerts sent live | {1000 * b['live']:,.1f} ms "
+          f"({b['live_pending']:,} of them still pending when it was sent) "
+          f"| idle daemon {1000 * b['idle']:,.1f} ms | {b['live'] / b['idle']:.1f} |")
+    print(f"| 2xx to action, just after a start with {backlog:,} unmatched pending | {1000 * b['restart']:,.1f} ms "
+          f"({b['restart_pending']:,} pending when it was sent) "
+          f"| idle daemon {1000 * b['idle']:,.1f} ms | {b['restart'] / b['idle']:.1f} |")
+    print(f"| RSS through a {burst_size:,}-alert matching burst | peak {m['peak']:,.0f} MiB, "
+          f"end {m['end']:,.0f} MiB ({m['pending']:,} pending in journal) | idle {m['idle']:,.0f} MiB "
+          f"| {m['ratio']:.2f} |")
+    if i["tx_per_webhook"] is not None:
+        print(f"\njournal write transactions per accepted webhook (marking processed included): "
+              f"{i['tx_per_webhook']:.2f}")
+    print(f"backlog of {backlog:,} taken in {b['intake_seconds']:.1f} s ({b['refused']} answered 503 and retried); "
+          f"burst taken in {m['seconds']:.1f} s ({m['refused']} answered 503 and retried)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter run, smaller backlog and burst")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="(internal) run one server")
+    serve.add_argument("kind", choices=["bare", "tailguard"])
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--work", type=Path, required=True)
+    serve.add_argument("--sink-url", required=True)
+    serve.add_argument("--cooldown", required=True)
+    args = parser.parse_args()
+    if args.command == "serve":
+        if args.kind == "bare":
+            web.run_app(_bare_app(), host=LOOPBACK, port=args.port, print=None, access_log=None)
+        else:
+            asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown))
+    else:
+        asyncio.run(main(args.quick))

@@ -1,0 +1,222 @@
+"""The backlog: the in-memory side of the journal's pending signals, bounded, matching first."""
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Awaitable, Callable, Sequence
+
+import structlog
+
+from core.signal import Signal
+from daemon.common.metrics import Metrics
+from daemon.storage.journal import AsyncJournal, JournalError
+from policies.loader import LoadedPolicy
+from policies.matching import matching_policies
+
+log = structlog.get_logger("tailguard.backlog")
+
+DEFAULT_CACHE_SIZE = 10_000
+MATCHING, UNMATCHED = 0, 1  # the two classes of the backlog
+CLASSES = (MATCHING, UNMATCHED)
+
+
+class Backlog:
+    """The in-memory side of the journal's pending signals: a bounded cache the workers take from.
+
+    The journal is the queue of record. A signal that matches a policy waits in the matching class,
+    whose workers run it through the executor (one lock per target); a signal that matches none
+    waits in the unmatched class, marked processed in batches, so it never delays a matching one.
+    A class holds at most `capacity` signals: past that, its new signals stay pending in the journal
+    only (the class is in overflow) and a refill reads them back in id order once half of it is
+    free, from where its last read left off. Memory stays bounded whatever the intake; a signal is
+    taken at most once (`_known`: in a class or being processed), and every pending one is taken (a
+    class leaves overflow only when a read reached the end of the pending set leaving none of it).
+    """
+
+    def __init__(self, journal: AsyncJournal, policies: Callable[[], Sequence[LoadedPolicy]],
+                 process: Callable[[int, Signal], Awaitable[object]], metrics: Metrics,
+                 capacity: int = DEFAULT_CACHE_SIZE, page: int = 1_000) -> None:
+        self._journal = journal
+        self._policies = policies
+        self._process = process
+        self._metrics = metrics
+        self._capacity = max(1, capacity)
+        self._page = page
+        self._matching: asyncio.Queue[tuple[int, Signal]] = asyncio.Queue()
+        self._unmatched: collections.deque[int] = collections.deque()
+        self._known: set[int] = set()  # in a class, being processed or being marked processed
+        self._failed: set[int] = set()  # processing raised: left pending until the next start
+        # Whether pending signals of a class may be in the journal only; at start, whatever the
+        # journal holds from before (acknowledged, not yet processed) is read back this way.
+        self._overflow = [True, True]
+        # Per class: no pending signal of it below this id is left to the journal (held, processed
+        # or failed), so its next read starts there. Valid for one policy set (`_generation`).
+        self._resume = [0, 0]
+        self._generation = 0
+        self._dropped = [0, 0]  # signals of each class left to the journal by `admit`
+        self._busy = 0  # signals being processed, batches being marked
+        self._reading = False
+        self._finished_while_reading: set[int] = set()
+        self._changed = asyncio.Event()
+
+    # ---- intake -----------------------------------------------------------------------------
+
+    def admit(self, new: list[tuple[int, Signal]]) -> None:
+        """The journal's listener: signals just committed, in id order. A class in overflow
+        takes none directly (its older signals in the journal go first)."""
+        for signal_id, signal in new:
+            cls = self._class(signal)
+            if self._overflow[cls] or not self._take(signal_id, signal, cls):
+                self._overflow[cls] = True
+                self._dropped[cls] += 1
+        self._wake()
+
+    def policies_changed(self) -> None:
+        """A new policy set may move pending signals from one class to the other: read them all again."""
+        self._generation += 1
+        self._overflow, self._resume = [True, True], [0, 0]
+        self._wake()
+
+    def _class(self, signal: Signal) -> int:
+        return MATCHING if matching_policies(self._policies(), signal) else UNMATCHED
+
+    def _room(self, cls: int) -> int:
+        held = self._matching.qsize() if cls == MATCHING else len(self._unmatched)
+        return self._capacity - held
+
+    def _take(self, signal_id: int, signal: Signal, cls: int) -> bool:
+        if self._room(cls) <= 0:
+            return False
+        self._known.add(signal_id)
+        if cls == MATCHING:
+            self._matching.put_nowait((signal_id, signal))
+        else:
+            self._unmatched.append(signal_id)
+        return True
+
+    def _forget(self, signal_ids: Sequence[int]) -> None:
+        """Processed (or failed): no longer held. A read of the journal running now may still
+        have seen them pending, so it must not take them again."""
+        self._known.difference_update(signal_ids)
+        if self._reading:
+            self._finished_while_reading.update(signal_ids)
+        self._wake()
+
+    # ---- refill from the journal ------------------------------------------------------------
+
+    def _to_refill(self) -> int | None:
+        """A class in overflow with half of it free (the matching one first), if any."""
+        return next((c for c in CLASSES if self._overflow[c] and self._room(c) >= max(1, self._capacity // 2)), None)
+
+    async def refill(self) -> None:
+        """Read signals left in the journal back into their class, whenever it has room."""
+        while True:
+            await self._until(lambda: self._to_refill() is not None)
+            cls = self._to_refill()
+            if cls is None:
+                continue
+            try:
+                await self._read_pending(cls)
+            except JournalError as exc:
+                self._metrics.faults.labels("journal").inc()
+                log.warning("could not read pending signals; retrying", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    async def _read_pending(self, cls: int) -> None:
+        """One read for class `cls`: pending signals in id order from where its last read left off,
+        taking its signals not held until it is full. It leaves overflow when the read reached
+        the end of the pending set leaving none behind, and none was left to the journal meanwhile."""
+        dropped, generation = self._dropped[cls], self._generation
+        last = self._resume[cls] - 1  # the last id looked at
+        left: int | None = None  # the first signal of the class left behind (the class is full)
+        end = False
+        self._reading = True
+        try:
+            while left is None and not end:
+                rows = await self._journal.pending_signals(limit=self._page, after_id=last)
+                end = len(rows) < self._page
+                for row in rows:
+                    last = row.id
+                    if row.id in self._known or row.id in self._failed or row.id in self._finished_while_reading:
+                        continue
+                    try:
+                        signal = Signal.from_summary(row.payload)
+                    except Exception:  # a row this version cannot read: left pending, not retried
+                        self._failed.add(row.id)
+                        self._metrics.faults.labels("journal").inc()
+                        log.exception("unreadable pending signal left pending", signal_id=row.id)
+                        continue
+                    kind = self._class(signal)
+                    if kind != cls:  # the other class's read takes it, in its order
+                        if not self._overflow[kind]:  # only after a policy change: read that class again
+                            self._overflow[kind] = True
+                            self._resume[kind] = min(self._resume[kind], row.id)
+                    elif left is None and not self._take(row.id, signal, cls):
+                        left = row.id
+            if generation != self._generation:
+                return  # the policy set changed meanwhile: every class is read again from the start
+            self._resume[cls] = left if left is not None else last + 1
+            if end and left is None and self._dropped[cls] == dropped:
+                self._overflow[cls] = False
+        finally:
+            self._reading = False
+            self._finished_while_reading.clear()
+            self._wake()
+
+    # ---- processing -------------------------------------------------------------------------
+
+    async def work(self) -> None:
+        """A worker: matching signals through the executor, one at a time."""
+        while True:
+            signal_id, signal = await self._matching.get()
+            self._busy += 1
+            try:
+                await self._process(signal_id, signal)
+            except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
+                self._failed.add(signal_id)
+                self._metrics.faults.labels("executor").inc()
+                log.exception("processing failed; signal left pending", signal=signal.dedup_key)
+            finally:
+                self._busy -= 1
+                self._forget([signal_id])
+
+    async def mark_unmatched(self, batch: int = 5_000) -> None:
+        """Mark signals that match no policy processed, up to `batch` per transaction, without
+        the executor's per-target path."""
+        while True:
+            await self._until(lambda: bool(self._unmatched))
+            ids = [self._unmatched.popleft() for _ in range(min(batch, len(self._unmatched)))]
+            self._busy += 1
+            try:
+                await self._journal.mark_processed_many(ids)
+            except JournalError as exc:  # still pending and still held: retried after a pause
+                self._unmatched.extendleft(reversed(ids))
+                self._metrics.faults.labels("journal").inc()
+                log.warning("could not mark unmatched signals processed; retrying", error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            except BaseException:  # cancelled: still held (marking them again later changes nothing)
+                self._unmatched.extendleft(reversed(ids))
+                raise
+            finally:
+                self._busy -= 1
+            log.info("signals matched no policy", count=len(ids))
+            self._forget(ids)
+
+    # ---- waiting ----------------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        return (self._matching.empty() and not self._unmatched and self._busy == 0 and not self._reading
+                and not any(self._overflow))
+
+    async def drain(self) -> None:
+        """Wait until every signal journaled so far was taken and processed (or failed)."""
+        await self._until(self._idle)
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            self._changed.clear()
+            await self._changed.wait()
