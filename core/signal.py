@@ -41,6 +41,13 @@ class Signal:
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly dict for the journal and logs."""
+        return self._fields(_jsonable(self.details))
+
+    def summary_json(self) -> str:
+        """`summary()` as JSON text, serialized once (the journal's payload; ASCII, so always storable)."""
+        return json.dumps(self._fields(self.details), default=str)
+
+    def _fields(self, details: Any) -> dict[str, Any]:
         return {
             "source": self.source.value,
             "name": self.name,
@@ -50,7 +57,7 @@ class Signal:
             "status": self.status.value,
             "value": self.value,
             "policy": self.policy,
-            "details": _jsonable(self.details),
+            "details": details,
         }
 
     @classmethod

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -181,8 +182,8 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
     except PayloadError as exc:
         return _error(422, str(exc))
     signals = alert_signals(payload)
-    for s in signals:
-        svc.metrics.alerts_received.labels(s.status.value).inc()
+    for status, count in collections.Counter(s.status.value for s in signals).items():
+        svc.metrics.alerts_received.labels(status).inc(count)
     try:
         # Committed rows go to the workers' backlog from inside the journal, before this returns.
         new, duplicates = await svc.journal.record_signals(signals)
@@ -196,8 +197,8 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
         log.error("journal write failed; asking Alertmanager to retry", error=str(exc))
         return _error(503, "journal unavailable; retry", **{"Retry-After": "5"})
     svc.metrics.alerts_deduplicated.inc(duplicates)
-    for _, signal in new:
-        svc.metrics.signals.labels(signal.source.value, signal.name).inc()
+    for (source, name), count in collections.Counter((s.source.value, s.name) for _, s in new).items():
+        svc.metrics.signals.labels(source, name).inc(count)
     log.info("webhook accepted", alerts=len(signals), new=len(new), duplicates=duplicates,
              group=payload.groupKey)
     return web.json_response({"accepted": len(new), "duplicates": duplicates})

@@ -14,7 +14,6 @@ import re
 from datetime import datetime, timezone
 from typing import Annotated, Any, Iterable, NoReturn
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from core.signal import Signal, SignalSource, SignalStatus
@@ -97,21 +96,20 @@ class PayloadError(Exception):
     """The payload is well-formed JSON but not an Alertmanager v4 webhook (HTTP 422)."""
 
 
-# A JSON string, escapes included; possessive, so a long or unterminated one is one linear scan.
-_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.S)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def json_depth(text: str) -> int:
-    """The deepest nesting of objects and arrays in `text`, counted without recursion (strings
-    are skipped; on malformed text an estimate that json.loads then rejects anyway)."""
-    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-    if not brackets:
-        return 0
-    codes = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
-    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
-    return int(np.cumsum(steps).max())
+def nesting_deeper_than(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` levels in a parsed value. Iterative, and it
+    stops at the first container past the limit."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        container, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = container.values() if isinstance(container, dict) else container
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _bounded_number(text: str) -> str:
@@ -141,13 +139,17 @@ def decode_body(raw: bytes) -> Any:
         text = raw.decode("utf-8")  # strict: encoded surrogates (ED A0 80) are refused too
     except UnicodeDecodeError as exc:
         raise BodyError(f"malformed JSON: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    if json_depth(text) > MAX_JSON_DEPTH:
-        raise BodyError(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+    too_deep = BodyError(f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                          parse_constant=_reject_constant)
+        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                           parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise BodyError(f"malformed JSON: {exc}") from None
+    except RecursionError:  # the C parser gives up near the interpreter's recursion limit
+        raise too_deep from None
+    if nesting_deeper_than(value, MAX_JSON_DEPTH):
+        raise too_deep
+    return value
 
 
 def field_path(parts: Iterable[Any]) -> str:
@@ -163,6 +165,9 @@ def field_path(parts: Iterable[Any]) -> str:
 
 def _lone_surrogate(body: Any) -> str | None:
     """The path of the first string (key or value) holding a lone surrogate, or None. Iterative."""
+    # One C-level pass answers the common case (none); the walk below only names the field.
+    if not _SURROGATE.search(json.dumps(body, ensure_ascii=False)):
+        return None
     stack: list[tuple[tuple[Any, ...], Any]] = [((), body)]
     while stack:
         path, value = stack.pop()

@@ -649,7 +649,7 @@ def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
     _checked(**{prefix + "dedup_key": s.dedup_key, prefix + "source": s.source.value, prefix + "name": s.name,
                 prefix + "policy": s.policy})
     # ensure_ascii (the default): the payload is always storable, escapes included.
-    return (s.dedup_key, s.source.value, s.name, s.policy, now, json.dumps(s.summary()))
+    return (s.dedup_key, s.source.value, s.name, s.policy, now, s.summary_json())
 
 
 def _decision(r: sqlite3.Row) -> Decision:
