@@ -99,7 +99,13 @@ async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
         decisions = await svc.journal.decisions()
         evaluations = await svc.journal.evaluations()
 
-    (decision,) = decisions  # only the bad deploy; the healthy one produced no signal
+    # Only the bad deploy is acted on, once; the healthy one produced no signal. A later episode of
+    # the same tail (the summary quantile dips and rises again while the slow requests age out of
+    # its window, docs/stack-facts.md) is a new signal, and the cooldown blocks it.
+    assert all(d.policy == "ranker-tail" for d in decisions), [(d.policy, d.state) for d in decisions]
+    assert all(d.state == "blocked" and d.reason.startswith("cooldown") for d in decisions[1:]), \
+        [(d.state, d.reason) for d in decisions]
+    decision = decisions[0]
     assert decision.policy == "ranker-tail" and decision.state == "succeeded", decision.reason
     assert decision.plan["steps"][0]["after"]["version"] == 1
     assert _served(bad, "ranker") == ["1"]
