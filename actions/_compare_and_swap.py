@@ -8,7 +8,14 @@ and decide again. The decisions are pure (`decide`, `backoff_seconds`):
   of ours carries the step's effect key, so the noop says when the value is our own landed write);
 - the value is neither expected nor wanted: someone else changed it: refused, never overwritten
   (re-planning would make the journaled `before` untrue and revert would restore the wrong thing);
-- the value is as expected: write it.
+- the value is as expected: write it; except on apply when the object carries this step's own
+  stamp: our write had landed and someone changed the value back (a resumed decision, or an
+  executor retry after a lost answer, would otherwise fight them): refused, not retryable.
+
+Before any write (and before refusing a changed value) the object as read is checked for an owner
+that is not us (`Swap.refusal`: Flagger, Argo Rollouts, a GitOps controller; actions/_ownership.py):
+such an object is refused, not retryable, whatever its value. The guarded write makes the check hold
+at the moment of the write: an owner added since the reading changed the object's version.
 
 Who owns retries (also in docs/design-notes.md):
 
@@ -83,6 +90,9 @@ class Swap(Protocol[R, T]):
     def ours(self, reading: R) -> bool:
         """Whether the object as read was last written by this very step (its effect key)."""
 
+    def refusal(self, reading: R) -> str | None:
+        """Why the object as read is not ours to write at all (someone else owns it), or None."""
+
     async def write(self, reading: R, wanted: T) -> Mapping[str, Any]:
         """Store `wanted` if the object is still as `reading`; Conflict if not. Returns journal data.
         The write carries the step's effect key where the object can hold it (see actions/_kube.py)."""
@@ -102,8 +112,9 @@ async def compare_and_swap(swap: Swap[R, T], *, expected: T, wanted: T, purpose:
             server-side); None reads fresh first.
 
     Returns:
-        OK (written; data: the value, `attempts` and the write's data), NOOP, or FAILED: refused,
-        conflicts exhausted (not retryable), or an ActionError (retryable as it says).
+        OK (written; data: the value, `attempts` and the write's data), NOOP, or FAILED: refused
+        (someone else's value or object), conflicts exhausted (not retryable), or an ActionError
+        (retryable as it says).
     """
     try:
         return await _swap(swap, expected, wanted, purpose, max_retries, seen)
@@ -127,6 +138,13 @@ async def _swap(swap: Swap[R, T], expected: T, wanted: T, purpose: str, max_retr
                 return Outcome.noop(f"{label} already {swap.show(wanted)}: this step's own write had landed",
                                     **{swap.what: wanted, "ours": True})
             return Outcome.noop(f"{label} already {swap.show(wanted)}", **{swap.what: wanted})
+        refused = swap.refusal(reading)
+        if refused is not None:
+            return Outcome.failure(f"{purpose}: {refused}", retryable=False)
+        if decision is Decision.WRITE and purpose == "apply" and swap.ours(reading):
+            return Outcome.failure(
+                f"{label} is {swap.show(found)} again after this step's own write had landed (its stamp "
+                f"is on the object): changed back by someone else; not writing it again", found=found)
         if decision is Decision.REFUSE:
             return Outcome.failure(
                 f"{label} was changed by someone else (expected {swap.show(expected)}, found "

@@ -6,7 +6,12 @@ failed (409, or a failed JSON-patch `test`) raises `Conflict` for the compare-an
 Every write of an action stamps the object with the step's effect key (annotation
 `tailguard.io/decision: "<decision id>/<step index>"`, `mark_ops`), and every read reports the
 stamp it found (`mark_of`): a decision resumed after a crash recognises a change of its own that
-landed, instead of taking it for someone else's edit.
+landed, instead of taking it for someone else's edit. Writes name tailguard as their field
+manager (`FIELD_MANAGER`), so `metadata.managedFields` tells our changes from others'.
+
+Objects someone else owns (Flagger, Argo Rollouts, GitOps) are refused before any write: readings
+carry `_ownership.ownership_of(metadata)` and the compare-and-swap loop asks each reading
+(`Swap.refusal`) right before it writes; plans refuse them already (actions/_ownership.py).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 JSON_PATCH = "application/json-patch+json"
+FIELD_MANAGER = "tailguard"  # names our writes in metadata.managedFields
 DECISION_ANNOTATION = "tailguard.io/decision"
 _DECISION_POINTER = "/metadata/annotations/" + DECISION_ANNOTATION.replace("~", "~0").replace("/", "~1")
 
@@ -116,5 +122,5 @@ class CustomObject:
         """Apply RFC 6902 `ops` (guarded by their `test` ops); Conflict when a test failed."""
         request = self._api().patch_namespaced_custom_object(
             self.group, self.version, self.namespace, self.plural, self.name, ops,
-            _content_type=JSON_PATCH, _request_timeout=self.timeout_seconds)
+            field_manager=FIELD_MANAGER, _content_type=JSON_PATCH, _request_timeout=self.timeout_seconds)
         return cast(dict[str, Any], await write(self._what("patch"), request))

@@ -9,19 +9,25 @@ No P99.9 data means no change: silence is not a latency.
 Delivery: Kubernetes sinks are exactly-once by re-observation (the write stamps the object with the
 step's effect key, and a decision resumed after a crash reads the timeout before writing again);
 the HTTP endpoint sink is at-least-once with `Idempotency-Key` (actions/timeout_sinks/http_endpoint.py).
+
+A Kubernetes sink's object that Flagger, Argo Rollouts or a GitOps controller owns is refused (plan,
+and the compare-and-swap right before each write) unless the sink's `allowOwnedBy` names that owner
+(actions/_ownership.py). When verify finds the timeout changed since our write, it says who changed
+it last if managedFields tell, and does not fight it (not retryable).
 """
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar, Literal, Mapping, Union
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Sequence, Union
 
 import structlog
 from pydantic import Field, model_validator
 
 from actions._compare_and_swap import compare_and_swap
 from actions._kube import marked_by, stamp_note
+from actions._ownership import changed_by_note, last_writer, refusal, refuse_owned
 from actions.base import ActionDeps, ActionParams, Step
-from actions.timeout_sinks.base import TimeoutReading, TimeoutSink
+from actions.timeout_sinks.base import KubeSinkParams, TimeoutReading, TimeoutSink
 from actions.timeout_sinks.configmap import ConfigMapSinkParams
 from actions.timeout_sinks.http_endpoint import HttpSinkParams
 from actions.timeout_sinks.httproute import HTTPRouteSinkParams
@@ -69,6 +75,11 @@ class RetuneTimeoutParams(ActionParams):
 
 
 # ---- pure decisions -------------------------------------------------------------------------
+
+
+def allowed_owners(params: RetuneTimeoutParams) -> Sequence[str]:
+    """The sink's `allowOwnedBy` (the HTTP sink writes no Kubernetes object: none)."""
+    return params.sink.allow_owned_by if isinstance(params.sink, KubeSinkParams) else ()
 
 
 def compute_timeout_ms(p999_ms: float, floor_ms: float, factor: float, min_ms: float,
@@ -127,7 +138,8 @@ def plan_retune(target: Target, params: RetuneTimeoutParams, observed: Mapping[s
     """The Step from the observed P99.9 and the sink's current value. Pure.
 
     Raises TemporaryError when the query failed and PermanentError when it returned several
-    series; no data is a noop step that names the reason.
+    series or a change is due on an object someone else owns (`allowOwnedBy`); no data is a noop
+    step that names the reason.
     """
     p999 = observed["p999"]
     current: Mapping[str, Any] = observed["current"]
@@ -154,6 +166,8 @@ def plan_retune(target: Target, params: RetuneTimeoutParams, observed: Mapping[s
     if not should_write(current["ms"], proposed, params.hysteresis):
         return Step(KIND, target.key, f"{where} timeout stays {current['raw']}: {why} is within "
                     f"{params.hysteresis:.0%} hysteresis", before, after, noop=True)
+    extra = current.get("extra") or {}
+    refuse_owned(extra.get("object", where), extra.get("owner"), allowed_owners(params))
     return Step(KIND, target.key, f"{where} timeout {current['raw']} -> {raw}: {why}", before, after)
 
 
@@ -165,9 +179,10 @@ class SinkTimeout:
 
     what = "timeout"
 
-    def __init__(self, sink: TimeoutSink, effect_key: str | None) -> None:
+    def __init__(self, sink: TimeoutSink, effect_key: str | None, allowed: Sequence[str] = ()) -> None:
         self._sink = sink
         self._effect_key = effect_key  # marks every write (annotation, Idempotency-Key)
+        self._allowed = allowed  # owners whose object we write anyway (allowOwnedBy)
 
     async def read(self) -> TimeoutReading:
         return await self._sink.read()
@@ -183,6 +198,9 @@ class SinkTimeout:
 
     def ours(self, reading: TimeoutReading) -> bool:
         return marked_by(reading.extra.get("mark"), self._effect_key)
+
+    def refusal(self, reading: TimeoutReading) -> str | None:
+        return refusal(reading.extra.get("object", reading.where), reading.extra.get("owner"), self._allowed)
 
     async def write(self, reading: TimeoutReading, wanted: Any) -> Mapping[str, Any]:
         written = await self._sink.write(wanted, reading, self._effect_key)
@@ -221,9 +239,9 @@ class RetuneTimeout:
                     reading: TimeoutReading | None, purpose: str) -> Outcome:
         """Compare-and-swap the sink from `expected_raw` to `want_raw` (`reading`: trust it for the first
         try), marked with the step's effect key."""
-        return await compare_and_swap(SinkTimeout(self._sink(params), step.effect_key), expected=expected_raw,
-                                      wanted=want_raw, purpose=purpose, max_retries=params.max_conflict_retries,
-                                      seen=reading)
+        value = SinkTimeout(self._sink(params), step.effect_key, allowed_owners(params))
+        return await compare_and_swap(value, expected=expected_raw, wanted=want_raw, purpose=purpose,
+                                      max_retries=params.max_conflict_retries, seen=reading)
 
     async def apply(self, step: Step, target: Target, params: RetuneTimeoutParams) -> Outcome:
         if step.noop:
@@ -238,8 +256,11 @@ class RetuneTimeout:
         except ActionError as exc:
             return Outcome.failure(f"verify: {exc}", retryable=exc.retryable)
         if reading.raw != step.after["raw"]:
+            # Changed since our write (a revert by its owner?): reported, never fought.
+            owner = reading.extra.get("owner")
             return Outcome.failure(f"verify: {reading.where} timeout is {reading.raw}, expected "
-                                   f"{step.after['raw']}", found=reading.raw)
+                                   f"{step.after['raw']}{changed_by_note(owner)}", retryable=False,
+                                   found=reading.raw, changedBy=last_writer(owner))
         mark = reading.extra.get("mark")
         return Outcome.success(f"verify: {reading.where} timeout is {reading.raw}{stamp_note(mark, step.effect_key)}",
                                ours=marked_by(mark, step.effect_key))

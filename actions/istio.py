@@ -8,6 +8,11 @@ Delivery: exactly-once by re-observation. Every write stamps the VirtualService 
 effect key (annotation `tailguard.io/decision`); a decision resumed after a crash between the
 PATCH and its journal record verifies first, finds the weights (and our stamp) in place, and
 records the step as applied without a second PATCH.
+
+A VirtualService that Flagger, Argo Rollouts or a GitOps controller owns is refused (plan, and the
+compare-and-swap right before each write) unless `allowOwnedBy` names that owner
+(actions/_ownership.py). When verify finds the weights changed since our write, it says who changed
+them last if managedFields tell, and does not fight it (not retryable).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from actions._compare_and_swap import compare_and_swap
 from actions._istio_routes import GROUP, PLURAL, http_routes, select_route
 from actions._kube import CustomObject, mark_of, mark_ops, marked_by, stamp_note
+from actions._ownership import AllowOwnedBy, changed_by_note, last_writer, ownership_of, refusal, refuse_owned
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import ActionError, Outcome, PermanentError
 from core.signal import Signal
@@ -49,6 +55,7 @@ class ShiftWeightsParams(ActionParams):
     step_weights: dict[str, int] | None = Field(None, alias="step")
     max_conflict_retries: int = Field(3, ge=0, le=10, alias="maxConflictRetries")
     request_timeout_seconds: float = Field(10.0, gt=0, le=120, alias="requestTimeoutSeconds")
+    allow_owned_by: AllowOwnedBy = Field((), alias="allowOwnedBy")  # owners whose VirtualService we write anyway
 
     @field_validator("api_version", mode="before")
     @classmethod
@@ -167,7 +174,9 @@ def _route_label(index: int, http_route: Mapping[str, Any]) -> str:
 
 
 def plan_shift(vs: Mapping[str, Any], params: ShiftWeightsParams) -> Step:
-    """The Step for one VirtualService as read: before/after are the route's exact weights."""
+    """The Step for one VirtualService as read: before/after are the route's exact weights.
+
+    Raises PermanentError when a change is due but someone else owns the object (`allowOwnedBy`)."""
     meta = vs.get("metadata", {})
     index = select_route(vs, params.route, params.match)
     http_route = http_routes(vs)[index]
@@ -177,12 +186,15 @@ def plan_shift(vs: Mapping[str, Any], params: ShiftWeightsParams) -> Step:
     weights = plan_weights(dests, set_weights=params.set_weights, step_weights=params.step_weights)
     route_ref = {"index": index, "name": http_route.get("name")}
     before = {"resourceVersion": meta.get("resourceVersion"), "route": route_ref,
-              "destinations": [d.as_dict() for d in dests], "mark": mark_of(meta.get("annotations"))}
+              "destinations": [d.as_dict() for d in dests], "mark": mark_of(meta.get("annotations")),
+              "owner": ownership_of(meta)}
     after = {"route": route_ref,
              "destinations": [{**d.as_dict(), "weight": w} for d, w in zip(dests, weights)]}
     noop = weights == effective_weights(dests)
     changes = ", ".join(f"{d.key} {w0}->{w1}" for d, w0, w1 in zip(dests, effective_weights(dests), weights))
     target = f"{meta.get('namespace')}/{meta.get('name')}"
+    if not noop:
+        refuse_owned(f"VirtualService {target}", meta, params.allow_owned_by)
     summary = (f"VirtualService {target} route {_route_label(index, http_route)}: "
                + ("weights already as wanted" if noop else changes))
     return Step(action=KIND, target=target, summary=summary, before=before, after=after, noop=noop)
@@ -229,13 +241,15 @@ def show_weights(weights: Weights) -> str:
 
 @dataclass(frozen=True)
 class RouteReading:
-    """One read of a route: the object's resourceVersion, the route's index, its destinations, and
-    our stamp on the object (`_kube.mark_of`; None: not known)."""
+    """One read of a route: the object's resourceVersion, the route's index, its destinations,
+    our stamp on the object (`_kube.mark_of`; None: not known), and who else owns it
+    (`_ownership.ownership_of`; None: not known)."""
 
     resource_version: str
     index: int
     destinations: list[Destination]
     mark: Mapping[str, Any] | None = None
+    owner: Mapping[str, Any] | None = None
 
 
 class RouteWeights:
@@ -243,16 +257,18 @@ class RouteWeights:
 
     what = "weights"
 
-    def __init__(self, vs: CustomObject, route: Mapping[str, Any], effect_key: str | None) -> None:
+    def __init__(self, vs: CustomObject, route: Mapping[str, Any], effect_key: str | None,
+                 allowed: Sequence[str] = ()) -> None:
         self._vs = vs
         self._route = route  # {"index", "name"} as planned
         self._effect_key = effect_key  # stamped on the object by every write
+        self._allowed = allowed  # owners whose object we write anyway (allowOwnedBy)
 
     async def read(self) -> RouteReading:
         vs = await self._vs.get()
         index, destinations = locate_route(vs, self._route)
         return RouteReading(str(vs["metadata"]["resourceVersion"]), index, destinations,
-                            mark_of(vs["metadata"].get("annotations")))
+                            mark_of(vs["metadata"].get("annotations")), ownership_of(vs["metadata"]))
 
     def value(self, reading: RouteReading) -> Weights:
         return [d.as_dict() for d in reading.destinations]
@@ -266,6 +282,9 @@ class RouteWeights:
 
     def ours(self, reading: RouteReading) -> bool:
         return marked_by(reading.mark, self._effect_key)
+
+    def refusal(self, reading: RouteReading) -> str | None:
+        return refusal(f"VirtualService {self._vs.namespace}/{self._vs.name}", reading.owner, self._allowed)
 
     async def write(self, reading: RouteReading, wanted: Weights) -> Mapping[str, Any]:
         ops = weights_patch(reading.resource_version, reading.index, reading.destinations,
@@ -302,9 +321,9 @@ class ShiftWeights:
         stamped with the step's effect key."""
         before = [dict(e) for e in expected]
         wanted = [{**e, "weight": w} for e, w in zip(before, desired)]
-        return await compare_and_swap(RouteWeights(self._object(params), route, step.effect_key), expected=before,
-                                      wanted=wanted, purpose=purpose, max_retries=params.max_conflict_retries,
-                                      seen=seen)
+        value = RouteWeights(self._object(params), route, step.effect_key, params.allow_owned_by)
+        return await compare_and_swap(value, expected=before, wanted=wanted, purpose=purpose,
+                                      max_retries=params.max_conflict_retries, seen=seen)
 
     async def apply(self, step: Step, target: Target, params: ShiftWeightsParams) -> Outcome:
         if step.noop:
@@ -313,7 +332,8 @@ class ShiftWeights:
         version = step.before.get("resourceVersion")
         # The first try trusts what plan saw; the `test` ops check it server-side.
         seen = None if version is None else RouteReading(
-            str(version), int(route["index"]), [Destination(**e) for e in expected], step.before.get("mark"))
+            str(version), int(route["index"]), [Destination(**e) for e in expected], step.before.get("mark"),
+            step.before.get("owner"))
         return await self._swap(params, step, route, expected, [d["weight"] for d in step.after["destinations"]],
                                 "apply", seen)
 
@@ -325,8 +345,10 @@ class ShiftWeights:
             return Outcome.failure(f"verify: {exc}", retryable=exc.retryable)
         seen = [d.as_dict() for d in current]
         if seen != list(step.after["destinations"]):
-            return Outcome.failure(f"verify: route weights are {seen}, expected {list(step.after['destinations'])}",
-                                   found=seen)
+            # Changed since our write (a revert by its owner?): reported, never fought.
+            return Outcome.failure(f"verify: route weights are {seen}, expected {list(step.after['destinations'])}"
+                                   f"{changed_by_note(vs['metadata'])}", retryable=False, found=seen,
+                                   changedBy=last_writer(vs["metadata"]))
         mark = mark_of(vs["metadata"].get("annotations"))
         return Outcome.success(f"verify: route weights as planned{stamp_note(mark, step.effect_key)}",
                                weights=seen, ours=marked_by(mark, step.effect_key))

@@ -8,7 +8,9 @@ again, so nothing is ever overwritten blindly. Sinks never retry anything themse
 
 `write` gets the step's effect key (`Step.effect_key`): Kubernetes sinks stamp the object with it
 (annotation `tailguard.io/decision`, actions/_kube.py) and report the stamp they read in
-`extra["mark"]`; the HTTP sink sends it as `Idempotency-Key`.
+`extra["mark"]`; the HTTP sink sends it as `Idempotency-Key`. Kubernetes sinks also report the
+object (`extra["object"]`, "VirtualService serving/ranker") and who else owns it (`extra["owner"]`,
+actions/_ownership.py), and take `allowOwnedBy` (`KubeSinkParams`).
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from actions._kube import CustomObject
+from actions._kube import CustomObject, mark_of
+from actions._ownership import AllowOwnedBy, ownership_of
 from core.durations import format_ms_duration, parse_duration
 from core.outcome import PermanentError
 
@@ -33,6 +36,12 @@ class SinkParams(BaseModel):
     """Base of every sink's parameters: strict, `kind` is the registry key."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class KubeSinkParams(SinkParams):
+    """Base of the sinks that write a Kubernetes object: owners whose object is written anyway."""
+
+    allow_owned_by: AllowOwnedBy = Field((), alias="allowOwnedBy")
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,14 @@ class TimeoutSink(Protocol):
     async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         """Store `raw` (None removes it) if the sink is still as `expected` said; Conflict if not.
         `effect_key` marks the write as the step's (None: unmarked)."""
+
+
+def object_seen(kind: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """What a Kubernetes sink's reading reports of its object in `extra`: our stamp (`mark`), the
+    object in words (`object`) and who else owns it (`owner`)."""
+    return {"mark": mark_of(metadata.get("annotations")),
+            "object": f"{kind} {metadata.get('namespace')}/{metadata.get('name')}",
+            "owner": ownership_of(metadata)}
 
 
 def duration_text(ms: float) -> str:

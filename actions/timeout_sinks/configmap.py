@@ -7,14 +7,15 @@ from kubernetes_asyncio.client import CoreV1Api
 from pydantic import Field
 
 from actions import _kube
-from actions.timeout_sinks.base import SinkParams, TimeoutReading, duration_ms, duration_text, value_patch
+from actions.timeout_sinks.base import (KubeSinkParams, SinkParams, TimeoutReading, duration_ms, duration_text,
+                                        object_seen, value_patch)
 from core.outcome import PermanentError
 
 if TYPE_CHECKING:
     from actions.base import ActionDeps
 
 
-class ConfigMapSinkParams(SinkParams):
+class ConfigMapSinkParams(KubeSinkParams):
     kind: Literal["configmap"]
     namespace: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -58,12 +59,14 @@ class ConfigMapSink:
 
     async def read(self) -> TimeoutReading:
         p = self.params
-        cm = await _kube.read(f"get configmaps {p.namespace}/{p.name}", self._api().read_namespaced_config_map(
+        api = self._api()
+        cm = await _kube.read(f"get configmaps {p.namespace}/{p.name}", api.read_namespaced_config_map(
             p.name, p.namespace, _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
         data = cm.data
         raw = (data or {}).get(p.key)
+        metadata = api.api_client.sanitize_for_serialization(cm.metadata)  # the API's JSON form
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
-                              {"has_data": data is not None, "mark": _kube.mark_of(cm.metadata.annotations)})
+                              {"has_data": data is not None, **object_seen("ConfigMap", metadata)})
 
     async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         p = self.params
@@ -72,6 +75,7 @@ class ConfigMapSink:
                           parent=None if expected.extra.get("has_data") else "/data")
         ops += _kube.mark_ops(expected.extra.get("mark"), effect_key)
         cm = await _kube.write(f"patch configmaps {p.namespace}/{p.name}", self._api().patch_namespaced_config_map(
-            p.name, p.namespace, ops, _content_type=_kube.JSON_PATCH, _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
+            p.name, p.namespace, ops, field_manager=_kube.FIELD_MANAGER, _content_type=_kube.JSON_PATCH,
+            _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
                               {"has_data": True})

@@ -5,14 +5,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from actions._kube import mark_of, mark_ops
-from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, duration_ms, value_patch
+from actions._kube import mark_ops
+from actions.timeout_sinks.base import (DurationSink, KubeSinkParams, SinkParams, TimeoutReading, duration_ms,
+                                        object_seen, value_patch)
 from core.outcome import PermanentError
 
 GROUP, PLURAL = "gateway.networking.k8s.io", "httproutes"
 
 
-class HTTPRouteSinkParams(SinkParams):
+class HTTPRouteSinkParams(KubeSinkParams):
     kind: Literal["httproute"]
     namespace: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -36,7 +37,7 @@ class HTTPRouteSink(DurationSink):
         raw = (timeouts or {}).get("request")
         return TimeoutReading(raw, self.to_ms(raw), str(route["metadata"]["resourceVersion"]),
                               f"HTTPRoute {p.namespace}/{p.name} rule #{p.rule}",
-                              {"timeouts": timeouts, "mark": mark_of(route["metadata"].get("annotations"))})
+                              {"timeouts": timeouts, **object_seen("HTTPRoute", route["metadata"])})
 
     async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         p = self.params

@@ -6,11 +6,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from actions._istio_routes import GROUP, PLURAL, http_routes, select_route
-from actions._kube import mark_of, mark_ops
-from actions.timeout_sinks.base import DurationSink, SinkParams, TimeoutReading, value_patch
+from actions._kube import mark_ops
+from actions.timeout_sinks.base import (DurationSink, KubeSinkParams, SinkParams, TimeoutReading, object_seen,
+                                        value_patch)
 
 
-class IstioRouteSinkParams(SinkParams):
+class IstioRouteSinkParams(KubeSinkParams):
     kind: Literal["istio"]
     namespace: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -39,7 +40,7 @@ class IstioRouteSink(DurationSink):
         label = repr(p.route) if p.route else f"#{index}"
         return TimeoutReading(raw, self.to_ms(raw), str(vs["metadata"]["resourceVersion"]),
                               f"VirtualService {p.namespace}/{p.name} http route {label}",
-                              {"index": index, "mark": mark_of(vs["metadata"].get("annotations"))})
+                              {"index": index, **object_seen("VirtualService", vs["metadata"])})
 
     async def write(self, raw: Any, expected: TimeoutReading, effect_key: str | None = None) -> TimeoutReading:
         path = f"/spec/http/{int(expected.extra['index'])}/timeout"

@@ -79,6 +79,9 @@ class Box:
     def ours(self, reading: tuple[str, int]) -> bool:
         return False
 
+    def refusal(self, reading: tuple[str, int]) -> str | None:
+        return None
+
     async def write(self, reading: tuple[str, int], wanted: str) -> Mapping[str, Any]:
         self.writes += 1
         if self.fail:
