@@ -59,8 +59,12 @@ class Service:
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
         self.last_reload_error: str | None = None
+        # Pending signals reach the executor only while this replica may act: a follower (or a new
+        # leader before it imported the shared state) leaves them in the journal, untouched.
         self.backlog = Backlog(self.journal, lambda: self.state.policies.policies, self.executor.process,
-                               self.metrics, settings.executor.queue_size)
+                               self.metrics, settings.executor.queue_size, may_take=self._may_take_signals,
+                               max_age_seconds=getattr(settings.executor, "max_signal_age_seconds", 600.0),
+                               clock=clock)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._runner: web.AppRunner | None = None
@@ -91,13 +95,24 @@ class Service:
         # leader's cooldowns and pins.
         return self.is_leader and (self.cluster_state is None or self.cluster_state.imported)
 
+    def _may_take_signals(self) -> bool:
+        """Whether the backlog may hand pending signals to the executor (or mark them processed):
+        only while this replica may act, and once valid policies are loaded (before that, every
+        signal would look unmatched and be marked processed without a decision)."""
+        return self.policies_loaded and self.may_act()
+
     def set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
             log.info("leadership changed", leader=leader)
             if self.cluster_state is not None:
                 self.cluster_state.leadership_changed(leader)
         self.is_leader = leader
+        self._acting_changed()
+
+    def _acting_changed(self) -> None:
+        """may_act() may have flipped (leadership, the shared state imported)."""
         self.metrics.is_leader.set(int(self.may_act()))
+        self.backlog.acting_changed()
 
     def _state_recorded(self) -> None:
         if self.cluster_state is not None:
@@ -141,6 +156,32 @@ class Service:
         self._swap(new)
         return new
 
+    async def reload_policies(self) -> None:
+        """One reload: a changed valid set is swapped in; any failure keeps the active set and is
+        reported (`last_reload_error` in /readyz, tailguard_policy_reload_errors_total). Never raises."""
+        try:
+            new = await asyncio.to_thread(load_policies, self.settings.policies.path, self.actions,
+                                          self.detectors)
+            if new.digest != self.state.policies.digest or not self.policies_loaded:
+                self._swap(new)
+            elif self.last_reload_error is not None:  # fixed back to the active set
+                log.info("policy reload valid again; the active set is unchanged", digest=new.digest)
+                self.last_reload_error = None
+        except PolicyLoadError as exc:
+            self._reload_failed(str(exc))
+        except Exception as exc:  # a fault outside the loader's checks must not end reloading
+            self._reload_failed(f"unexpected error while loading policies: {type(exc).__name__}: {exc}",
+                                unexpected=True)
+
+    def _reload_failed(self, error: str, unexpected: bool = False) -> None:
+        if error != self.last_reload_error:  # counted once per distinct error, not once per interval
+            self.metrics.policy_reload_errors.inc()
+            if unexpected:
+                log.exception("policy reload failed; keeping the active set", errors=error)
+            else:
+                log.error("policy reload rejected; keeping the active set", errors=error)
+        self.last_reload_error = error
+
     def _swap(self, new: PolicySet) -> None:
         self.state.policies = new
         self.backlog.policies_changed()
@@ -159,17 +200,7 @@ class Service:
                 return
             except asyncio.TimeoutError:
                 pass
-            try:
-                new = await asyncio.to_thread(load_policies, self.settings.policies.path, self.actions,
-                                              self.detectors)
-            except PolicyLoadError as exc:
-                if str(exc) != self.last_reload_error:
-                    self.metrics.policy_reload_errors.inc()
-                    log.error("policy reload rejected; keeping the active set", errors=str(exc))
-                self.last_reload_error = str(exc)
-                continue
-            if new.digest != self.state.policies.digest:
-                self._swap(new)
+            await self.reload_policies()
 
     # ---- workers ----------------------------------------------------------------------------
 
@@ -216,20 +247,17 @@ class Service:
             self.cluster_state = ClusterState(
                 self.kube, le.lease_namespace, le.state_config_map_name, self.journal, self.metrics,
                 lambda: guard_horizon(self.state.policies),
-                on_change=lambda: self.metrics.is_leader.set(int(self.may_act())), clock=self.clock,
+                on_change=self._acting_changed, clock=self.clock,
                 retry_seconds=le.retry_period_seconds, request_timeout_seconds=le.renew_deadline_seconds)
             self._tasks.append(asyncio.create_task(self.cluster_state.run(self._stop), name="cluster-state"))
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
                                          self.set_leader)
             self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader-election")
-        try:
-            self.load_policies()
-        except PolicyLoadError as exc:
-            # Not ready until valid policies exist; the reload loop keeps trying.
-            self.last_reload_error = str(exc)
-            log.error("policies invalid at start; not ready", errors=str(exc))
+        await self.reload_policies()
+        if not self.policies_loaded:  # not ready (and nothing taken from the journal) until a reload succeeds
+            log.error("no valid policies at start; not ready", errors=self.last_reload_error)
         # From now on every committed signal reaches the backlog; what was journaled before a crash
-        # or restart (acknowledged, not processed) is read back by the refill.
+        # or restart (acknowledged, not processed) is read back by the refill once this replica may act.
         self.journal.on_signals(self.backlog.admit)
         for n in range(self.settings.executor.workers):
             self._tasks.append(asyncio.create_task(self.backlog.work(), name=f"worker-{n}"))

@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import time
 from typing import Awaitable, Callable, Sequence
 
 import structlog
 
+from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, JournalError
+from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.matching import matching_policies
+from policies.planning import blocked_plan
 
 log = structlog.get_logger("tailguard.backlog")
 
@@ -31,18 +36,42 @@ class Backlog:
     free, from where its last read left off. Memory stays bounded whatever the intake; a signal is
     taken at most once (`_known`: in a class or being processed), and every pending one is taken (a
     class leaves overflow only when a read reached the end of the pending set leaving none of it).
+
+    Nothing is taken, processed or marked while `may_take()` is false (a follower, a new leader that
+    has not imported the shared state, no valid policies yet): the signals wait in the journal, and
+    when it turns true (`acting_changed`) the pending set is read from the start. A signal older than
+    `max_age_seconds` (since it was journaled) when a worker takes it is not acted on: its matching
+    policies get a `blocked` decision saying it expired (which counts for no guard) and it is marked
+    processed.
+
+    Args:
+        journal: The queue of record.
+        policies: The active policies (a signal's class, an expired signal's decisions).
+        process: The executor: decide, act and mark processed.
+        metrics: faults (journal, executor) and the decisions of expired signals.
+        capacity: Signals held in memory per class.
+        page: Rows per read of the pending set.
+        may_take: Whether signals may go to the executor now (checked on every take).
+        max_age_seconds: Age past which a signal is expired instead of processed; None: no bound.
+        clock: Unix time, compared with the journal's `received_at`.
     """
 
     def __init__(self, journal: AsyncJournal, policies: Callable[[], Sequence[LoadedPolicy]],
                  process: Callable[[int, Signal], Awaitable[object]], metrics: Metrics,
-                 capacity: int = DEFAULT_CACHE_SIZE, page: int = 1_000) -> None:
+                 capacity: int = DEFAULT_CACHE_SIZE, page: int = 1_000, *,
+                 may_take: Callable[[], bool] = lambda: True, max_age_seconds: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._journal = journal
         self._policies = policies
         self._process = process
         self._metrics = metrics
         self._capacity = max(1, capacity)
         self._page = page
-        self._matching: asyncio.Queue[tuple[int, Signal]] = asyncio.Queue()
+        self._may_take = may_take
+        self._max_age = max_age_seconds
+        self._clock = clock
+        # (id, signal, when it was journaled) in id order
+        self._matching: collections.deque[tuple[int, Signal, float]] = collections.deque()
         self._unmatched: collections.deque[int] = collections.deque()
         self._known: set[int] = set()  # in a class, being processed or being marked processed
         self._failed: set[int] = set()  # processing raised: left pending until the next start
@@ -63,10 +92,12 @@ class Backlog:
 
     def admit(self, new: list[tuple[int, Signal]]) -> None:
         """The journal's listener: signals just committed, in id order. A class in overflow
-        takes none directly (its older signals in the journal go first)."""
+        takes none directly (its older signals in the journal go first); while nothing may be
+        taken, every class is (the journal keeps them)."""
+        now, taking = self._clock(), self._may_take()
         for signal_id, signal in new:
             cls = self._class(signal)
-            if self._overflow[cls] or not self._take(signal_id, signal, cls):
+            if not taking or self._overflow[cls] or not self._take(signal_id, signal, cls, now):
                 self._overflow[cls] = True
                 self._dropped[cls] += 1
         self._wake()
@@ -77,19 +108,32 @@ class Backlog:
         self._overflow, self._resume = [True, True], [0, 0]
         self._wake()
 
+    def acting_changed(self) -> None:
+        """`may_take` may have flipped. Now false: the signals held go back to the journal (nothing
+        is taken until it is true again, and then the pending set is read from the start); what a
+        worker has in hand finishes, or the executor's own check stops it between steps."""
+        if not self._may_take():
+            held = [signal_id for signal_id, _, _ in self._matching] + list(self._unmatched)
+            self._matching.clear()
+            self._unmatched.clear()
+            self._known.difference_update(held)
+            self.policies_changed()  # a new generation: every class is read again from the start
+        self._wake()
+
     def _class(self, signal: Signal) -> int:
         return MATCHING if matching_policies(self._policies(), signal) else UNMATCHED
 
     def _room(self, cls: int) -> int:
-        held = self._matching.qsize() if cls == MATCHING else len(self._unmatched)
+        held = len(self._matching) if cls == MATCHING else len(self._unmatched)
         return self._capacity - held
 
-    def _take(self, signal_id: int, signal: Signal, cls: int) -> bool:
+    def _take(self, signal_id: int, signal: Signal, cls: int, received_at: float) -> bool:
         if self._room(cls) <= 0:
             return False
         self._known.add(signal_id)
         if cls == MATCHING:
-            self._matching.put_nowait((signal_id, signal))
+            self._matching.append((signal_id, signal, received_at))
+            self._wake()  # a worker may start on it while the read goes on
         else:
             self._unmatched.append(signal_id)
         return True
@@ -105,7 +149,9 @@ class Backlog:
     # ---- refill from the journal ------------------------------------------------------------
 
     def _to_refill(self) -> int | None:
-        """A class in overflow with half of it free (the matching one first), if any."""
+        """A class in overflow with half of it free (the matching one first), if any, while signals may be taken."""
+        if not self._may_take():
+            return None
         return next((c for c in CLASSES if self._overflow[c] and self._room(c) >= max(1, self._capacity // 2)), None)
 
     async def refill(self) -> None:
@@ -132,9 +178,12 @@ class Backlog:
         end = False
         self._reading = True
         try:
-            while left is None and not end:
+            while left is None and not end and generation == self._generation:
                 rows = await self._journal.pending_signals(limit=self._page, after_id=last)
                 end = len(rows) < self._page
+                received = await self._received_at([row.id for row in rows])
+                if generation != self._generation:
+                    break  # the policies changed or signals may no longer be taken: read again later
                 for row in rows:
                     last = row.id
                     if row.id in self._known or row.id in self._failed or row.id in self._finished_while_reading:
@@ -151,7 +200,8 @@ class Backlog:
                         if not self._overflow[kind]:  # only after a policy change: read that class again
                             self._overflow[kind] = True
                             self._resume[kind] = min(self._resume[kind], row.id)
-                    elif left is None and not self._take(row.id, signal, cls):
+                    elif left is None and not self._take(row.id, signal, cls,
+                                                         received.get(row.id, self._clock())):
                         left = row.id
             if generation != self._generation:
                 return  # the policy set changed meanwhile: every class is read again from the start
@@ -163,15 +213,32 @@ class Backlog:
             self._finished_while_reading.clear()
             self._wake()
 
+    async def _received_at(self, signal_ids: list[int]) -> dict[int, float]:
+        """When these signals were journaled (the age that expires them), by id.
+
+        StoredSignal does not carry `received_at` (yet), so a page's times are read with one more
+        query by primary key; the column never changes once written."""
+        if self._max_age is None or not signal_ids:
+            return {}
+        rows = await asyncio.to_thread(self._journal.sync._read,
+                                       "SELECT id, received_at FROM signals WHERE id IN (SELECT value FROM json_each(?))",
+                                       (json.dumps(signal_ids),))
+        return {int(r["id"]): float(r["received_at"]) for r in rows}
+
     # ---- processing -------------------------------------------------------------------------
 
     async def work(self) -> None:
-        """A worker: matching signals through the executor, one at a time."""
+        """A worker: matching signals through the executor, one at a time, while they may be taken."""
         while True:
-            signal_id, signal = await self._matching.get()
+            await self._until(lambda: bool(self._matching) and self._may_take())
+            signal_id, signal, received_at = self._matching.popleft()
             self._busy += 1
             try:
-                await self._process(signal_id, signal)
+                age = self._clock() - received_at
+                if self._max_age is not None and age > self._max_age:
+                    await self._expire(signal_id, signal, age)
+                else:
+                    await self._process(signal_id, signal)
             except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
                 self._failed.add(signal_id)
                 self._metrics.faults.labels("executor").inc()
@@ -184,7 +251,7 @@ class Backlog:
         """Mark signals that match no policy processed, up to `batch` per transaction, without
         the executor's per-target path."""
         while True:
-            await self._until(lambda: bool(self._unmatched))
+            await self._until(lambda: bool(self._unmatched) and self._may_take())
             ids = [self._unmatched.popleft() for _ in range(min(batch, len(self._unmatched)))]
             self._busy += 1
             try:
@@ -203,10 +270,34 @@ class Backlog:
             log.info("signals matched no policy", count=len(ids))
             self._forget(ids)
 
+    async def _expire(self, signal_id: int, signal: Signal, age: float) -> None:
+        """Journal that a signal is too old to act on: a `blocked` decision per matching policy
+        (executed=False: it counts for no cooldown or rate limit), then processed. A decision the
+        signal already has is kept: one left `executing` by a crash goes to the executor, which
+        finishes its journaled plan (never abandoned half applied)."""
+        reason = f"expired: signal is {age:.0f}s old (max {self._max_age:.0f}s); not acted on"
+        policies = matching_policies(self._policies(), signal)
+        unfinished = False
+        for policy in policies:
+            existing = await self._journal.decision_for(signal_id, policy.name)
+            if existing is not None:
+                unfinished = unfinished or not existing.state.final
+                continue
+            plan = blocked_plan(policy, signal, GuardDecision(False, reason))
+            await self._journal.record_decision(signal_id, policy.name, policy.target.key, DecisionState.BLOCKED,
+                                                reason, plan.as_dict(), False)
+            self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
+        log.warning("signal expired; not acted on", signal=signal.dedup_key, signal_id=signal_id,
+                    age_seconds=round(age), max_age_seconds=self._max_age, policies=[p.name for p in policies])
+        if unfinished:
+            await self._process(signal_id, signal)
+        else:
+            await self._journal.mark_processed(signal_id)
+
     # ---- waiting ----------------------------------------------------------------------------
 
     def _idle(self) -> bool:
-        return (self._matching.empty() and not self._unmatched and self._busy == 0 and not self._reading
+        return (not self._matching and not self._unmatched and self._busy == 0 and not self._reading
                 and not any(self._overflow))
 
     async def drain(self) -> None:

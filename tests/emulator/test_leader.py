@@ -171,3 +171,40 @@ async def test_two_services_exactly_one_acts_and_the_other_takes_over(
         finally:
             for svc in services:
                 await svc.stop()
+
+
+async def test_workers_take_no_signal_while_leadership_is_lost(
+        tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """A leader cut off from the API steps down with three signals held in its backlog: they go back
+    to the journal, and workers started meanwhile take none (no decision, nothing sent). When it
+    leads again it reads them back and processes each once."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    async with NotifySink() as sink:
+        pol = tmp_path / "policies"
+        pol.mkdir()
+        (pol / "p.yaml").write_text(POLICY.replace("URL", sink.url))
+        settings = local_settings(tmp_path, pol, kubernetes=kube_settings(kubeconfig),
+                                  leaderElection={"enabled": True, **LEASE})
+        async with Service(settings, action_registry(), detector_registry()) as svc:
+            await wait_for(svc.may_act, timeout=5)
+            workers = [t for t in svc._tasks if t.get_name().startswith("worker-")]
+            for task in workers:
+                task.cancel()
+            for minute in range(3):
+                assert await _post(svc, payload_with(starts_at=f"2026-11-29T18:0{minute}:00Z")) == 200
+            host = svc.kube.configuration.host
+            svc.kube.configuration.host = "http://127.0.0.1:9"  # its network to the API is gone
+            await wait_for(lambda: not svc.may_act(), timeout=SETTINGS.renew_deadline_seconds + 2)
+            svc._tasks += [asyncio.create_task(svc.backlog.work(), name=f"worker-again-{n}") for n in range(2)]
+            await asyncio.sleep(0.5)
+            assert [s["state"] for s in await svc.journal.signals()] == ["pending"] * 3
+            assert await svc.journal.decisions() == [] and sink.received == []
+
+            svc.kube.configuration.host = host
+            await wait_for(svc.may_act, timeout=5)
+            await svc.drain()
+            assert len(sink.received) == 3
+            assert [s["state"] for s in await svc.journal.signals()] == ["processed"] * 3
+            decisions = await svc.journal.decisions()
+            assert sorted(d.signal_id for d in decisions) == [1, 2, 3]
+            assert {d.state for d in decisions} == {"succeeded"}
