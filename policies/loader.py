@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from actions.base import Action
+from core.promql import render_query
 from core.target import ServiceRef, Target
 from detectors.base import Detector
 from policies.schema import DetectorTrigger, Policy
@@ -312,6 +313,11 @@ def _parse_one(
             bound_detectors.append(BoundDetector(i, trig.detector, params))
         except ValidationError as exc:
             errors.extend(_pydantic_errors(exc, where, spec.name, prefix=f"triggers[{i}].detector.params"))
+    if spec.verify is not None:
+        try:  # an unknown placeholder is a load error, not a verification that fails at run time
+            render_query(spec.verify.query, {"model": spec.target.model, "namespace": spec.target.namespace})
+        except KeyError as exc:
+            errors.append(PolicyError(where, spec.name, "verify.query", str(exc.args[0])))
     if len(errors) != before:
         return None
     return LoadedPolicy(spec, where, _target(spec), tuple(bound_actions), tuple(bound_detectors))

@@ -1,13 +1,19 @@
-"""Plan: the concrete steps one policy decided for one signal. Built without I/O."""
+"""Plan: the concrete steps one policy decided for one signal, and how its recovery is judged. Built
+without I/O."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from actions.base import Step
-from core.signal import Signal
+from core.promql import render_query
+from core.query import Sample
+from core.signal import Signal, SignalSource
 from policies.guards import GuardDecision
-from policies.loader import LoadedPolicy
+from policies.loader import BoundDetector, LoadedPolicy
+from policies.recovery import RecoveryCondition
+from policies.schema import VerifySpec
 
 
 @dataclass(frozen=True)
@@ -43,3 +49,106 @@ def build_plan(policy: LoadedPolicy, signal: Signal, steps: list[Step]) -> Plan:
         blocked = "nothing to do: every step is a no-op"
     return Plan(policy.name, policy.target.key, signal.dedup_key, tuple(steps),
                 policy.spec.guards.dry_run, blocked)
+
+
+@dataclass(frozen=True)
+class RecoveryCheck:
+    """How a decision's recovery is judged once its plan succeeded: the rendered query, the line
+    and windows, and what follows when it does not recover. Journaled with the decision (`as_dict`)
+    so that a restart resumes the same check."""
+
+    query: str
+    condition: RecoveryCondition
+    interval: float
+    on_not_recovered: str  # escalate | revert | none
+    source: str  # where the line comes from: the verify block, or the detector's episode start
+    model: str = ""
+    model_label: str | None = None  # set: only series of `model` count (a detector's own query)
+
+    def value(self, samples: Iterable[Sample]) -> float | None:
+        """One value for an instant answer: the worst of the series that count (all must be on
+        the good side), None when none counts."""
+        values = [s.value for s in samples
+                  if self.model_label is None or s.labels.get(self.model_label, self.model) == self.model]
+        if not values:
+            return None
+        return max(values) if self.condition.below is not None else min(values)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.condition
+        return {"query": self.query, "below": c.below, "above": c.above, "hold_seconds": c.hold_seconds,
+                "within_seconds": c.within_seconds, "max_gap_seconds": c.max_gap_seconds,
+                "interval_seconds": self.interval, "on_not_recovered": self.on_not_recovered,
+                "source": self.source, "model": self.model, "model_label": self.model_label}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RecoveryCheck":
+        condition = RecoveryCondition(data["below"], data["above"], float(data["hold_seconds"]),
+                                      float(data["within_seconds"]), float(data["max_gap_seconds"]))
+        return cls(data["query"], condition, float(data["interval_seconds"]), data["on_not_recovered"],
+                   data["source"], data.get("model", ""), data.get("model_label"))
+
+
+def _max_gap(interval: float) -> float:
+    """Samples further apart than this break a good stretch: one missed poll is tolerated, two are not."""
+    return 2.5 * interval
+
+
+def recovery_check(policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None:
+    """The recovery check for `policy` acting on `signal`, or None when there is none: the verify
+    block when the policy has one; else, for a detector signal, the detector's own query held on
+    the good side of the line it drew at the episode's start (its `threshold`, else its
+    `baseline`), never a line computed later from data the incident has contaminated."""
+    target = policy.target
+    values = {"model": target.model, "namespace": target.namespace}
+    verify = policy.spec.verify
+    if verify is not None:
+        condition = RecoveryCondition(verify.below, verify.above, verify.hold, verify.within,
+                                      _max_gap(verify.interval))
+        return RecoveryCheck(render_query(verify.query, values), condition, verify.interval,
+                             verify.on_not_recovered, "verify", target.model)
+    bound = _signal_detector(policy, signal)
+    if bound is None:
+        return None
+    line, drawn = _line(signal.details, "threshold"), "threshold"
+    if line is None:
+        line, drawn = _line(signal.details, "baseline"), "baseline"
+    if line is None:
+        return None
+    defaults = VerifySpec.model_fields
+    hold, within = float(defaults["hold"].default), float(defaults["within"].default)
+    interval = min(bound.trigger.interval, within)
+    # A detector firing above its line (latency) recovers below it; one firing below (throughput), above.
+    fires_below = getattr(bound.params, "direction", "above") == "below"
+    condition = RecoveryCondition(None if fires_below else line, line if fires_below else None, hold, within,
+                                  _max_gap(interval))
+    return RecoveryCheck(render_query(bound.trigger.query, values), condition, interval,
+                         defaults["on_not_recovered"].default, f"detector {bound.trigger.type} {drawn} at episode start",
+                         target.model, bound.trigger.model_label)
+
+
+def _signal_detector(policy: LoadedPolicy, signal: Signal) -> BoundDetector | None:
+    """The detector trigger of `policy` that produced `signal` (None for other signals)."""
+    if signal.source is not SignalSource.DETECTOR or signal.policy != policy.name:
+        return None
+    kinds = [b for b in policy.detectors if b.trigger.type == signal.name]
+    same = [b for b in kinds if b.trigger.query == signal.details.get("query")]
+    found = same or kinds
+    return found[0] if found else None
+
+
+def _line(details: Mapping[str, Any], key: str) -> float | None:
+    value = details.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def recovery_warning(policy: LoadedPolicy) -> str | None:
+    """Why some signals of `policy` get no recovery check after acting (for `tailguard validate`)."""
+    if policy.spec.verify is not None or not any(t.alert for t in policy.spec.triggers):
+        return None
+    if policy.detectors:
+        return ("alert signals get no recovery check after acting (no verify block; only detector signals "
+                "default to the detector's line)")
+    return "no recovery check after acting (alert-triggered policy without a verify block)"

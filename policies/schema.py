@@ -6,7 +6,7 @@ Action and detector parameters are validated separately against each plugin's ow
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -135,6 +135,37 @@ class Guards(Strict):
     on_failure: str = Field("stop", pattern="^(stop|revert)$", alias="onFailure")
 
 
+class VerifySpec(Strict):
+    """Did acting help? After a plan succeeds, `query` (PromQL; `$model` / `$namespace` escaped as in
+    detector queries) must stay below (or above) a line for `for` within `within`, sampled every
+    `interval`; else `onNotRecovered` follows: escalate (notify and freeze the target), revert (undo
+    the decision's steps) or none (journal only). No data is never read as recovered."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False,
+        json_schema_extra={"oneOf": [{"required": ["below"]}, {"required": ["above"]}]})
+
+    query: str = Field(min_length=1)
+    below: float | None = None
+    above: float | None = None
+    hold: Seconds = Field(60.0, alias="for")
+    within: Seconds = 180.0
+    interval: Seconds = 15.0
+    on_not_recovered: Literal["escalate", "revert", "none"] = Field("escalate", alias="onNotRecovered")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "VerifySpec":
+        if (self.below is None) == (self.above is None):
+            raise ValueError("give exactly one of 'below' and 'above'")
+        if self.interval < 1:
+            raise ValueError("interval must be at least 1s")
+        if self.within <= 0 or self.hold > self.within:
+            raise ValueError("need 'for' <= 'within' and 'within' > 0")
+        if self.interval > self.within:
+            raise ValueError("'interval' must not be longer than 'within'")
+        return self
+
+
 class ActionSpec(BaseModel):
     """`type` picks the action; every other key is that action's parameter (checked by the loader)."""
 
@@ -153,6 +184,8 @@ class Policy(Strict):
     triggers: list[Trigger] = Field(min_length=1)
     actions: list[ActionSpec] = Field(min_length=1)
     guards: Guards = Field(default_factory=Guards)
+    # None: a policy with a detector trigger checks the detector's own line; others check nothing.
+    verify: VerifySpec | None = None
 
     @field_validator("name")
     @classmethod

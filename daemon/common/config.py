@@ -84,8 +84,33 @@ class ExecutorSettings(_Section):
     triton_timeout_seconds: float = Field(30.0, gt=0, alias="tritonTimeoutSeconds")
     pin_reconcile_interval_seconds: float = Field(30.0, gt=0, alias="pinReconcileIntervalSeconds")
     """How often pins from past rollbacks are re-checked on every replica (new pods load the newest)."""
+    max_signal_age_seconds: float = Field(600.0, gt=0, alias="maxSignalAgeSeconds")
+    """A signal older than this (since it was journaled) when a worker takes it is decided blocked
+    as expired, not acted on: after a long leaderless spell, the incident it describes has moved on."""
     queue_size: int = Field(10_000, ge=1, alias="queueSize")
     """Signals held in memory per class (matching a policy, matching none); more wait in the journal."""
+    escalation_freeze_seconds: float = Field(3600.0, gt=0, alias="escalationFreezeSeconds")
+    """A target whose remediation did not help (verify, onNotRecovered: escalate) is frozen this long:
+    no policy acts on it until then, or until `tailguard unfreeze` lifts it."""
+    notification_queue_size: int = Field(1000, ge=1, alias="notificationQueueSize")
+    """Outcome notifications waiting to be sent; past it the oldest is dropped (and counted as a fault)."""
+
+
+NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed"]
+NOTIFICATION_EVENTS: tuple[NotificationEvent, ...] = ("acted", "recovered", "not_recovered", "escalated", "failed")
+
+
+class NotificationSettings(_Section):
+    """One receiver of outcome notifications (chat webhook, pager bridge)."""
+
+    url: str = Field(pattern=r"^https?://")
+    format: Literal["json", "slack"] = "json"
+    """json: the event as a JSON object; slack: `{"text": ...}` for a Slack-compatible incoming webhook."""
+    events: list[NotificationEvent] = Field(default_factory=lambda: list(NOTIFICATION_EVENTS))
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(5.0, gt=0, alias="timeoutSeconds")
+    max_attempts: int = Field(4, ge=1, le=20, alias="maxAttempts")
+    """Tries per event: 5xx answers and network errors are retried with backoff (1 s, 2 s, 4 s ...)."""
 
 
 class Settings(_Section):
@@ -99,6 +124,8 @@ class Settings(_Section):
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     freeze: bool = False
     """Global freeze switch: signals are journaled and planned, nothing is applied."""
+    notifications: list[NotificationSettings] = Field(default_factory=list)
+    """Where outcomes (acted, recovered, not_recovered, escalated, failed) are posted; never blocks acting."""
     log: LogSettings = Field(default_factory=LogSettings)
 
 

@@ -59,13 +59,14 @@ CREATE TABLE IF NOT EXISTS steps (
     decision_id INTEGER NOT NULL REFERENCES decisions(id),
     idx INTEGER NOT NULL,
     action TEXT NOT NULL,
-    phase TEXT NOT NULL,       -- apply | verify | revert
+    phase TEXT NOT NULL,       -- intent | apply | verify | revert | recovery | escalate
     status TEXT NOT NULL,
     message TEXT NOT NULL DEFAULT '',
     data TEXT NOT NULL DEFAULT '{}',
     at REAL NOT NULL,
     duration_seconds REAL
 );
+CREATE INDEX IF NOT EXISTS steps_phase ON steps(phase, decision_id);
 CREATE TABLE IF NOT EXISTS evaluations (
     policy TEXT NOT NULL,
     trigger_index INTEGER NOT NULL,
@@ -89,7 +90,23 @@ CREATE TABLE IF NOT EXISTS guard_marks (
     at REAL NOT NULL,
     PRIMARY KEY (policy, target, at)
 );
+-- A target frozen after a remediation that did not help: no policy acts on it until `until` or
+-- until `tailguard unfreeze` lifts it (lifted_at).
+CREATE TABLE IF NOT EXISTS freezes (
+    id INTEGER PRIMARY KEY,
+    target TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL,
+    until REAL NOT NULL,
+    decision_id INTEGER,
+    lifted_at REAL,
+    lifted_reason TEXT
+);
+CREATE INDEX IF NOT EXISTS freezes_target ON freezes(target, until);
 """
+
+RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
+
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,7 @@ class StoredSignal:
     dedup_key: str
     payload: dict[str, Any]
     state: str
+    received_at: float = 0.0  # unix time it was journaled (the age that expires it)
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,27 @@ class Decision:
     reason: str
     plan: dict[str, Any]
     executed: bool
+
+
+@dataclass(frozen=True)
+class Freeze:
+    id: int
+    target: str
+    reason: str
+    at: float
+    until: float
+    decision_id: int | None
+    lifted_at: float | None = None
+    lifted_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class OpenRecovery:
+    """A decision whose recovery is not settled: its check is in flight (`row` is the pending row),
+    or its verdict asked for a revert that has not finished (`row` is the verdict)."""
+
+    decision: Decision
+    row: dict[str, Any]
 
 
 class JournalError(Exception):
@@ -373,9 +412,11 @@ class Journal:
 
     def pending_signals(self, limit: int | None = None, after_id: int = 0) -> list[StoredSignal]:
         """Pending signals in id order: all of them, or `limit` from the first id above `after_id`."""
-        rows = self._read("SELECT id, dedup_key, payload, state FROM signals WHERE state='pending' AND id > ?"
-                          " ORDER BY id LIMIT ?", (after_id, -1 if limit is None else limit))
-        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"]) for r in rows]
+        rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
+                          " WHERE state='pending' AND id > ? ORDER BY id LIMIT ?",
+                          (after_id, -1 if limit is None else limit))
+        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"], float(r["received_at"]))
+                for r in rows]
 
     def pending_count(self) -> int:
         """How many signals are pending (what JournalBackpressure compares with `max_pending`)."""
@@ -403,6 +444,10 @@ class Journal:
 
     # ---- decisions and steps ----------------------------------------------------------------
 
+    def decision(self, decision_id: int) -> Decision | None:
+        rows = self._read("SELECT * FROM decisions WHERE id=?", (decision_id,))
+        return _decision(rows[0]) if rows else None
+
     def decision_for(self, signal_id: int, policy: str) -> Decision | None:
         rows = self._read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
         return _decision(rows[0]) if rows else None
@@ -425,19 +470,99 @@ class Journal:
 
         return self._tx(run)
 
-    def finish_decision(self, decision_id: int, state: DecisionState, reason: str) -> None:
+    def finish_decision(self, decision_id: int, state: DecisionState, reason: str,
+                        recovery: tuple[str, dict[str, Any]] | None = None) -> None:
+        """Set the decision's final state; with `recovery` (message, data), its recovery check is
+        journaled as in flight (a pending recovery row) in the same transaction."""
         _checked(state=state, reason=reason)
-        self._tx(lambda: self._db.execute(
-            "UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id)))
+
+        def run() -> None:
+            self._db.execute("UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id))
+            if recovery is not None:
+                self._insert_step(decision_id, -1, RECOVERY, RECOVERY, "pending", recovery[0], recovery[1], None)
+
+        self._tx(run)
 
     def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
                     message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
+        self._tx(lambda: self._insert_step(decision_id, idx, action, phase, status, message, data, duration_seconds))
+
+    def _insert_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
+                     message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
         _checked(action=action, phase=phase, status=status, message=message)
-        self._tx(lambda: self._db.execute(
+        self._db.execute(
             "INSERT INTO steps(decision_id, idx, action, phase, status, message, data, at, duration_seconds)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (decision_id, idx, action, phase, status, message, json.dumps(data, default=str),
-             time.time(), duration_seconds)))
+             time.time(), duration_seconds))
+
+    def record_verdict(self, decision_id: int, status: str, message: str, data: dict[str, Any],
+                       freeze: tuple[str, str, float] | None = None) -> int | None:
+        """The recovery verdict (a recovery row with `status`), and with `freeze` (target, reason,
+        until) the target's freeze that escalates it, in one transaction. Returns the freeze's id."""
+        if freeze is not None:
+            _checked(target=freeze[0], reason=freeze[1])
+
+        def run() -> int | None:
+            self._insert_step(decision_id, -1, RECOVERY, RECOVERY, status, message, data, None)
+            if freeze is None:
+                return None
+            return self._insert_freeze(freeze[0], freeze[1], freeze[2], decision_id)
+
+        return self._tx(run)
+
+    def open_recoveries(self) -> list[OpenRecovery]:
+        """Decisions whose recovery is unsettled (what a restart resumes), oldest first: the last
+        recovery row is pending, or it is a verdict whose follow-up revert has not finished the
+        decision (still `succeeded`)."""
+        rows = self._read(
+            "SELECT d.*, s.id AS row_id, s.status AS row_status, s.message AS row_message, s.data AS row_data,"
+            " s.at AS row_at FROM decisions d JOIN steps s ON s.decision_id = d.id"
+            " WHERE s.phase = ? AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id AND phase = ?)"
+            " AND (s.status = 'pending' OR (d.state = ? AND json_extract(s.data, '$.follow_up') = 'revert'"
+            " AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
+            (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
+        return [OpenRecovery(_decision(r), {"id": r["row_id"], "status": r["row_status"],
+                                            "message": r["row_message"], "data": json.loads(r["row_data"]),
+                                            "at": r["row_at"]}) for r in rows]
+
+    # ---- target freezes ---------------------------------------------------------------------
+
+    def _insert_freeze(self, target: str, reason: str, until: float, decision_id: int | None) -> int:
+        cur = self._db.execute("INSERT INTO freezes(target, reason, at, until, decision_id) VALUES (?,?,?,?,?)",
+                               (target, reason, time.time(), until, decision_id))
+        return int(cur.lastrowid or 0)
+
+    def record_freeze(self, target: str, reason: str, until: float, decision_id: int | None = None) -> int:
+        """Freeze `target` until `until` (unix seconds): no policy acts on it meanwhile."""
+        _checked(target=target, reason=reason)
+        return self._tx(lambda: self._insert_freeze(target, reason, until, decision_id))
+
+    def active_freeze(self, target: str, now: float | None = None) -> Freeze | None:
+        """The freeze on `target` that lasts longest, if one is in force at `now` (not lifted, not expired)."""
+        now = time.time() if now is None else now
+        rows = self._read("SELECT * FROM freezes WHERE target=? AND lifted_at IS NULL AND until > ?"
+                          " ORDER BY until DESC LIMIT 1", (target, now))
+        return _freeze(rows[0]) if rows else None
+
+    def lift_freezes(self, target: str, reason: str, now: float | None = None) -> list[Freeze]:
+        """Lift every freeze in force on `target` (`tailguard unfreeze`); the ones lifted."""
+        _checked(target=target, reason=reason)
+        at = time.time() if now is None else now
+
+        def run() -> list[Freeze]:
+            rows = self._db.execute(
+                "UPDATE freezes SET lifted_at=?, lifted_reason=? WHERE target=? AND lifted_at IS NULL AND until > ?"
+                " RETURNING *", (at, reason, target, at)).fetchall()
+            return [_freeze(r) for r in rows]
+
+        return self._tx(run)
+
+    def freezes(self, target: str | None = None) -> list[Freeze]:
+        """Every freeze journaled (in force, expired or lifted), oldest first."""
+        if target is None:
+            return [_freeze(r) for r in self._read("SELECT * FROM freezes ORDER BY id")]
+        return [_freeze(r) for r in self._read("SELECT * FROM freezes WHERE target=? ORDER BY id", (target,))]
 
     def decisions(self, policy: str | None = None) -> list[Decision]:
         if policy is None:
@@ -485,6 +610,7 @@ class Journal:
                 "DELETE FROM signals WHERE state='processed' AND received_at < ?"
                 " AND id NOT IN (SELECT signal_id FROM decisions)", (before,)).rowcount
             evaluations = self._db.execute("DELETE FROM evaluations WHERE at < ?", (before,)).rowcount
+            self._db.execute("DELETE FROM freezes WHERE until < ?", (before,))  # over long ago
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
 
         return self._tx(run)
@@ -613,12 +739,19 @@ class AsyncJournal:
     mark_processed = _in_thread(Journal.mark_processed)
     mark_processed_many = _in_thread(Journal.mark_processed_many)
     signals = _in_thread(Journal.signals)
+    decision = _in_thread(Journal.decision)
     decision_for = _in_thread(Journal.decision_for)
     record_decision = _in_thread(Journal.record_decision)
     finish_decision = _in_thread(Journal.finish_decision)
     record_step = _in_thread(Journal.record_step)
     decisions = _in_thread(Journal.decisions)
     steps = _in_thread(Journal.steps)
+    record_verdict = _in_thread(Journal.record_verdict)
+    open_recoveries = _in_thread(Journal.open_recoveries)
+    record_freeze = _in_thread(Journal.record_freeze)
+    active_freeze = _in_thread(Journal.active_freeze)
+    lift_freezes = _in_thread(Journal.lift_freezes)
+    freezes = _in_thread(Journal.freezes)
     guard_history = _in_thread(Journal.guard_history)
     executed_marks = _in_thread(Journal.executed_marks)
     prune = _in_thread(Journal.prune)
@@ -650,6 +783,11 @@ def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
                 prefix + "policy": s.policy})
     # ensure_ascii (the default): the payload is always storable, escapes included.
     return (s.dedup_key, s.source.value, s.name, s.policy, now, s.summary_json())
+
+
+def _freeze(r: sqlite3.Row) -> Freeze:
+    return Freeze(r["id"], r["target"], r["reason"], r["at"], r["until"], r["decision_id"], r["lifted_at"],
+                  r["lifted_reason"])
 
 
 def _decision(r: sqlite3.Row) -> Decision:

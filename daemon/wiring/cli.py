@@ -1,4 +1,5 @@
-"""The `tailguard` command: run the daemon, validate policies, export the schema, read the journal."""
+"""The `tailguard` command: run the daemon, validate policies, export the schema, read the journal,
+lift a target's freeze."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,7 @@ import asyncio
 import json
 import signal as os_signal
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("schema", help="print the policy JSON Schema")
     jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines")
     jr.add_argument("path", type=Path, help="journal SQLite file")
+    unf = sub.add_parser("unfreeze", help="lift the freeze an escalation put on a target (journaled)")
+    unf.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
+    unf.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    unf.add_argument("--reason", default="lifted by tailguard unfreeze", help="recorded with the lift")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args.config)
@@ -45,11 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "journal":
         return _journal(args.path)
+    if args.command == "unfreeze":
+        return _unfreeze(args.config, args.target, args.reason)
     return 2
 
 
 def _validate(path: Path) -> int:
     from policies.loader import PolicyLoadError, load_policies
+    from policies.planning import recovery_warning
 
     try:
         policies = load_policies(path, action_registry(), detector_registry())
@@ -62,6 +71,9 @@ def _validate(path: Path) -> int:
         triggers = ", ".join(_describe(t) for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
         print(f"ok: {p.name}: target {p.target.key}; triggers: {triggers}; actions: "
               f"{', '.join(a.kind for a in p.actions)}{' (dry run)' if p.spec.guards.dry_run else ''}")
+        warning = recovery_warning(p)
+        if warning is not None:
+            print(f"warning: {p.name}: {warning}; add a verify block")
     return 0
 
 
@@ -105,6 +117,35 @@ def _journal(path: Path) -> int:
                                         for s in journal.steps(d.id)]}))
     finally:
         journal.close()
+    return 0
+
+
+def _unfreeze(config: Path | None, target: str, reason: str) -> int:
+    from daemon.storage.journal import Journal, JournalError
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    key = target if "/" in target else f"default/{target}"
+    if not settings.journal.path.exists():
+        print(f"error: no journal at {settings.journal.path}", file=sys.stderr)
+        return 1
+    journal = Journal(settings.journal.path)
+    try:
+        lifted = journal.lift_freezes(key, reason)
+        if not lifted:
+            active = sorted({f.target for f in journal.freezes() if f.lifted_at is None and f.until > time.time()})
+            print(f"no freeze in force on {key} (frozen now: {', '.join(active) or 'none'})", file=sys.stderr)
+            return 1
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        journal.close()
+    for f in lifted:
+        print(f"unfrozen: {f.target} (freeze {f.id} of decision {f.decision_id}: {f.reason})")
     return 0
 
 

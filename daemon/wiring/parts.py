@@ -2,7 +2,8 @@
 
 `build_parts` is synchronous and opens nothing but the journal; `Parts.connect` opens the clients
 the settings name (Prometheus, Kubernetes, HTTP) and lends them to actions through `ActionDeps`;
-`Parts.close` closes them all, the journal last.
+`Parts.close` stops the executor's recovery watches and the notifier, then closes them all, the
+journal last.
 """
 from __future__ import annotations
 
@@ -19,18 +20,20 @@ from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import AsyncJournal, Journal
 from daemon.workers.executor import Executor, ExecutorState
+from daemon.workers.notifier import Notifier
 from policies.loader import PolicySet
 
 
 @dataclass
 class Parts:
-    """The journal, the executor with its state, and the clients lent to actions."""
+    """The journal, the executor with its state, the outcome notifier, and the clients lent to actions."""
 
     settings: Settings
     journal: AsyncJournal
     state: ExecutorState
     deps: ActionDeps
     executor: Executor
+    notifier: Notifier
     prometheus: PrometheusClient | None = None
     kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
 
@@ -53,6 +56,7 @@ class Parts:
             self.prometheus = PrometheusClient(self.settings.prometheus.url,
                                                self.settings.prometheus.timeout_seconds)
             self.deps.query = self.prometheus.query
+            self.executor.query_range = self.prometheus.query_range
         self.kube = await create_api_client(self.settings.kubernetes)
         if self.kube is not None:
             self.deps.kube = self.kube
@@ -61,7 +65,11 @@ class Parts:
         self.deps.endpoints = endpoints_resolver(self.kube)
 
     async def close(self) -> None:
-        """Close every client that `connect` opened, then the journal."""
+        """Stop the recovery watches (unsettled ones stay pending in the journal for the next start)
+        and the notifier (queued events get a short grace), close every client `connect` opened,
+        then the journal."""
+        await self.executor.close()
+        await self.notifier.close()
         if self.kube is not None:
             await self.kube.close()
             self.kube = None
@@ -88,6 +96,8 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
     deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
     state = ExecutorState(policies if policies is not None else PolicySet(), frozen=settings.freeze)
     async_journal = AsyncJournal(journal)
+    notifier = Notifier(settings.notifications, metrics, settings.executor.notification_queue_size)
     executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
-                        on_recorded=on_recorded)
-    return Parts(settings, async_journal, state, deps, executor)
+                        on_recorded=on_recorded, notify=notifier.publish,
+                        escalation_freeze_seconds=settings.executor.escalation_freeze_seconds)
+    return Parts(settings, async_journal, state, deps, executor, notifier)

@@ -56,6 +56,7 @@ class Service:
         self.deps, self.executor = self.parts.deps, self.parts.executor
         self.metrics.frozen.set(int(settings.freeze))
         self.is_leader = not settings.leader_election.enabled
+        self._was_acting = False  # may_act() as last seen: a takeover resumes open recovery checks
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
         self.last_reload_error: str | None = None
@@ -63,7 +64,7 @@ class Service:
         # leader before it imported the shared state) leaves them in the journal, untouched.
         self.backlog = Backlog(self.journal, lambda: self.state.policies.policies, self.executor.process,
                                self.metrics, settings.executor.queue_size, may_take=self._may_take_signals,
-                               max_age_seconds=getattr(settings.executor, "max_signal_age_seconds", 600.0),
+                               max_age_seconds=settings.executor.max_signal_age_seconds,
                                clock=clock)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -111,8 +112,14 @@ class Service:
 
     def _acting_changed(self) -> None:
         """may_act() may have flipped (leadership, the shared state imported)."""
-        self.metrics.is_leader.set(int(self.may_act()))
+        acting = self.may_act()
+        self.metrics.is_leader.set(int(acting))
         self.backlog.acting_changed()
+        took_over, self._was_acting = acting and not self._was_acting, acting
+        if took_over and self.policies_loaded and not self._stop.is_set():
+            # Recovery checks and reverts a previous leader left open (journaled); idempotent.
+            self._tasks.append(asyncio.create_task(self._resume_verifications(),
+                                                   name="resume-verifications"))
 
     def _state_recorded(self) -> None:
         if self.cluster_state is not None:
@@ -204,6 +211,15 @@ class Service:
 
     # ---- workers ----------------------------------------------------------------------------
 
+    async def _resume_verifications(self) -> None:
+        """Resume recovery checks in flight before a restart or failover (policies must be loaded:
+        a revert needs them). A journal failure is recorded; the next takeover tries again."""
+        try:
+            await self.executor.resume_verifications()
+        except JournalError as exc:
+            self.metrics.faults.labels("journal").inc()
+            log.error("could not resume recovery checks", error=str(exc))
+
     async def _prune_loop(self) -> None:
         """Keep the journal bounded: a daemon runs for months, schedule ticks alone add 1,440 a day."""
         settings = self.settings.journal
@@ -256,6 +272,8 @@ class Service:
         await self.reload_policies()
         if not self.policies_loaded:  # not ready (and nothing taken from the journal) until a reload succeeds
             log.error("no valid policies at start; not ready", errors=self.last_reload_error)
+        elif self.may_act():
+            await self._resume_verifications()
         # From now on every committed signal reaches the backlog; what was journaled before a crash
         # or restart (acknowledged, not processed) is read back by the refill once this replica may act.
         self.journal.on_signals(self.backlog.admit)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import time
 from typing import Awaitable, Callable, Sequence
 
@@ -181,7 +180,6 @@ class Backlog:
             while left is None and not end and generation == self._generation:
                 rows = await self._journal.pending_signals(limit=self._page, after_id=last)
                 end = len(rows) < self._page
-                received = await self._received_at([row.id for row in rows])
                 if generation != self._generation:
                     break  # the policies changed or signals may no longer be taken: read again later
                 for row in rows:
@@ -200,8 +198,7 @@ class Backlog:
                         if not self._overflow[kind]:  # only after a policy change: read that class again
                             self._overflow[kind] = True
                             self._resume[kind] = min(self._resume[kind], row.id)
-                    elif left is None and not self._take(row.id, signal, cls,
-                                                         received.get(row.id, self._clock())):
+                    elif left is None and not self._take(row.id, signal, cls, row.received_at):
                         left = row.id
             if generation != self._generation:
                 return  # the policy set changed meanwhile: every class is read again from the start
@@ -212,18 +209,6 @@ class Backlog:
             self._reading = False
             self._finished_while_reading.clear()
             self._wake()
-
-    async def _received_at(self, signal_ids: list[int]) -> dict[int, float]:
-        """When these signals were journaled (the age that expires them), by id.
-
-        StoredSignal does not carry `received_at` (yet), so a page's times are read with one more
-        query by primary key; the column never changes once written."""
-        if self._max_age is None or not signal_ids:
-            return {}
-        rows = await asyncio.to_thread(self._journal.sync._read,
-                                       "SELECT id, received_at FROM signals WHERE id IN (SELECT value FROM json_each(?))",
-                                       (json.dumps(signal_ids),))
-        return {int(r["id"]): float(r["received_at"]) for r in rows}
 
     # ---- processing -------------------------------------------------------------------------
 

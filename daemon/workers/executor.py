@@ -11,6 +11,19 @@ a final result is not called again (an applied one still counts for revert); a s
 has no result is re-observed first: when `verify` answers OK its change had landed and it is
 recorded as applied (recovered after restart), else it is applied again; a step never started is
 applied as usual. Delivery per action: docs/design-notes.md.
+
+A `notify` step never stops a plan: when it fails it is journaled failed and the plan goes on.
+
+Recovery: once a plan succeeded, its recovery check (`policies.planning.recovery_check`: the policy's
+verify block, or the detector's own line) is journaled as in flight with the decision's final state
+(a "recovery" row, status pending) and watched in a task of its own, the target lock released (the
+target's own new signals wait out the cooldown anyway). The verdict is a second recovery row
+(recovered | not_recovered | unknown); unknown is never success. When not recovered, onNotRecovered
+follows: escalate (the target is frozen, in the same transaction as the verdict, for
+`escalation_freeze_seconds`; guards block every policy on a frozen target), revert (the decision's
+applied steps are undone and the pins its rollback recorded cleared; the decision ends reverted),
+or none. A restart resumes what was unsettled (`resume_verifications`). Outcomes (acted, failed,
+recovered, not_recovered, escalated) go to `notify`, a callback that never blocks.
 """
 from __future__ import annotations
 
@@ -18,20 +31,24 @@ import asyncio
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
+from datetime import datetime, timezone
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Mapping, TypeVar
 
 import structlog
 
 from actions.base import Action, ActionDeps, Step
+from actions.notify import KIND as NOTIFY_KIND
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
-from daemon.storage.journal import AsyncJournal, Decision
+from daemon.storage.journal import RECOVERY, AsyncJournal, Decision
 from daemon.common.metrics import Metrics
+from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
 from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy, PolicySet
 from policies.matching import matching_policies
-from policies.planning import Plan, blocked_plan, build_plan
+from policies.planning import Plan, RecoveryCheck, blocked_plan, build_plan, recovery_check
+from policies.recovery import Recovery, RecoveryVerdict
 
 log = structlog.get_logger("tailguard.executor")
 
@@ -41,6 +58,7 @@ log = structlog.get_logger("tailguard.executor")
 MAX_APPLY_ATTEMPTS = 3
 INTENT = "intent"  # the step row phase journaled before each apply call
 T = TypeVar("T")
+Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; returns at once, never blocks
 
 
 def effect_key(decision_id: int, idx: int) -> str:
@@ -77,6 +95,8 @@ def step_progress(rows: Iterable[Mapping[str, Any]]) -> dict[int, StepProgress]:
     """Each step's progress (by index) from a decision's step rows, oldest first."""
     progress: dict[int, StepProgress] = {}
     for row in rows:
+        if row["phase"] == RECOVERY:
+            continue  # about the decision as a whole, not one step
         step = progress.setdefault(int(row["idx"]), StepProgress())
         if row["phase"] == INTENT:
             step.attempt, step.in_doubt, step.result, step.verify = int(row["data"]["attempt"]), True, None, None
@@ -119,6 +139,8 @@ class Executor:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_recorded: Callable[[], None] = lambda: None,
+        notify: Notify = lambda event: None,
+        escalation_freeze_seconds: float = 3600.0,
     ) -> None:
         self._journal = journal
         self.state = state
@@ -131,6 +153,11 @@ class Executor:
         self._on_recorded = on_recorded  # an executed plan or a pin was journaled (cluster state)
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._actions: dict[str, Action] = {}
+        self._notify = notify
+        self.escalation_freeze_seconds = escalation_freeze_seconds
+        # Reads back what a watch resumed after a restart missed (Prometheus range query); set by connect.
+        self.query_range: RangeFn | None = None
+        self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
@@ -166,7 +193,7 @@ class Executor:
         if existing is not None:
             # Crashed mid-execution: finish the journaled plan; guards already passed, and a new plan
             # would be made from a world our own landed steps changed (a false `before`).
-            return await self._resume(existing, policy)
+            return await self._resume(existing, policy, signal)
         decision = await self._guard(policy)
         if not decision.allowed:
             plan = blocked_plan(policy, signal, decision)
@@ -177,10 +204,13 @@ class Executor:
         except ActionError as exc:
             plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
                         blocked=f"planning failed: {exc}")
-            await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "", executed=False)
+            failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "",
+                                           executed=False)
             for bound in policy.actions:
                 self._metrics.actions.labels(bound.kind, "failed").inc()
             await self._event(policy, "RemediationFailed", plan.blocked or "", warning=True)
+            self._announce("failed", policy.name, policy.target.key, plan.blocked or "", decision=failed_id,
+                           state=DecisionState.FAILED.value, signal=signal.dedup_key)
             return plan
         plan = build_plan(policy, signal, steps)
         if plan.blocked:
@@ -194,10 +224,10 @@ class Executor:
         decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
                                          executed=True)
         self._on_recorded()
-        await self._finish(decision_id, policy, plan, {})
+        await self._finish(decision_id, policy, plan, {}, signal)
         return plan
 
-    async def _resume(self, decision: Decision, policy: LoadedPolicy) -> Plan:
+    async def _resume(self, decision: Decision, policy: LoadedPolicy, signal: Signal) -> Plan:
         """Go on with a decision left `executing` by a crash, from its journaled plan and steps."""
         plan = _journaled_plan(decision.plan)
         planned, kinds = [s.action for s in plan.steps], [bound.kind for bound in policy.actions]
@@ -209,15 +239,41 @@ class Executor:
             log.warning("decision not resumed", decision=decision.id, reason=reason)
             return plan
         log.info("resuming decision after restart", decision=decision.id, plan=[s.summary for s in plan.steps])
-        await self._finish(decision.id, policy, plan, step_progress(await self._journal.steps(decision.id)))
+        await self._finish(decision.id, policy, plan, step_progress(await self._journal.steps(decision.id)), signal)
         return plan
 
     async def _finish(self, decision_id: int, policy: LoadedPolicy, plan: Plan,
-                      progress: Mapping[int, StepProgress]) -> None:
+                      progress: Mapping[int, StepProgress], signal: Signal) -> None:
         state, reason = await self._execute(decision_id, policy, plan, progress)
-        await self._journal.finish_decision(decision_id, state, reason)
+        check = self._recovery_check(policy, signal) if state is DecisionState.SUCCEEDED else None
+        acted_at = self._clock()
+        pending = None
+        if check is not None:
+            pending = (f"checking: {check.query} {check.condition.describe()} ({check.source})",
+                       {"check": check.as_dict(), "acted_at": acted_at, "signal": signal.dedup_key})
+        # One transaction: a restart finds the check in flight with the decision, or neither.
+        await self._journal.finish_decision(decision_id, state, reason, pending)
         self._metrics.decisions.labels(policy.name, state).inc()
-        log.info("plan finished", state=state, reason=reason)
+        log.info("plan finished", state=state, reason=reason, recovery=check.as_dict() if check else None)
+        acted = state is DecisionState.SUCCEEDED
+        self._announce("acted" if acted else "failed", policy.name, policy.target.key, reason,
+                       decision=decision_id, state=state.value, signal=signal.dedup_key)
+        if check is not None:
+            self._spawn(decision_id, self._watch(decision_id, policy.name, policy.target.key, check, acted_at,
+                                                 resumed=False))
+        elif acted and policy.detectors and policy.spec.verify is None:
+            await self._journal.record_step(
+                decision_id, -1, RECOVERY, RECOVERY, "skipped",
+                f"no recovery check: {signal.source.value} signal {signal.name} carries no detector line and "
+                "the policy has no verify block", {"signal": signal.dedup_key}, None)
+
+    def _recovery_check(self, policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None:
+        try:
+            return recovery_check(policy, signal)
+        except Exception:  # a query that cannot be rendered: acting stands, only the check is lost
+            self._metrics.faults.labels("recovery").inc()
+            log.exception("recovery check could not be built")
+            return None
 
     async def preview(self, signal: Signal) -> list[Plan]:
         """What `process` would decide for `signal` now: guards checked against the journal, targets
@@ -236,9 +292,15 @@ class Executor:
         return plans
 
     async def _guard(self, policy: LoadedPolicy) -> GuardDecision:
+        now = self._clock()
+        if not self.state.frozen:  # the global freeze says it first
+            freeze = await self._journal.active_freeze(policy.target.key, now)
+            if freeze is not None:
+                return GuardDecision(False, f"target frozen: {freeze.reason} (until {_iso(freeze.until)}; "
+                                            f"lift with `tailguard unfreeze {freeze.target}`)")
         last, count = await self._journal.guard_history(
-            policy.name, policy.target.key, policy.spec.guards.max_actions_window, self._clock())
-        return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), self._clock())
+            policy.name, policy.target.key, policy.spec.guards.max_actions_window, now)
+        return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), now)
 
     async def _plan_steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         steps = []
@@ -268,6 +330,7 @@ class Executor:
                        progress: Mapping[int, StepProgress]) -> tuple[DecisionState, str]:
         """Run the plan's steps; `progress` holds what a resumed decision's steps did before (else empty)."""
         applied: list[tuple[int, Step]] = []
+        notify_failed: list[int] = []
         for idx, (bound, planned) in enumerate(zip(policy.actions, plan.steps)):
             done = progress.get(idx)
             if planned.noop:
@@ -293,6 +356,9 @@ class Executor:
             if landed:
                 # Applied, even if verify then failed: the change is in place and revert must undo it.
                 applied.append((idx, step))
+            if not outcome.ok and bound.kind == NOTIFY_KIND:
+                notify_failed.append(idx)  # journaled failed; a notification never stops a remediation
+                continue
             if not outcome.ok:
                 failed = f"step {idx} ({bound.kind}) failed: {outcome.message}"
                 if policy.spec.guards.on_failure == "revert" and applied:
@@ -301,7 +367,10 @@ class Executor:
                         return DecisionState.FAILED, f"{failed}; revert failed for step(s) {not_reverted}"
                     return DecisionState.REVERTED, f"{failed}; reverted"
                 return DecisionState.FAILED, failed
-        return DecisionState.SUCCEEDED, f"{len(applied)} step(s) applied and verified"
+        finished = f"{len(applied)} step(s) applied and verified"
+        if notify_failed:
+            finished += f"; notify step(s) {notify_failed} failed (a notification never stops a plan)"
+        return DecisionState.SUCCEEDED, finished
 
     async def _apply_and_verify(self, decision_id: int, idx: int, kind: str, step: Step, policy: LoadedPolicy,
                                 params: Any, done: StepProgress | None) -> tuple[Outcome, bool]:
@@ -389,6 +458,137 @@ class Executor:
                 failed.append(idx)
         return failed
 
+    # ---- recovery --------------------------------------------------------------------------------
+
+    async def resume_verifications(self) -> int:
+        """Go on with every recovery the journal says is unsettled (a restart): watches in flight
+        (with what they missed read back) and reverts a verdict asked for that did not finish.
+        Returns how many were started; ones already running are left alone (safe to call again,
+        e.g. when this replica becomes the leader). Raises JournalError when the journal cannot be read."""
+        started = 0
+        for opened in await self._journal.open_recoveries():
+            decision, row = opened.decision, opened.row
+            if decision.id in self._recoveries:
+                continue
+            if row["status"] == "pending":
+                check = RecoveryCheck.from_dict(row["data"]["check"])
+                work = self._watch(decision.id, decision.policy, decision.target, check,
+                                   float(row["data"]["acted_at"]), resumed=True)
+            else:
+                verdict = RecoveryVerdict(Recovery(row["status"]), row["message"])
+                work = self._revert_unrecovered(decision.id, decision.policy, verdict)
+            log.info("resuming recovery after restart", decision=decision.id, policy=decision.policy,
+                     recovery=row["status"])
+            self._spawn(decision.id, work)
+            started += 1
+        return started
+
+    async def wait_recoveries(self) -> None:
+        """Wait until every recovery watch running now has settled (tests, demo)."""
+        while self._recoveries:
+            await asyncio.wait(set(self._recoveries.values()))
+
+    async def close(self) -> None:
+        """Stop the recovery watches; what they did not settle stays pending in the journal."""
+        tasks = list(self._recoveries.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._recoveries.clear()
+
+    def _spawn(self, decision_id: int, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"recovery-{decision_id}")
+        self._recoveries[decision_id] = task
+        task.add_done_callback(lambda done: self._settled(decision_id, done))
+
+    def _settled(self, decision_id: int, task: asyncio.Task[None]) -> None:
+        if self._recoveries.get(decision_id) is task:
+            del self._recoveries[decision_id]
+        if not task.cancelled() and task.exception() is not None:
+            self._metrics.faults.labels("recovery").inc()
+            log.error("recovery watch failed; left pending for the next start", decision=decision_id,
+                      error=repr(task.exception()))
+
+    async def _watch(self, decision_id: int, policy_name: str, target: str, check: RecoveryCheck,
+                     acted_at: float, resumed: bool) -> None:
+        """Watch one decision's recovery to a verdict, journal it, and follow up."""
+        with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
+            missed = await missed_samples(check, acted_at, self._clock(), self.query_range) if resumed else []
+            watched = await watch_recovery(check, acted_at, self._deps.query, self._clock, self._sleep, missed)
+            verdict = watched.verdict
+            follow_up = None if verdict.state is Recovery.RECOVERED else check.on_not_recovered
+            data: dict[str, Any] = {
+                "verdict": verdict.state.value, "held_from": verdict.held_from, "samples": len(watched.samples),
+                "last_samples": [list(p) for p in watched.samples[-20:]], "query_errors": watched.query_errors,
+                "last_error": watched.last_error, "follow_up": follow_up, "check": check.as_dict()}
+            message, freeze = verdict.reason, None
+            if follow_up == "escalate":
+                until = self._clock() + self.escalation_freeze_seconds
+                freeze = (target, f"policy {policy_name}, decision {decision_id}: {verdict.state.value}: "
+                                  f"{verdict.reason}", until)
+                data["frozen_until"] = until
+                message += f"; escalated: {target} frozen until {_iso(until)}"
+            elif follow_up is not None:
+                message += f"; onNotRecovered: {follow_up}"
+            await self._journal.record_verdict(decision_id, verdict.state.value, message, data, freeze)
+            log.info("recovery verdict", verdict=verdict.state, reason=verdict.reason, follow_up=follow_up,
+                     samples=len(watched.samples))
+            event = "recovered" if verdict.state is Recovery.RECOVERED else "not_recovered"
+            self._announce(event, policy_name, target, message, decision=decision_id, verdict=verdict.state.value,
+                           query=check.query, condition=check.condition.describe(), follow_up=follow_up)
+            if freeze is not None:
+                self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}",
+                               decision=decision_id, verdict=verdict.state.value, frozen_until=_iso(freeze[2]))
+            elif follow_up == "revert":
+                await self._revert_unrecovered(decision_id, policy_name, verdict)
+
+    async def _revert_unrecovered(self, decision_id: int, policy_name: str, verdict: RecoveryVerdict) -> None:
+        """Undo the steps a decision that did not help applied (onNotRecovered: revert), clear the pins
+        its rollback recorded, and end the decision reverted (failed when a revert failed)."""
+        decision = await self._journal.decision(decision_id)
+        if decision is None:
+            return
+        policy = next((p for p in self.state.policies.policies if p.name == policy_name), None)
+        plan = _journaled_plan(decision.plan)
+        why = f"{decision.reason}; did not recover ({verdict.state.value})"
+        if policy is None or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
+            reason = f"{why}; not reverted: policy {policy_name} is gone or now runs other actions"
+            await self._journal.finish_decision(decision_id, DecisionState.FAILED, reason)
+            self._metrics.decisions.labels(policy_name, DecisionState.FAILED).inc()
+            self._announce("failed", policy_name, decision.target, reason, decision=decision_id)
+            return
+        if not self._may_act():
+            log.warning("revert after no recovery left for the leader: this replica may not act",
+                        decision=decision_id)
+            return
+        async with self._locks[decision.target]:
+            rows = await self._journal.steps(decision_id)
+            progress = step_progress(rows)
+            applied = [(idx, replace(step, effect_key=effect_key(decision_id, idx)))
+                       for idx, step in enumerate(plan.steps)
+                       if not step.noop and idx in progress and progress[idx].landed]
+            not_reverted = await self._revert(decision_id, policy, applied, progress)
+            pinned = {int(r["idx"]) for r in rows if r["phase"] == "verify" and r["data"].get("pin")}
+            if pinned and not pinned & set(not_reverted):
+                await self._journal.clear_pin(decision.target)
+                self._on_recorded()
+            state = DecisionState.FAILED if not_reverted else DecisionState.REVERTED
+            reason = f"{why}; revert failed for step(s) {not_reverted}" if not_reverted else f"{why}; reverted"
+            await self._journal.finish_decision(decision_id, state, reason)
+        self._metrics.decisions.labels(policy_name, state).inc()
+        log.info("reverted after no recovery", state=state, reason=reason)
+        if not_reverted:
+            self._announce("failed", policy_name, decision.target, reason, decision=decision_id)
+
+    def _announce(self, event: str, policy: str, target: str, message: str, **extra: Any) -> None:
+        """Hand an outcome event to `notify`; never blocks, never fails the caller."""
+        try:
+            self._notify({"event": event, "policy": policy, "target": target, "message": message,
+                          "at": _iso(self._clock()), **extra})
+        except Exception as exc:
+            self._metrics.faults.labels("notifications").inc()
+            log.warning("could not hand over notification", error=repr(exc))
+
     async def _event(self, policy: LoadedPolicy, reason: str, message: str, warning: bool) -> None:
         if self._deps.record_event is None:
             return
@@ -397,6 +597,10 @@ class Executor:
         except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
             self._metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
 
 
 async def _guarded(coro: Awaitable[T], kind: str, phase: str) -> T:

@@ -1,8 +1,11 @@
 """The executor: revert across steps, retries of transient applies, leadership lost mid-plan,
-exceptions from actions, noop steps, and decisions resumed after a crash between an apply and its
-record; on a real journal with policies loaded from YAML."""
+exceptions from actions, noop steps, decisions resumed after a crash between an apply and its
+record, notify steps that never stop a plan, frozen targets, and the recovery watch after a plan
+(verdicts, escalate / revert / none, resumed after a restart); on a real journal with policies
+loaded from YAML."""
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -13,6 +16,7 @@ import pytest
 
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import Outcome, PermanentError, TemporaryError
+from core.query import QueryResult, Sample
 from core.signal import Signal, SignalSource
 from core.target import Target
 from daemon.common.metrics import Metrics
@@ -20,6 +24,7 @@ from daemon.storage.journal import AsyncJournal, Journal
 from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, Executor, ExecutorState
 from policies.loader import load_policies_text
 from policies.planning import Plan
+from tests.support.helpers import wait_for
 
 ALERT = "TailLatencyHigh"
 MODEL = "ranker"
@@ -38,6 +43,7 @@ class ScriptParams(ActionParams):
     # ok | fail | observe (OK when a change of this action landed, else failure) | blind (NOOP: cannot observe)
     verify: str = "ok"
     revert: str = "ok"  # ok | fail
+    pin: bool = False  # a verified apply asks the daemon to remember a pin (as triton.rollback does)
 
 
 class Crash(BaseException):
@@ -103,7 +109,9 @@ class ScriptedAction:
         if params.verify == "observe":
             landed = any(e.action == self.kind for e in self.effects)
             return Outcome.success("new value in place") if landed else Outcome.failure("old value in place")
-        return Outcome.success("verified") if params.verify == "ok" else Outcome.failure("not as wanted")
+        if params.verify != "ok":
+            return Outcome.failure("not as wanted")
+        return Outcome.success("verified", **({"pin": {"model": MODEL, "version": 1}} if params.pin else {}))
 
     async def revert(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
         self.calls.append(Call("revert", self.kind, step))
@@ -111,17 +119,21 @@ class ScriptedAction:
 
 
 def _registry(calls: list[Call], effects: list[Step]) -> dict[str, type[ScriptedAction]]:
-    kinds = ("test.step_a", "test.step_b", "test.step_c")
-    return {k: type(f"Action_{k.split('.')[1]}", (ScriptedAction,), {"kind": k, "calls": calls, "effects": effects})
+    kinds = ("test.step_a", "test.step_b", "test.step_c", "notify")
+    return {k: type(f"Action_{k.split('.')[-1]}", (ScriptedAction,), {"kind": k, "calls": calls, "effects": effects})
             for k in kinds}
 
 
-def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None) -> str:
+def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None, verify: str | None = None,
+            cooldown: str | None = None) -> str:
     """One policy document: a TailLatencyHigh alert on model `ranker` runs `actions` (YAML flow maps)."""
     lines = [f"name: {name}", f"target: {{model: {MODEL}}}", "triggers:", f"  - alert: {{name: {ALERT}}}",
              "actions:", *(f"  - {a}" for a in actions)]
-    if on_failure is not None:
-        lines.append(f"guards: {{onFailure: {on_failure}}}")
+    guards = [f"onFailure: {on_failure}"] * (on_failure is not None) + [f"cooldown: {cooldown}"] * (cooldown is not None)
+    if guards:
+        lines.append(f"guards: {{{', '.join(guards)}}}")
+    if verify is not None:
+        lines.append(f"verify: {verify}")
     return "\n".join(lines) + "\n"
 
 
@@ -134,16 +146,34 @@ class Harness:
     effects: list[Step] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
     now: float = field(default_factory=time.time)
+    events: list[dict[str, Any]] = field(default_factory=list)  # outcome notifications handed over
+    advance: bool = False  # sleeping moves `now` (recovery watches)
+    gate: asyncio.Event | None = None  # when set, sleeps wait for it (a watch caught mid-wait)
 
-    def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True) -> Executor:
+    def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True,
+                 query: Callable[[float], float | None] | None = None, notify: Any = None) -> Executor:
+        """An executor on the journal; `query` gives the verify query's value at a time since the
+        first fire (None: no data)."""
         registry = _registry(self.calls, self.effects)
         policies = load_policies_text(policies_yaml, "test.yaml", registry, {})
+        started = self.now
 
         async def sleep(delay: float) -> None:
             self.sleeps.append(delay)
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.advance:
+                self.now += delay
 
-        return Executor(self.journal, ExecutorState(policies), registry, ActionDeps(), Metrics(),
-                        may_act=may_act, clock=lambda: self.now, sleep=sleep)
+        async def prometheus(promql: str) -> QueryResult:
+            assert query is not None
+            value = query(self.now - started)
+            return QueryResult(promql, () if value is None else (Sample({"model": MODEL}, value),))
+
+        return Executor(self.journal, ExecutorState(policies), registry,
+                        ActionDeps(query=prometheus if query is not None else None), Metrics(),
+                        may_act=may_act, clock=lambda: self.now, sleep=sleep,
+                        notify=notify or self.events.append, escalation_freeze_seconds=3600)
 
     async def fire(self, executor: Executor, key: str = "alert-1") -> list[Plan]:
         """Journal one firing alert about `ranker` and process it, as a worker does."""
@@ -506,3 +536,217 @@ async def test_resumed_decision_whose_policy_changed_its_actions_is_failed_not_r
     assert h.trace()[calls_before:] == []
     (decision,) = await h.journal.decisions()
     assert decision.state == "failed" and decision.reason.startswith("not resumed after restart")
+
+
+# ---- 7. notify steps never stop a plan ---------------------------------------------------------
+
+@pytest.mark.parametrize("on_failure", ["stop", "revert"])
+async def test_failed_notify_step_is_journaled_failed_and_the_plan_goes_on(h: Harness, on_failure: str):
+    """A notify step that fails (after its retries) does not stop the rollback behind it, under
+    either onFailure; nothing is reverted and the decision succeeds, naming the failed notify."""
+    ex = h.executor(_policy("{type: notify, apply: [fail]}", f"{{type: {A}}}", on_failure=on_failure))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == [("apply", "notify"), ("apply", A), ("verify", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert decision.reason == "1 step(s) applied and verified; notify step(s) [0] failed (a notification never " \
+                              "stops a plan)"
+    assert await h.steps(decision.id) == [(0, "apply", "failed"), (1, "apply", "ok"), (1, "verify", "ok")]
+
+
+# ---- 8. frozen targets -------------------------------------------------------------------------
+
+async def test_frozen_target_is_blocked_until_the_freeze_expires(h: Harness):
+    """A freeze in force blocks every policy on the target with its reason; an expired one does not."""
+    ex = h.executor(_policy(f"{{type: {A}}}", cooldown="0s"))
+    await h.journal.record_freeze(f"default/{MODEL}", "decision 1 did not recover", h.now + 60, 1)
+
+    await h.fire(ex, "alert-1")
+    h.now += 61
+    await h.fire(ex, "alert-2")
+
+    first, second = await h.journal.decisions()
+    assert first.state == "blocked" and not first.executed
+    assert first.reason.startswith("target frozen: decision 1 did not recover (until ")
+    assert "tailguard unfreeze default/ranker" in first.reason
+    assert second.state == "succeeded"
+    assert h.trace_of("apply") == [("apply", A)]
+
+
+async def test_lifted_freeze_no_longer_blocks_and_the_global_freeze_speaks_first(h: Harness):
+    """The global freeze is reported before a target's; a lifted target freeze blocks nothing."""
+    ex = h.executor(_policy(f"{{type: {A}}}", cooldown="0s"))
+    await h.journal.record_freeze(f"default/{MODEL}", "escalated", h.now + 3600)
+    ex.state.frozen = True
+    await h.fire(ex, "alert-1")
+    ex.state.frozen = False
+    (lifted,) = await h.journal.lift_freezes(f"default/{MODEL}", "fixed", h.now)
+    await h.fire(ex, "alert-2")
+
+    first, second = await h.journal.decisions()
+    assert first.state == "blocked" and first.reason == "global freeze is on"
+    assert lifted.reason == "escalated" and second.state == "succeeded"
+
+
+# ---- 9. the recovery watch after a plan ----------------------------------------------------------
+
+VERIFY = "{{query: 'p999{{model=\"$model\"}}', below: 500, for: 2s, within: 8s, interval: 1s, onNotRecovered: {then}}}"
+
+
+def _verified(*actions: str, then: str = "escalate", **kw: Any) -> str:
+    return _policy(*actions, verify=VERIFY.format(then=then), **kw)
+
+
+async def _recovery_rows(h: Harness, decision_id: int) -> list[tuple[str, str]]:
+    return [(s["status"], s["message"]) for s in await h.journal.steps(decision_id) if s["phase"] == "recovery"]
+
+
+async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
+    """The check is journaled in flight with the decision, watched without the target lock, and
+    settles recovered; `acted` and `recovered` are handed to notify; nothing is frozen."""
+    h.advance, h.gate = True, asyncio.Event()
+    ex = h.executor(_verified(f"{{type: {A}}}"), query=lambda t: 900.0 if t < 3 else 100.0)
+
+    await h.fire(ex)
+    await wait_for(lambda: h.sleeps, timeout=10)  # the watch took its first sample and waits at the gate
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    ((status, message),) = await _recovery_rows(h, decision.id)
+    assert status == "pending" and message.startswith('checking: p999{model="ranker"} below 500 for 2s within 8s')
+    assert h.sleeps == [1.0]
+    assert not ex.lock_for(f"default/{MODEL}").locked()  # the watch waits unlocked
+    h.gate.set()
+    await ex.wait_recoveries()
+
+    rows = [s for s in await h.journal.steps(decision.id) if s["phase"] == "recovery"]
+    assert [r["status"] for r in rows] == ["pending", "recovered"]
+    assert rows[1]["data"]["follow_up"] is None and rows[1]["data"]["samples"] >= 3
+    assert [e["event"] for e in h.events] == ["acted", "recovered"]
+    assert h.events[0]["decision"] == decision.id and h.events[1]["verdict"] == "recovered"
+    assert await h.journal.freezes() == []
+    assert await h.journal.open_recoveries() == []
+
+
+@pytest.mark.parametrize("value, verdict", [(900.0, "not_recovered"), (None, "unknown")])
+async def test_plan_that_did_not_help_escalates_freezes_and_blocks_the_next_signal(h: Harness, value: float | None,
+                                                                                   verdict: str):
+    """Still bad (or no data at all) when the window closes: the verdict is journaled with the freeze,
+    `not_recovered` and `escalated` are handed over, and the next signal on the target is blocked."""
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}}}", cooldown="0s"), query=lambda t: value)
+
+    await h.fire(ex, "alert-1")
+    await ex.wait_recoveries()
+    await h.fire(ex, "alert-2")
+
+    first, second = await h.journal.decisions()
+    rows = await _recovery_rows(h, first.id)
+    assert [status for status, _ in rows] == ["pending", verdict]
+    assert "escalated: default/ranker frozen until" in rows[1][1]
+    (freeze,) = await h.journal.freezes()
+    assert freeze.target == f"default/{MODEL}" and freeze.decision_id == first.id
+    assert freeze.until == pytest.approx(h.now + 3600, abs=1)
+    assert second.state == "blocked" and second.reason.startswith("target frozen: policy remediate, decision")
+    assert [e["event"] for e in h.events] == ["acted", "not_recovered", "escalated"]
+    assert h.events[1]["verdict"] == verdict and h.events[1]["follow_up"] == "escalate"
+    assert h.trace_of("apply") == [("apply", A)]  # the blocked signal applied nothing
+
+
+async def test_revert_follow_up_undoes_the_applied_steps_and_clears_the_pin(h: Harness):
+    """onNotRecovered: revert undoes the decision's applied steps (not its noop one) in reverse,
+    clears the pin its rollback recorded, and ends the decision reverted; nothing is frozen."""
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}, pin: true}}", f"{{type: {B}, plan: noop}}", f"{{type: {C}}}",
+                              then="revert"), query=lambda t: 900.0)
+
+    await h.fire(ex)
+    assert [p["version"] for p in await h.journal.pins()] == [1]
+    await ex.wait_recoveries()
+
+    assert h.trace_of("revert") == [("revert", C), ("revert", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "reverted"
+    assert decision.reason == "2 step(s) applied and verified; did not recover (not_recovered); reverted"
+    assert await h.journal.pins() == []
+    assert await h.journal.freezes() == []
+    assert [(i, p, st) for i, p, st in await h.steps(decision.id) if p in ("revert", "recovery")] == [
+        (-1, "recovery", "pending"), (-1, "recovery", "not_recovered"), (2, "revert", "ok"), (0, "revert", "ok")]
+    assert await h.journal.open_recoveries() == []
+
+
+async def test_none_follow_up_only_journals(h: Harness):
+    """onNotRecovered: none journals the verdict; no revert, no freeze, the decision stays succeeded."""
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}}}", then="none"), query=lambda t: 900.0)
+
+    await h.fire(ex)
+    await ex.wait_recoveries()
+
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "not_recovered"]
+    assert h.trace_of("revert") == [] and await h.journal.freezes() == []
+
+
+async def test_watch_stopped_by_a_restart_is_resumed_from_the_journal(h: Harness):
+    """A watch cut short (shutdown, crash) stays pending; a new executor's resume_verifications goes
+    on with the journaled check and settles it; resuming again finds nothing open."""
+    h.advance, h.gate = True, asyncio.Event()
+    policy = _verified(f"{{type: {A}}}")
+    first = h.executor(policy, query=lambda t: 100.0)
+    await h.fire(first)
+    await wait_for(lambda: h.sleeps, timeout=10)
+    await first.close()
+    h.gate.set()
+    (decision,) = await h.journal.decisions()
+    assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending"]
+    assert len(await h.journal.open_recoveries()) == 1
+
+    second = h.executor(policy, query=lambda t: 100.0)
+    assert await second.resume_verifications() == 1
+    await second.wait_recoveries()
+
+    assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "recovered"]
+    assert await second.resume_verifications() == 0
+    assert h.trace_of("apply") == [("apply", A)]  # nothing applied again
+
+
+async def test_revert_left_by_a_replica_that_may_not_act_is_resumed(h: Harness):
+    """A revert verdict reached while this replica may not act stays open; the next start reverts."""
+    h.advance = True
+    policy = _verified(f"{{type: {A}}}", then="revert")
+    acting = [True]
+    first = h.executor(policy, may_act=lambda: acting[0], query=lambda t: 900.0)
+    await h.fire(first)
+    acting[0] = False
+    await first.wait_recoveries()
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded" and h.trace_of("revert") == []
+    (opened,) = await h.journal.open_recoveries()
+    assert opened.row["status"] == "not_recovered"
+
+    second = h.executor(policy, query=lambda t: 900.0)
+    assert await second.resume_verifications() == 1
+    await second.wait_recoveries()
+
+    assert h.trace_of("revert") == [("revert", A)]
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "reverted"
+
+
+async def test_a_notify_callback_that_raises_never_fails_a_remediation(h: Harness):
+    """The outcome callback raising is counted and logged; the decision and its watch go on."""
+    def broken(event: Mapping[str, Any]) -> None:
+        raise RuntimeError("receiver bug")
+
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}}}"), query=lambda t: 100.0, notify=broken)
+
+    await h.fire(ex)
+    await ex.wait_recoveries()
+
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "recovered"]

@@ -1,0 +1,135 @@
+"""Outcome notifications: fire-and-forget POSTs of what tailguard did and whether it helped.
+
+`Notifier.publish(event)` never blocks and never raises: the event joins a bounded in-memory queue
+(when it is full the oldest is dropped and counted in `tailguard_faults_total{component="notifications"}`)
+and one background task, started on demand, sends it to every receiver subscribed to its kind.
+5xx answers and network errors are retried with backoff; other answers are given up at once.
+A receiver that is down delays notifications, never a remediation. Each POST carries
+`Idempotency-Key: <decision>/<event>` so a receiver can drop the repeat of a retried delivery.
+
+Events (`event` in the JSON): acted, recovered, not_recovered (verdict not_recovered or unknown),
+escalated, failed.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import aiohttp
+import structlog
+
+from actions.base import IDEMPOTENCY_HEADER
+from daemon.common.config import NotificationSettings
+from daemon.common.metrics import Metrics
+
+log = structlog.get_logger("tailguard.notifier")
+
+FAULT = "notifications"  # the faults counter's component for drops and deliveries given up
+
+
+def slack_text(event: Mapping[str, Any]) -> str:
+    """One line for a chat message."""
+    where = f"{event.get('policy', '?')} on {event.get('target', '?')}"
+    return f"tailguard {event.get('event', '?')}: {where}: {event.get('message', '')}".rstrip(": ")
+
+
+class Notifier:
+    """Sends outcome events to the configured receivers, in the background.
+
+    Args:
+        sinks: The receivers (`notifications` in the settings).
+        metrics: Drops and deliveries given up are counted as faults.
+        queue_size: Events waiting at most; past it the oldest is dropped.
+        sleep: Waits between retries (tests pass a fast one).
+        backoff_seconds: The first retry's delay; each next one doubles it.
+    """
+
+    def __init__(self, sinks: Sequence[NotificationSettings], metrics: Metrics, queue_size: int = 1000,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, backoff_seconds: float = 1.0) -> None:
+        self._sinks = tuple(sinks)
+        self._metrics = metrics
+        self._size = queue_size
+        self._sleep = sleep
+        self._backoff = backoff_seconds
+        self._queue: deque[dict[str, Any]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self.dropped = 0  # events dropped because the queue was full
+        self.delivered = 0  # (event, receiver) deliveries that succeeded
+        self.given_up = 0  # (event, receiver) deliveries that failed for good
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def publish(self, event: Mapping[str, Any]) -> None:
+        """Queue `event` for the receivers subscribed to `event["event"]`; returns at once, never raises."""
+        try:
+            if not any(event.get("event") in sink.events for sink in self._sinks):
+                return
+            if len(self._queue) >= self._size:
+                lost = self._queue.popleft()
+                self.dropped += 1
+                self._metrics.faults.labels(FAULT).inc()
+                log.warning("notification queue full; oldest dropped", dropped=lost.get("event"),
+                            decision=lost.get("decision"), queue_size=self._size)
+            self._queue.append(dict(event))
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._run(), name="notifier")
+        except Exception as exc:  # a notification must never fail the caller
+            self._metrics.faults.labels(FAULT).inc()
+            log.warning("could not queue notification", error=repr(exc))
+
+    async def flush(self) -> None:
+        """Wait until every queued event was delivered or given up (tests)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
+
+    async def close(self, timeout_seconds: float = 2.0) -> None:
+        """Give queued events up to `timeout_seconds`, then stop; the HTTP session is closed."""
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(self.flush(), timeout_seconds)
+            except asyncio.TimeoutError:
+                log.warning("notifications not sent before shutdown", left=len(self._queue) + 1)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _run(self) -> None:
+        while self._queue:
+            event = self._queue.popleft()
+            sinks = [s for s in self._sinks if event.get("event") in s.events]
+            await asyncio.gather(*(self._deliver(sink, event) for sink in sinks))
+
+    async def _deliver(self, sink: NotificationSettings, event: Mapping[str, Any]) -> None:
+        """POST `event` to `sink`, retrying 5xx and network errors; never raises (but cancellation)."""
+        body = {"text": slack_text(event)} if sink.format == "slack" else dict(event)
+        headers = {**sink.headers, IDEMPOTENCY_HEADER: f"{event.get('decision')}/{event.get('event')}"}
+        why = "not attempted"
+        for attempt in range(1, sink.max_attempts + 1):
+            retry = False
+            try:
+                if self._http is None or self._http.closed:
+                    self._http = aiohttp.ClientSession()
+                async with self._http.post(sink.url, json=body, headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=sink.timeout_seconds)) as resp:
+                    if resp.status < 300:
+                        self.delivered += 1
+                        return
+                    why, retry = f"answered {resp.status}", resp.status >= 500
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                why, retry = f"{type(exc).__name__}: {exc}", True
+            except Exception as exc:  # a bad header value, a body that is not JSON ...: not worth a retry
+                why = f"{type(exc).__name__}: {exc}"
+            if not retry or attempt == sink.max_attempts:
+                break
+            await self._sleep(self._backoff * 2 ** (attempt - 1))
+        self.given_up += 1
+        self._metrics.faults.labels(FAULT).inc()
+        log.warning("notification not delivered", url=sink.url, notification=event.get("event"),
+                    decision=event.get("decision"), attempts=attempt, error=why)

@@ -1,0 +1,178 @@
+"""Outcome notifications against a real local HTTP receiver: formats and subscriptions, the bounded
+queue (oldest dropped, counted), retries of 5xx and network errors with backoff, 4xx given up at
+once, and a notifier that never raises or blocks its caller."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from daemon.common.config import NotificationSettings, Settings
+from daemon.common.metrics import Metrics
+from daemon.workers.notifier import Notifier
+from lab.ports import free_port
+
+
+class Receiver:
+    """A loopback endpoint that answers the scripted statuses in turn (the last one repeats)."""
+
+    def __init__(self) -> None:
+        self.statuses = [200]
+        self.received: list[tuple[dict[str, str], Any]] = []
+        self.hold: asyncio.Event | None = None  # when set, requests wait for it
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if self.hold is not None:
+            await self.hold.wait()
+        self.received.append((dict(request.headers), await request.json()))
+        return web.Response(status=self.statuses[min(len(self.received), len(self.statuses)) - 1])
+
+    @property
+    def bodies(self) -> list[Any]:
+        return [body for _, body in self.received]
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/hook"
+
+    async def stop(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    r = Receiver()
+    await r.start()
+    yield r
+    if r.hold is not None:
+        r.hold.set()
+    await r.stop()
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+def _sink(url: str, **kw: Any) -> NotificationSettings:
+    return NotificationSettings.model_validate({"url": url, **kw})
+
+
+def _event(name: str = "escalated", decision: int = 1) -> dict[str, Any]:
+    return {"event": name, "policy": "ranker-tail", "target": "default/ranker", "decision": decision,
+            "message": "P99.9 did not recover"}
+
+
+def _faults(metrics: Metrics) -> float:
+    return metrics.registry.get_sample_value("tailguard_faults_total", {"component": "notifications"}) or 0.0
+
+
+async def test_settings_default_to_every_event_and_json():
+    """`notifications` in the settings: a receiver subscribes to every outcome unless told."""
+    settings = Settings.model_validate({"notifications": [{"url": "http://x/hook"},
+                                                          {"url": "https://y", "format": "slack",
+                                                           "events": ["escalated"]}]})
+    every, slack = settings.notifications
+    assert every.format == "json" and every.events == ["acted", "recovered", "not_recovered", "escalated", "failed"]
+    assert slack.events == ["escalated"]
+    with pytest.raises(ValueError):
+        Settings.model_validate({"notifications": [{"url": "http://x", "events": ["paged"]}]})
+
+
+async def test_json_and_slack_receivers_get_the_events_they_subscribe_to(receiver: Receiver):
+    """JSON gets the event as is, with the receiver's headers and an idempotency key; slack gets a
+    text line; an event nobody subscribes to is not sent."""
+    metrics = Metrics()
+    notifier = Notifier([_sink(receiver.url, headers={"X-Team": "ml"}),
+                         _sink(receiver.url, format="slack", events=["escalated"])], metrics)
+    notifier.publish(_event("escalated", 4))
+    notifier.publish(_event("acted", 5))
+    await notifier.flush()
+    await notifier.close()
+
+    assert sorted(map(str, receiver.bodies)) == sorted(map(str, [
+        _event("escalated", 4), _event("acted", 5),
+        {"text": "tailguard escalated: ranker-tail on default/ranker: P99.9 did not recover"}]))
+    headers = [h for h, body in receiver.received if body == _event("escalated", 4)][0]
+    assert headers["X-Team"] == "ml" and headers["Idempotency-Key"] == "4/escalated"
+    assert notifier.delivered == 3 and _faults(metrics) == 0
+
+    quiet = Notifier([_sink(receiver.url, events=["failed"])], metrics)
+    quiet.publish(_event("acted"))
+    assert quiet.pending == 0
+    await quiet.close()
+
+
+async def test_full_queue_drops_the_oldest_and_counts_it(receiver: Receiver):
+    """Queue of 2, five events published at once: the three oldest are dropped (faults counted), the
+    newest two are delivered, in order."""
+    metrics = Metrics()
+    notifier = Notifier([_sink(receiver.url)], metrics, queue_size=2)
+    for n in range(1, 6):
+        notifier.publish(_event("acted", n))
+    assert notifier.pending == 2 and notifier.dropped == 3 and _faults(metrics) == 3
+    await notifier.flush()
+    await notifier.close()
+    assert [body["decision"] for body in receiver.bodies] == [4, 5]
+
+
+async def test_5xx_is_retried_with_backoff_until_delivered(receiver: Receiver):
+    """503, 502, then 200: three POSTs, waits of 1 s and 2 s between them, delivered once."""
+    receiver.statuses = [503, 502, 200]
+    sleeps = Sleeps()
+    notifier = Notifier([_sink(receiver.url)], Metrics(), sleep=sleeps)
+    notifier.publish(_event())
+    await notifier.flush()
+    await notifier.close()
+    assert len(receiver.received) == 3 and sleeps.delays == [1.0, 2.0]
+    assert notifier.delivered == 1 and notifier.given_up == 0
+
+
+async def test_4xx_is_given_up_at_once_and_a_dead_receiver_after_max_attempts(receiver: Receiver):
+    """A 400 is not retried; a receiver that refuses connections is tried maxAttempts times; both are
+    counted as faults and nothing raises."""
+    receiver.statuses = [400]
+    metrics = Metrics()
+    sleeps = Sleeps()
+    dead = f"http://127.0.0.1:{free_port()}/hook"
+    notifier = Notifier([_sink(receiver.url), _sink(dead, maxAttempts=3)], metrics, sleep=sleeps)
+    notifier.publish(_event())
+    await notifier.flush()
+    await notifier.close()
+    assert len(receiver.received) == 1
+    assert sleeps.delays == [1.0, 2.0]  # the dead receiver's retries only
+    assert notifier.given_up == 2 and _faults(metrics) == 2
+
+
+async def test_publish_never_blocks_and_close_is_bounded(receiver: Receiver):
+    """A receiver that never answers: publish returns at once, close gives up after its timeout."""
+    receiver.hold = asyncio.Event()
+    notifier = Notifier([_sink(receiver.url, timeoutSeconds=30)], Metrics())
+    started = time.monotonic()
+    for n in range(100):
+        notifier.publish(_event("acted", n))
+    assert time.monotonic() - started < 0.5
+    await asyncio.sleep(0.1)  # the first POST is now waiting on the receiver
+    await notifier.close(timeout_seconds=0.3)
+    assert time.monotonic() - started < 5
+
+
+def test_publish_outside_an_event_loop_does_not_raise():
+    """No running loop (a misuse): the event is counted as a fault, the caller goes on."""
+    metrics = Metrics()
+    Notifier([_sink("http://127.0.0.1:1/hook")], metrics).publish(_event())
+    assert _faults(metrics) == 1
