@@ -96,6 +96,21 @@ class ExecutorSettings(_Section):
     """Outcome notifications waiting to be sent; past it the oldest is dropped (and counted as a fault)."""
 
 
+class BlastRadiusSettings(_Section):
+    """Daemon-wide limits across targets (a policy's own guards see one target); None turns a limit off."""
+
+    max_targets_per_window: int | None = Field(None, ge=1, alias="maxTargetsPerWindow")
+    """Distinct targets changed within windowSeconds past which a plan on one more target is blocked."""
+    window_seconds: float = Field(3600.0, gt=0, alias="windowSeconds")
+    """The window of maxTargetsPerWindow."""
+    common_cause_targets: int | None = Field(None, ge=1, alias="commonCauseTargets")
+    """More distinct targets than this signalling within commonCauseSpanSeconds: act on none, escalate once."""
+    common_cause_share: float | None = Field(None, gt=0, lt=1, alias="commonCauseShare")
+    """As commonCauseTargets, as a fraction (0-1) of the targets the policies name."""
+    common_cause_span_seconds: float = Field(60.0, gt=0, alias="commonCauseSpanSeconds")
+    """The span within which signals on many targets count as one burst with a likely shared cause."""
+
+
 NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed"]
 NOTIFICATION_EVENTS: tuple[NotificationEvent, ...] = ("acted", "recovered", "not_recovered", "escalated", "failed")
 
@@ -122,6 +137,7 @@ class Settings(_Section):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, alias="leaderElection")
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    blast_radius: BlastRadiusSettings = Field(default_factory=BlastRadiusSettings, alias="blastRadius")
     freeze: bool = False
     """Global freeze switch: signals are journaled and planned, nothing is applied."""
     notifications: list[NotificationSettings] = Field(default_factory=list)

@@ -231,6 +231,56 @@ def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) ->
                 settings.webhook.max_concurrent_requests) == expected
 
 
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, {"max_signal_age_seconds": 600.0, "escalation_freeze_seconds": 3600.0, "queue_size": 10_000,
+          "notification_queue_size": 1000, "max_pending": 100_000, "max_targets_per_window": None,
+          "window_seconds": 3600.0, "common_cause_targets": None, "common_cause_share": None,
+          "common_cause_span_seconds": 60.0}),
+    ({"executor": {"maxSignalAgeSeconds": 2.5, "escalationFreezeSeconds": 86400, "queueSize": 1_000_000,
+                   "notificationQueueSize": 1},
+      "journal": {"maxPending": 5_000_000},
+      "blastRadius": {"maxTargetsPerWindow": 3, "windowSeconds": 1800, "commonCauseTargets": 5,
+                      "commonCauseShare": 0.25, "commonCauseSpanSeconds": 30.5}},
+     {"max_signal_age_seconds": 2.5, "escalation_freeze_seconds": 86400.0, "queue_size": 1_000_000,
+      "notification_queue_size": 1, "max_pending": 5_000_000, "max_targets_per_window": 3,
+      "window_seconds": 1800.0, "common_cause_targets": 5, "common_cause_share": 0.25,
+      "common_cause_span_seconds": 30.5}),
+    # an explicit null (off) passes the schema; Helm drops the key and the template renders null
+    ({"blastRadius": {"maxTargetsPerWindow": None, "commonCauseShare": None}},
+     {"max_targets_per_window": None, "common_cause_share": None}),
+], ids=["defaults", "overrides", "null-is-off"])
+def test_executor_journal_and_blast_radius_settings_reach_the_daemon(
+        values: dict[str, Any], expected: dict[str, Any], tmp_path: Path) -> None:
+    """executor.*, journal.maxPending and blastRadius.* are rendered into config.yaml (large numbers as
+    plain decimals, not 1e+06), and the daemon's strict settings read them with the chart's defaults."""
+    from daemon.common.config import Settings, load_settings
+
+    path = tmp_path / "config.yaml"
+    path.write_text(hr.one(hr.render(values), "ConfigMap", f"{SA}-config")["data"]["config.yaml"])
+    settings = load_settings(path)
+    assert isinstance(settings, Settings)
+    ex, br = settings.executor, settings.blast_radius
+    got = {"max_signal_age_seconds": ex.max_signal_age_seconds,
+           "escalation_freeze_seconds": ex.escalation_freeze_seconds, "queue_size": ex.queue_size,
+           "notification_queue_size": ex.notification_queue_size, "max_pending": settings.journal.max_pending,
+           "max_targets_per_window": br.max_targets_per_window, "window_seconds": br.window_seconds,
+           "common_cause_targets": br.common_cause_targets, "common_cause_share": br.common_cause_share,
+           "common_cause_span_seconds": br.common_cause_span_seconds}
+    assert {k: got[k] for k in expected} == expected
+    assert all(type(got[k]) is type(v) for k, v in expected.items())
+
+
+def test_chart_defaults_are_the_daemon_defaults() -> None:
+    """The chart's executor, journal.maxPending and blastRadius defaults are the daemon's own."""
+    from daemon.common.config import BlastRadiusSettings, ExecutorSettings, JournalSettings
+
+    values = hr.chart().values
+    for section, model in ((values["executor"], ExecutorSettings()), (values["blastRadius"], BlastRadiusSettings())):
+        defaults = model.model_dump(by_alias=True)
+        assert {k: defaults[k] for k in section} == section
+    assert values["journal"]["maxPending"] == JournalSettings().max_pending
+
+
 def test_shutdown_fits_in_the_grace_period() -> None:
     """The defaults leave room; the hand-back of the Lease counts only with leader election."""
     assert _deployment(hr.render({}))["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
@@ -530,6 +580,14 @@ def test_notes_receiver_snippet_is_valid_alertmanager_config(tmp_path: Path) -> 
     ({"webhook": {"maxConcurrentRequests": 0}}, "at '/webhook/maxConcurrentRequests': minimum"),
     ({"webhook": {"bodyReadTimeoutSeconds": 0}}, "at '/webhook/bodyReadTimeoutSeconds': exclusiveMinimum"),
     ({"shutdownTimeoutSeconds": "10s"}, "at '/shutdownTimeoutSeconds': got string, want number"),
+    ({"executor": {"queueSize": 0}}, "at '/executor/queueSize': minimum"),
+    ({"executor": {"maxSignalAgeSeconds": 0}}, "at '/executor/maxSignalAgeSeconds': exclusiveMinimum"),
+    ({"executor": {"workerz": 4}}, "at '/executor': additional properties 'workerz' not allowed"),
+    ({"journal": {"maxPending": 1.5}}, "at '/journal/maxPending'"),
+    ({"blastRadius": {"maxTargetsPerWindow": 0}}, "at '/blastRadius/maxTargetsPerWindow': minimum"),
+    ({"blastRadius": {"commonCauseShare": 1}}, "at '/blastRadius/commonCauseShare': exclusiveMaximum"),
+    ({"blastRadius": {"commonCauseTargets": "5"}}, "at '/blastRadius/commonCauseTargets'"),
+    ({"blastRadius": {"commonCauseSpanSeconds": 0}}, "at '/blastRadius/commonCauseSpanSeconds': exclusiveMinimum"),
 ])
 def test_schema_rejects_bad_values_with_the_field_path(values: dict[str, Any], message: str) -> None:
     """values.schema.json refuses the values at render time and the error names the offending field."""

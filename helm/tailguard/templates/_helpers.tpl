@@ -125,6 +125,7 @@ policies:
   reloadIntervalSeconds: {{ .Values.policyReloadIntervalSeconds }}
 journal:
   path: /var/lib/tailguard/journal.db
+  maxPending: {{ .Values.journal.maxPending | toJson }}
 prometheus:
   url: {{ .Values.prometheus.url | quote }}
   timeoutSeconds: {{ .Values.prometheus.timeoutSeconds }}
@@ -138,6 +139,18 @@ leaderElection:
   renewDeadlineSeconds: {{ .Values.leaderElection.renewDeadlineSeconds }}
   retryPeriodSeconds: {{ .Values.leaderElection.retryPeriodSeconds }}
   stateConfigMap: {{ include "tailguard.stateConfigMap" . | quote }}
+{{- /* toJson: numbers as plain decimals (the default printing gives 1e+06), null as null (off) */}}
+executor:
+  maxSignalAgeSeconds: {{ .Values.executor.maxSignalAgeSeconds | toJson }}
+  escalationFreezeSeconds: {{ .Values.executor.escalationFreezeSeconds | toJson }}
+  queueSize: {{ .Values.executor.queueSize | toJson }}
+  notificationQueueSize: {{ .Values.executor.notificationQueueSize | toJson }}
+blastRadius:
+  maxTargetsPerWindow: {{ .Values.blastRadius.maxTargetsPerWindow | toJson }}
+  windowSeconds: {{ .Values.blastRadius.windowSeconds | toJson }}
+  commonCauseTargets: {{ .Values.blastRadius.commonCauseTargets | toJson }}
+  commonCauseShare: {{ .Values.blastRadius.commonCauseShare | toJson }}
+  commonCauseSpanSeconds: {{ .Values.blastRadius.commonCauseSpanSeconds | toJson }}
 freeze: {{ .Values.freeze }}
 log:
   format: {{ .Values.log.format }}
