@@ -80,11 +80,17 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 QueryFn = Callable[[str], Awaitable[QueryResult]]
 EventFn = Callable[..., Awaitable[None]]
 EndpointsFn = Callable[[Target], Awaitable[list[str]]]
+KnownBadFn = Callable[[str], Awaitable[frozenset[int]]]
 
 
 async def static_endpoints(target: Target) -> list[str]:
     """Triton base URLs listed in the policy (local mode, or outside a cluster)."""
     return list(target.triton_endpoints)
+
+
+async def no_known_bad(target_key: str) -> frozenset[int]:
+    """No version is known bad (no journal lent)."""
+    return frozenset()
 
 
 @dataclass
@@ -98,6 +104,8 @@ class ActionDeps:
     # Ready Triton replicas of a target: static URLs, or a Service's EndpointSlices in a cluster.
     endpoints: EndpointsFn = static_endpoints
     triton_timeout_seconds: float = 30.0
+    # Versions of a target (by key) marked bad in the journal: `triton.rollback to: previous` skips them.
+    known_bad: KnownBadFn = no_known_bad
 
 
 class Action(Protocol):

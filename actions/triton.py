@@ -63,27 +63,32 @@ def pinned_versions(config: Mapping[str, Any]) -> list[int] | None:
 
 
 def choose_version(
-    to: Literal["previous"] | int, served: list[int], listed: list[int], pinned: list[int] | None
+    to: Literal["previous"] | int, served: list[int], listed: list[int], pinned: list[int] | None,
+    known_bad: frozenset[int] = frozenset(),
 ) -> tuple[int | None, str]:
     """The version to serve, or None with the reason when there is nothing to roll back to.
 
     With "previous", a model already pinned to one version it serves counts as rolled back:
-    rolling back twice must not walk further into the past.
+    rolling back twice must not walk further into the past. Versions in `known_bad` (rolled back
+    from before) are skipped: "previous" is the newest good version below the served one.
     """
     if isinstance(to, int):
         return to, f"version {to} requested by the policy"
     if not served:
         return None, "no READY version is served: nothing to roll back from"
-    if pinned is not None and len(pinned) == 1 and served == pinned:
+    if pinned is not None and len(pinned) == 1 and served == pinned and pinned[0] not in known_bad:
         return pinned[0], f"already pinned to version {pinned[0]}"
     bad = max(served)
-    older = [v for v in listed if v < bad]
+    skipped = sorted(v for v in known_bad if v < bad)
+    skipping = f"; skipped known-bad {skipped}" if skipped else ""
+    older = [v for v in listed if v < bad and v not in known_bad]
     if older:
-        return max(older), f"previous of served version {bad} (known versions {listed})"
-    if bad > 1:
-        # The index lists only loaded versions; Triton's numeric versions are assumed consecutive.
-        return bad - 1, f"version {bad - 1} assumed to precede served version {bad}"
-    return None, f"served version {bad} has no earlier version"
+        return max(older), f"previous of served version {bad} (known versions {listed}{skipping})"
+    # The index lists only loaded versions; Triton's numeric versions are assumed consecutive.
+    guess = next((v for v in range(bad - 1, 0, -1) if v not in known_bad and v not in listed), None)
+    if guess is not None:
+        return guess, f"version {guess} assumed to precede served version {bad}{skipping}"
+    return None, f"served version {bad} has no earlier good version{skipping}"
 
 
 def pinned_config(config: Mapping[str, Any], version: int) -> dict[str, Any]:
@@ -94,9 +99,10 @@ def pinned_config(config: Mapping[str, Any], version: int) -> dict[str, Any]:
 
 
 def plan_rollback(
-    target: Target, params: TritonRollbackParams, observed: Mapping[str, Any]
+    target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
+    known_bad: frozenset[int] = frozenset(),
 ) -> Step:
-    """Decide the rollback across every observed replica. Pure."""
+    """Decide the rollback across every observed replica, skipping `known_bad` versions. Pure."""
     replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
     unreachable: Mapping[str, str] = observed.get("unreachable", {})
     if not replicas:
@@ -108,7 +114,7 @@ def plan_rollback(
     listed = sorted({v for r in replicas.values() for v in listed_versions(r["index"], target.model)})
     pins = {tuple(pinned_versions(r["config"]) or ()) for r in replicas.values()}
     pinned = list(next(iter(pins))) if len(pins) == 1 and next(iter(pins)) else None
-    version, why = choose_version(params.to, served, listed, pinned)
+    version, why = choose_version(params.to, served, listed, pinned, known_bad)
     if version is None:
         raise PermanentError(f"{target.model}: {why}")
     todo = {}
@@ -176,11 +182,12 @@ class TritonRollback:
                 unreachable[url] = _describe(res)
             else:
                 replicas[url] = res
-        return {"replicas": replicas, "unreachable": unreachable}
+        known_bad = sorted(await self._deps.known_bad(target.key)) if params.to == "previous" else []
+        return {"replicas": replicas, "unreachable": unreachable, "known_bad": known_bad}
 
     def plan(self, target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
              signal: Signal) -> Step:
-        return plan_rollback(target, params, observed)
+        return plan_rollback(target, params, observed, frozenset(observed.get("known_bad", ())))
 
     async def _load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> str | None:
         client = self._client(url, timeout)
@@ -224,9 +231,14 @@ class TritonRollback:
         if problems:
             return Outcome.failure(f"version {version} not confirmed on {len(problems)} replica(s)",
                                    retryable=True, problems=problems)
-        # `pin` tells the daemon to remember this version, so replicas that appear later get it too.
-        return Outcome.success(f"{target.model} serves only version {version} on every replica",
-                               pin={"model": target.model, "version": version})
+        # `pin` tells the daemon to remember this version, so replicas that appear later get it too;
+        # `from_version` (the newest version served before) is marked bad for the target.
+        before = [v for r in step.before.get("replicas", {}).values() for v in r.get("served", [])]
+        newest = max(before, default=None)
+        pin: dict[str, Any] = {"model": target.model, "version": version, "reason": step.summary}
+        if newest is not None and newest > version:
+            pin["from_version"] = newest
+        return Outcome.success(f"{target.model} serves only version {version} on every replica", pin=pin)
 
     async def revert(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
         configs = {u: step.before["replicas"][u]["config"] for u in step.after["replicas"]}

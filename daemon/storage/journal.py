@@ -76,12 +76,46 @@ CREATE TABLE IF NOT EXISTS evaluations (
     reason TEXT NOT NULL,
     PRIMARY KEY (policy, trigger_index, series)
 );
+-- Live pins, one per target (columns after `at` added by _migrate on older journals).
 CREATE TABLE IF NOT EXISTS pins (
     target TEXT PRIMARY KEY,
     model TEXT NOT NULL,
     version INTEGER NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    from_version INTEGER,      -- the version rolled back from (NULL: unknown, an older pin)
+    decision_id INTEGER,
+    signal TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    policy TEXT
 );
+-- Pins that ended (roll-forward, policy disabled or removed, unpin, revert), with why.
+CREATE TABLE IF NOT EXISTS pin_history (
+    id INTEGER PRIMARY KEY,
+    target TEXT NOT NULL,
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    at REAL NOT NULL,
+    from_version INTEGER,
+    decision_id INTEGER,
+    signal TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    policy TEXT,
+    ended_at REAL NOT NULL,
+    ended_reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pin_history_target ON pin_history(target, ended_at);
+-- Versions rolled back from: `to: previous` skips them until `tailguard bad-versions --clear`.
+CREATE TABLE IF NOT EXISTS bad_versions (
+    id INTEGER PRIMARY KEY,
+    target TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    decision_id INTEGER,
+    at REAL NOT NULL,
+    cleared_at REAL,
+    cleared_reason TEXT
+);
+CREATE INDEX IF NOT EXISTS bad_versions_target ON bad_versions(target, cleared_at);
 -- Executed plans of the previous leader, imported from the shared cluster state on takeover:
 -- guard_history counts them with the local decisions (an identical `at` counts once).
 CREATE TABLE IF NOT EXISTS guard_marks (
@@ -104,6 +138,12 @@ CREATE TABLE IF NOT EXISTS freezes (
 );
 CREATE INDEX IF NOT EXISTS freezes_target ON freezes(target, until);
 """
+
+# Columns added to existing tables since the first release: (name, declaration) per table.
+_ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "pins": [("from_version", "INTEGER"), ("decision_id", "INTEGER"), ("signal", "TEXT"),
+             ("reason", "TEXT NOT NULL DEFAULT ''"), ("policy", "TEXT")],
+}
 
 RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
 
@@ -265,9 +305,19 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._migrate()
         # Kept exact by every write that changes a signal's state (all of them go through here).
         self._pending = int(self._db.execute("SELECT COUNT(*) FROM signals WHERE state='pending'").fetchone()[0])
         self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_signal_batches, "journal-writer")
+
+    def _migrate(self) -> None:
+        """Bring a journal written by an older version up to SCHEMA: add the columns it lacks
+        (tables it lacks SCHEMA created). Idempotent; old rows keep NULL/default values."""
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns:
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self._group.close()
@@ -645,21 +695,106 @@ class Journal:
         return [dict(r) for r in self._read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
                                             (policy,))]
 
-    def record_pin(self, target: str, model: str, version: int) -> None:
-        """Remember that `target` must serve only `version` (re-applied to new replicas)."""
-        _checked(target=target, model=model)
-        self._tx(lambda: self._db.execute(
-            "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
-            " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
-            " at=excluded.at",
-            (target, model, version, time.time())))
+    def record_pin(self, target: str, model: str, version: int, *, from_version: int | None = None,
+                   decision_id: int | None = None, reason: str = "", policy: str | None = None) -> None:
+        """Remember that `target` must serve only `version` (re-applied to new replicas).
 
-    def clear_pin(self, target: str) -> None:
-        _checked(target=target)
-        self._tx(lambda: self._db.execute("DELETE FROM pins WHERE target=?", (target,)))
+        `from_version` (the version rolled back from) is marked bad for `target` when it is newer
+        than `version`, with `reason` and `decision_id`; the signal's name is taken from the decision.
+        """
+        _checked(target=target, model=model, reason=reason, policy=policy)
+
+        def run() -> None:
+            signal = None
+            if decision_id is not None:
+                row = self._db.execute("SELECT s.name FROM decisions d JOIN signals s ON s.id=d.signal_id"
+                                       " WHERE d.id=?", (decision_id,)).fetchone()
+                signal = row[0] if row is not None else None
+            now = time.time()
+            self._db.execute(
+                "INSERT INTO pins(target, model, version, at, from_version, decision_id, signal, reason, policy)"
+                " VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
+                " at=excluded.at, from_version=COALESCE(excluded.from_version, pins.from_version),"
+                " decision_id=COALESCE(excluded.decision_id, pins.decision_id),"
+                " signal=COALESCE(excluded.signal, pins.signal), reason=excluded.reason,"
+                " policy=COALESCE(excluded.policy, pins.policy)",
+                (target, model, version, now, from_version, decision_id, signal, reason, policy))
+            if from_version is not None and from_version > version:
+                self._mark_bad(target, from_version,
+                               f"rolled back to {version}" + (f" by decision {decision_id}" if decision_id else "")
+                               + (f" ({signal})" if signal else "") + (f": {reason}" if reason else ""),
+                               decision_id, now)
+
+        self._tx(run)
+
+    def end_pin(self, target: str, reason: str, *, unmark_decision: bool = False) -> dict[str, Any] | None:
+        """End the live pin of `target`: moved to pin_history with `reason`. Returns the ended pin,
+        or None when there was none. `unmark_decision`: also clear the bad-version marks the pin's
+        decision made (its rollback was reverted)."""
+        _checked(target=target, reason=reason)
+
+        def run() -> dict[str, Any] | None:
+            row = self._db.execute("SELECT * FROM pins WHERE target=?", (target,)).fetchone()
+            if row is None:
+                return None
+            pin, now = dict(row), time.time()
+            self._db.execute(
+                "INSERT INTO pin_history(target, model, version, at, from_version, decision_id, signal, reason,"
+                " policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (pin["target"], pin["model"], pin["version"], pin["at"], pin["from_version"], pin["decision_id"],
+                 pin["signal"], pin["reason"] or "", pin["policy"], now, reason))
+            self._db.execute("DELETE FROM pins WHERE target=?", (target,))
+            if unmark_decision and pin["decision_id"] is not None:
+                self._db.execute("UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=?"
+                                 " AND decision_id=? AND cleared_at IS NULL",
+                                 (now, f"pin ended: {reason}", target, pin["decision_id"]))
+            return {**pin, "ended_at": now, "ended_reason": reason}
+
+        return self._tx(run)
+
+    def clear_pin(self, target: str, reason: str = "cleared") -> None:
+        """End the pin of `target` (a reverted rollback): its decision's bad-version marks are cleared."""
+        self.end_pin(target, reason, unmark_decision=True)
 
     def pins(self) -> list[dict[str, Any]]:
+        """The live pins."""
         return [dict(r) for r in self._read("SELECT * FROM pins")]
+
+    def ended_pins(self, target: str | None = None) -> list[dict[str, Any]]:
+        """Pins that ended, oldest first."""
+        if target is None:
+            return [dict(r) for r in self._read("SELECT * FROM pin_history ORDER BY id")]
+        return [dict(r) for r in self._read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))]
+
+    def _mark_bad(self, target: str, version: int, reason: str, decision_id: int | None, now: float) -> None:
+        if self._db.execute("SELECT 1 FROM bad_versions WHERE target=? AND version=? AND cleared_at IS NULL",
+                            (target, version)).fetchone() is None:
+            self._db.execute("INSERT INTO bad_versions(target, version, reason, decision_id, at)"
+                             " VALUES (?,?,?,?,?)", (target, version, reason, decision_id, now))
+
+    def mark_bad(self, target: str, version: int, reason: str, decision_id: int | None = None) -> None:
+        """Mark `version` bad for `target` (kept once while not cleared)."""
+        _checked(target=target, reason=reason)
+        self._tx(lambda: self._mark_bad(target, int(version), reason, decision_id, time.time()))
+
+    def bad_versions(self, target: str, include_cleared: bool = False) -> list[dict[str, Any]]:
+        """The bad-version marks of `target` (only those in force unless `include_cleared`), oldest first."""
+        where = "" if include_cleared else " AND cleared_at IS NULL"
+        return [dict(r) for r in self._read(f"SELECT * FROM bad_versions WHERE target=?{where} ORDER BY id",
+                                            (target,))]
+
+    def known_bad(self, target: str) -> frozenset[int]:
+        """The versions of `target` marked bad and not cleared."""
+        return frozenset(int(r["version"]) for r in self._read(
+            "SELECT version FROM bad_versions WHERE target=? AND cleared_at IS NULL", (target,)))
+
+    def clear_bad(self, target: str, version: int, reason: str) -> int:
+        """Clear the mark on `version` of `target` (journaled with `reason`); how many were cleared."""
+        _checked(target=target, reason=reason)
+        return self._tx(lambda: self._db.execute(
+            "UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=? AND version=?"
+            " AND cleared_at IS NULL", (time.time(), reason, target, int(version))).rowcount)
 
     def merge_cluster_state(self, pins: Iterable[tuple[str, str, int, float]],
                             marks: Iterable[tuple[str, str, float]], since: float) -> tuple[int, int]:
@@ -760,7 +895,13 @@ class AsyncJournal:
     evaluations = _in_thread(Journal.evaluations)
     record_pin = _in_thread(Journal.record_pin)
     clear_pin = _in_thread(Journal.clear_pin)
+    end_pin = _in_thread(Journal.end_pin)
     pins = _in_thread(Journal.pins)
+    ended_pins = _in_thread(Journal.ended_pins)
+    mark_bad = _in_thread(Journal.mark_bad)
+    bad_versions = _in_thread(Journal.bad_versions)
+    known_bad = _in_thread(Journal.known_bad)
+    clear_bad = _in_thread(Journal.clear_bad)
     merge_cluster_state = _in_thread(Journal.merge_cluster_state)
 
 

@@ -1,5 +1,5 @@
 """The `tailguard` command: run the daemon, validate policies, export the schema, read the journal,
-lift a target's freeze."""
+lift a target's freeze, end a pin, list and clear known-bad versions."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import signal as os_signal
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import structlog
 
@@ -17,6 +17,9 @@ from daemon.common.config import ConfigError, load_settings
 from daemon.common.logs import configure_logging
 from daemon.wiring.registries import action_registry, detector_registry
 from policies.schema import Trigger
+
+if TYPE_CHECKING:
+    from daemon.storage.journal import Journal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,6 +40,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     unf.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
     unf.add_argument("--config", type=Path, help="settings YAML (names the journal)")
     unf.add_argument("--reason", default="lifted by tailguard unfreeze", help="recorded with the lift")
+    unp = sub.add_parser("unpin", help="end the rollback pin of a target (journaled); the reconciler "
+                                       "stops re-applying it")
+    unp.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
+    unp.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    unp.add_argument("--reason", default="ended by tailguard unpin", help="recorded with the end")
+    bad = sub.add_parser("bad-versions", help="list the versions of a target marked bad (rolled back from), "
+                                              "which `to: previous` skips; --clear VERSION clears a mark")
+    bad.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
+    bad.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    bad.add_argument("--clear", type=int, metavar="VERSION", help="clear the mark on VERSION (journaled)")
+    bad.add_argument("--reason", default="cleared by tailguard bad-versions", help="recorded with --clear")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args.config)
@@ -53,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _journal(args.path)
     if args.command == "unfreeze":
         return _unfreeze(args.config, args.target, args.reason)
+    if args.command == "unpin":
+        return _unpin(args.config, args.target, args.reason)
+    if args.command == "bad-versions":
+        return _bad_versions(args.config, args.target, args.clear, args.reason)
     return 2
 
 
@@ -146,6 +164,70 @@ def _unfreeze(config: Path | None, target: str, reason: str) -> int:
         journal.close()
     for f in lifted:
         print(f"unfrozen: {f.target} (freeze {f.id} of decision {f.decision_id}: {f.reason})")
+    return 0
+
+
+def _open_journal(config: Path | None) -> "tuple[Journal | None, int]":
+    """The journal the settings name, or None and the exit code after printing why."""
+    from daemon.storage.journal import Journal
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, 2
+    if not settings.journal.path.exists():
+        print(f"error: no journal at {settings.journal.path}", file=sys.stderr)
+        return None, 1
+    return Journal(settings.journal.path), 0
+
+
+def _unpin(config: Path | None, target: str, reason: str) -> int:
+    from daemon.storage.journal import JournalError
+
+    key = target if "/" in target else f"default/{target}"
+    journal, code = _open_journal(config)
+    if journal is None:
+        return code
+    try:
+        ended = journal.end_pin(key, reason)
+        if ended is None:
+            pinned = sorted(p["target"] for p in journal.pins())
+            print(f"no pin on {key} (pinned now: {', '.join(pinned) or 'none'})", file=sys.stderr)
+            return 1
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        journal.close()
+    print(f"unpinned: {key} (was pinned to version {ended['version']}"
+          + (f" from {ended['from_version']}" if ended["from_version"] is not None else "")
+          + (f" by decision {ended['decision_id']}" if ended["decision_id"] is not None else "") + ")")
+    return 0
+
+
+def _bad_versions(config: Path | None, target: str, clear: int | None, reason: str) -> int:
+    from daemon.storage.journal import JournalError
+
+    key = target if "/" in target else f"default/{target}"
+    journal, code = _open_journal(config)
+    if journal is None:
+        return code
+    try:
+        if clear is not None:
+            if not journal.clear_bad(key, clear, reason):
+                print(f"version {clear} of {key} is not marked bad", file=sys.stderr)
+                return 1
+            print(f"cleared: version {clear} of {key}")
+            return 0
+        for mark in journal.bad_versions(key):
+            print(json.dumps({"target": key, "version": mark["version"], "reason": mark["reason"],
+                              "decision": mark["decision_id"], "at": mark["at"]}))
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        journal.close()
     return 0
 
 

@@ -96,6 +96,7 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
     deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
     state = ExecutorState(policies if policies is not None else PolicySet(), frozen=settings.freeze)
     async_journal = AsyncJournal(journal)
+    deps.known_bad = async_journal.known_bad
     notifier = Notifier(settings.notifications, metrics, settings.executor.notification_queue_size)
     executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
                         on_recorded=on_recorded, notify=notifier.publish,

@@ -344,7 +344,7 @@ class Executor:
                 # Finished before the restart: not called again.
                 outcome, landed = final, done.landed
                 log.info("step finished before the restart", action=bound.kind, idx=idx, result=outcome.status)
-                await self._remember_pin(policy, outcome)
+                await self._remember_pin(decision_id, policy, outcome)
             else:
                 if not self._may_act():
                     # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
@@ -410,7 +410,7 @@ class Executor:
         self._metrics.action_duration.labels(kind).observe(time.monotonic() - started)
         log.info("step", action=kind, idx=idx, result=result, message=outcome.message,
                  summary=step.summary)
-        await self._remember_pin(policy, outcome)
+        await self._remember_pin(decision_id, policy, outcome)
         return outcome, landed
 
     async def _apply(self, decision_id: int, idx: int, kind: str, step: Step, policy: LoadedPolicy,
@@ -433,11 +433,16 @@ class Executor:
             await self._sleep(2 ** (attempt - 1))
         return outcome
 
-    async def _remember_pin(self, policy: LoadedPolicy, outcome: Outcome) -> None:
-        """Journal the version a verified rollback pinned (`pin` in its data), for new replicas."""
+    async def _remember_pin(self, decision_id: int, policy: LoadedPolicy, outcome: Outcome) -> None:
+        """Journal the version a verified rollback pinned (`pin` in its data), for new replicas, with
+        why (the decision, its signal, the plan's reason) and the version rolled back from (marked bad)."""
         pin = outcome.data.get("pin") if outcome.ok else None
         if pin:
-            await self._journal.record_pin(policy.target.key, pin["model"], int(pin["version"]))
+            from_version = pin.get("from_version")
+            await self._journal.record_pin(
+                policy.target.key, pin["model"], int(pin["version"]),
+                from_version=int(from_version) if from_version is not None else None,
+                decision_id=decision_id, reason=str(pin.get("reason", "")), policy=policy.name)
             self._on_recorded()
 
     async def _revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]],
@@ -570,7 +575,8 @@ class Executor:
             not_reverted = await self._revert(decision_id, policy, applied, progress)
             pinned = {int(r["idx"]) for r in rows if r["phase"] == "verify" and r["data"].get("pin")}
             if pinned and not pinned & set(not_reverted):
-                await self._journal.clear_pin(decision.target)
+                await self._journal.clear_pin(decision.target, f"reverted: decision {decision_id} did not recover "
+                                                               f"({verdict.state.value})")
                 self._on_recorded()
             state = DecisionState.FAILED if not_reverted else DecisionState.REVERTED
             reason = f"{why}; revert failed for step(s) {not_reverted}" if not_reverted else f"{why}; reverted"

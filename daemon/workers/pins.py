@@ -3,6 +3,12 @@
 A pod that starts after a rollback loads the newest version from the model repository; the
 journal remembers the pin (`pins()`), and this loop re-applies it to replicas that do not serve
 exactly the pinned version. It reuses triton.rollback's pure planning and its apply/verify.
+
+Pins have a life cycle: only live pins of enabled policies are re-applied. A pin ends (moved to the
+journal's pin history with the reason, and a Kubernetes Event when a recorder is lent) when its
+policy is disabled or removed, or when a replica serves a READY version newer than the version the
+pin rolled back from: the operator rolled forward, and that is not fought. `tailguard unpin` and
+the executor's revert end pins too.
 """
 from __future__ import annotations
 
@@ -12,11 +18,12 @@ from typing import Any, Callable, Mapping
 import structlog
 
 from actions.base import ActionDeps
-from actions.triton import TritonRollback, TritonRollbackParams, plan_rollback
+from actions.triton import TritonRollback, TritonRollbackParams, plan_rollback, ready_versions
 from core.outcome import ActionError, Outcome
 from daemon.workers.executor import ExecutorState
 from daemon.storage.journal import AsyncJournal
 from daemon.common.metrics import Metrics
+from policies.loader import LoadedPolicy
 
 log = structlog.get_logger("tailguard.pins")
 
@@ -62,28 +69,54 @@ class PinReconciler:
                 pass
 
     async def reconcile_once(self) -> dict[str, Outcome]:
-        """One pass over every pin; returns the outcome per target key (for tests and logs)."""
+        """One pass over every pin; returns the outcome per target key (for tests and logs).
+
+        A pin of a disabled or removed policy ends (not in the result); a pin whose target rolled
+        forward ends with a NOOP outcome (`ended` in its data) and nothing is loaded.
+        """
         if not self._may_act():
             return {}
-        targets = {p.target.key: p.target for p in self._state.policies.policies}
+        policies = self._state.policies.policies
         results: dict[str, Outcome] = {}
         for pin in await self._journal.pins():
             key = pin["target"]
-            target = targets.get(key)
-            if target is None:
-                log.debug("pin has no policy target any more; left alone", target=key)
+            policy, gone, named = _policy_of(pin, policies)
+            if policy is None:
+                if gone is not None and policies:  # an empty set (nothing loaded yet) ends nothing
+                    await self._end(pin, gone, named)
                 continue
+            target = policy.target
             if target.triton_service is None and not target.triton_endpoints:
                 continue
             async with self._lock_for(key):
                 with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin["version"]):
-                    outcome = await self._reconcile(target, int(pin["version"]))
+                    outcome = await self._reconcile(pin, policy)
             results[key] = outcome
-            result = {"ok": "reapplied", "noop": "in_sync"}.get(outcome.status.value, outcome.status.value)
+            if outcome.data.get("ended"):
+                result = "ended"
+            else:
+                result = {"ok": "reapplied", "noop": "in_sync"}.get(outcome.status.value, outcome.status.value)
             self._metrics.actions.labels(ACTION, result).inc()
         return results
 
-    async def _reconcile(self, target: Any, version: int) -> Outcome:
+    async def _end(self, pin: Mapping[str, Any], reason: str, policy: LoadedPolicy | None) -> None:
+        """End `pin` in the journal with `reason`; an Event on the policy's target when one can be recorded."""
+        ended = await self._journal.end_pin(pin["target"], reason)
+        if ended is None:
+            return
+        log.info("pin ended", target=pin["target"], version=pin["version"], reason=reason)
+        if policy is None or self._deps.record_event is None:
+            return
+        try:
+            await self._deps.record_event(policy=policy, reason="PinEnded",
+                                          message=f"pin of {pin['model']} to version {pin['version']} ended: "
+                                                  f"{reason}", warning=False)
+        except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
+            self._metrics.faults.labels("events").inc()
+            log.warning("could not record Kubernetes event", error=str(exc))
+
+    async def _reconcile(self, pin: Mapping[str, Any], policy: LoadedPolicy) -> Outcome:
+        target, version = policy.target, int(pin["version"])
         params = TritonRollbackParams(to=version)
         try:
             observed: Mapping[str, Any] = await self._rollback.observe(target, params)
@@ -91,6 +124,12 @@ class PinReconciler:
         except ActionError as exc:
             log.warning("pin check failed", error=str(exc))
             return Outcome.failure(str(exc), retryable=exc.retryable)
+        forward = rolled_forward(observed, target.model, pin.get("from_version"))
+        if forward:
+            reason = (f"rolled forward: version {max(forward)} is served, newer than version "
+                      f"{pin['from_version']} the pin rolled back from")
+            await self._end(pin, reason, policy)
+            return Outcome.noop(f"pin of {target.model} to version {version} ended: {reason}", ended=reason)
         unreachable = dict(observed.get("unreachable", {}))
         if step.noop:
             log.debug("pin holds", replicas=len(observed["replicas"]), unreachable=unreachable)
@@ -108,3 +147,30 @@ class PinReconciler:
             return Outcome.success(f"re-pinned {target.model} to version {version} on "
                                    f"{len(drifted)} replica(s)", drifted=drifted)
         return outcome
+
+
+def rolled_forward(observed: Mapping[str, Any], model: str, from_version: Any) -> list[int]:
+    """READY versions newer than the version a pin rolled back from: the reconciler only ever loads
+    the pinned (older) version, so someone else deployed them. Empty when `from_version` is unknown."""
+    if from_version is None:
+        return []
+    return sorted({v for r in observed["replicas"].values() for v in ready_versions(r["index"], model)
+                   if v > int(from_version)})
+
+
+def _policy_of(pin: Mapping[str, Any], policies: tuple[LoadedPolicy, ...] | list[LoadedPolicy]
+               ) -> tuple[LoadedPolicy | None, str | None, LoadedPolicy | None]:
+    """(the enabled policy a pin belongs to, or None with why the pin must end, and the disabled
+    policy it belonged to, for the Event).
+
+    A pin that names its policy belongs to it (on the same target); an older pin belongs to the
+    policies naming its target.
+    """
+    key, name = pin["target"], pin.get("policy")
+    mine = [p for p in policies if p.target.key == key and (name is None or p.name == name)]
+    if not mine:
+        return None, f"policy {name} removed" if name else f"no policy targets {key} any more", None
+    enabled = [p for p in mine if p.spec.enabled]
+    if not enabled:
+        return None, f"policy {name or mine[0].name} disabled", mine[0]
+    return enabled[0], None, None

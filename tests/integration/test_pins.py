@@ -53,7 +53,7 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         kube_emulator: KubeEmulator) -> None:  # noqa: F811
     """Pinned to v1 in the journal, the replica (from the Service's EndpointSlice) serves v2:
     a follower or a frozen leader does nothing; the leader loads v1 pinned; the next pass is in sync;
-    a pin whose target no policy names is left alone."""
+    a pin whose target no policy names ends (journaled with the reason)."""
     triton = await triton_factory(name="ranker")
     assert _served(triton) == ["2"]
     port = urlsplit(triton.base_url).port
@@ -87,6 +87,9 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         state.frozen = False
         results = await reconciler.reconcile_once()
         assert set(results) == {"serving/ranker"}
+        assert [p["target"] for p in journal.pins()] == ["serving/ranker"]
+        (gone,) = journal.ended_pins()
+        assert gone["target"] == "serving/gone" and gone["ended_reason"] == "no policy targets serving/gone any more"
         assert results["serving/ranker"].status.value == "ok", results["serving/ranker"].message
         assert results["serving/ranker"].data["drifted"] == {f"http://127.0.0.1:{port}": [2]}
         assert _served(triton) == ["1"]

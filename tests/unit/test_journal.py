@@ -97,3 +97,58 @@ def test_pending_signals_pages_in_id_order_and_mark_processed_many_counts(tmp_pa
     reopened = Journal(tmp_path / "j.db")
     assert reopened.pending_count() == 3  # counted again from the file
     reopened.close()
+
+
+def test_old_schema_journal_opens_migrated_and_keeps_its_pins(tmp_path: Path):
+    """A journal file from before pin life cycles (pins without why, no history, no bad versions)
+    opens: the columns and tables are added, its pins stay live and can end; opening twice is fine."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE pins (target TEXT PRIMARY KEY, model TEXT NOT NULL, version INTEGER NOT NULL, at REAL NOT NULL);
+        INSERT INTO pins VALUES ('ns/m', 'm', 1, 1000.0);
+    """)
+    db.commit()
+    db.close()
+    j = Journal(path)
+    (pin,) = j.pins()
+    assert (pin["target"], pin["version"], pin["from_version"], pin["policy"], pin["reason"]) == ("ns/m", 1, None, None, "")
+    j.close()
+    j = Journal(path)  # the migration runs again and changes nothing
+    try:
+        assert [p["version"] for p in j.pins()] == [1]
+        j.record_pin("ns/m", "m", 1, from_version=2, reason="tail latency", policy="p")
+        assert j.known_bad("ns/m") == frozenset({2})
+        ended = j.end_pin("ns/m", "operator said so")
+        assert ended is not None and ended["from_version"] == 2
+        assert j.pins() == []
+        (hist,) = j.ended_pins("ns/m")
+        assert hist["ended_reason"] == "operator said so" and hist["policy"] == "p"
+    finally:
+        j.close()
+
+
+def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(tmp_path: Path):
+    """record_pin keeps the decision, its signal and reason; from_version is marked bad once;
+    a revert (clear_pin) ends the pin and clears its decision's marks; clear_bad is journaled."""
+    j = Journal(tmp_path / "j.db")
+    try:
+        ((sid, _),), _ = j.record_signals([_signal("k")])
+        d = j.record_decision(sid, "p", "ns/m", "executing", "", {}, executed=True)
+        j.record_pin("ns/m", "m", 1, from_version=2, decision_id=d, reason="pin m to version 1", policy="p")
+        j.record_pin("ns/m", "m", 1, from_version=2, decision_id=d, reason="again", policy="p")
+        (pin,) = j.pins()
+        assert (pin["decision_id"], pin["signal"], pin["from_version"]) == (d, "A", 2)
+        (mark,) = j.bad_versions("ns/m")
+        assert mark["version"] == 2 and f"decision {d}" in mark["reason"] and mark["decision_id"] == d
+        j.clear_pin("ns/m", "reverted")
+        assert j.pins() == [] and j.known_bad("ns/m") == frozenset()
+        assert j.ended_pins()[0]["ended_reason"] == "reverted"
+        j.mark_bad("ns/m", 5, "by hand")
+        assert j.clear_bad("ns/m", 5, "fixed") == 1 and j.clear_bad("ns/m", 5, "fixed") == 0
+        cleared = [m for m in j.bad_versions("ns/m", include_cleared=True) if m["version"] == 5]
+        assert cleared[0]["cleared_reason"] == "fixed"
+    finally:
+        j.close()
