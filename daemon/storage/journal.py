@@ -492,6 +492,13 @@ class Journal:
         rows = self._read("SELECT * FROM signals ORDER BY id")
         return [dict(r) | {"payload": json.loads(r["payload"])} for r in rows]
 
+    def signals_since(self, since: float) -> list[StoredSignal]:
+        """Every signal journaled after `since`, pending or processed, in id order (common cause)."""
+        rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
+                          " WHERE received_at > ? ORDER BY id", (since,))
+        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"], float(r["received_at"]))
+                for r in rows]
+
     # ---- decisions and steps ----------------------------------------------------------------
 
     def decision(self, decision_id: int) -> Decision | None:
@@ -874,6 +881,7 @@ class AsyncJournal:
     mark_processed = _in_thread(Journal.mark_processed)
     mark_processed_many = _in_thread(Journal.mark_processed_many)
     signals = _in_thread(Journal.signals)
+    signals_since = _in_thread(Journal.signals_since)
     decision = _in_thread(Journal.decision)
     decision_for = _in_thread(Journal.decision_for)
     record_decision = _in_thread(Journal.record_decision)

@@ -19,7 +19,8 @@ from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import AsyncJournal, Journal
-from daemon.workers.executor import Executor, ExecutorState
+from daemon.workers.executor import Executor
+from daemon.workers.state import ExecutorState
 from daemon.workers.notifier import Notifier
 from policies.loader import PolicySet
 
@@ -100,5 +101,6 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
     notifier = Notifier(settings.notifications, metrics, settings.executor.notification_queue_size)
     executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
                         on_recorded=on_recorded, notify=notifier.publish,
-                        escalation_freeze_seconds=settings.executor.escalation_freeze_seconds)
+                        escalation_freeze_seconds=settings.executor.escalation_freeze_seconds,
+                        blast_radius=settings.blast_radius)
     return Parts(settings, async_journal, state, deps, executor, notifier)

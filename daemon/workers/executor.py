@@ -41,11 +41,14 @@ from actions.notify import KIND as NOTIFY_KIND
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
-from daemon.storage.journal import RECOVERY, AsyncJournal, Decision
+from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
+from daemon.storage.journal import RECOVERY, AsyncJournal, Decision
+from daemon.workers.blast_guard import BlastGuard, escalates
+from daemon.workers.state import ExecutorState
 from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
 from policies.guards import GuardDecision, GuardState, check_guards
-from policies.loader import LoadedPolicy, PolicySet
+from policies.loader import LoadedPolicy
 from policies.matching import matching_policies
 from policies.planning import Plan, RecoveryCheck, blocked_plan, build_plan, recovery_check
 from policies.recovery import Recovery, RecoveryVerdict
@@ -119,14 +122,6 @@ def _journaled_plan(plan: Mapping[str, Any]) -> Plan:
                 bool(plan["dry_run"]), plan.get("blocked"))
 
 
-@dataclass
-class ExecutorState:
-    """What the executor reads at decision time; swapped by reload, leader election and the CLI."""
-
-    policies: PolicySet
-    frozen: bool = False
-
-
 class Executor:
     def __init__(
         self,
@@ -141,6 +136,7 @@ class Executor:
         on_recorded: Callable[[], None] = lambda: None,
         notify: Notify = lambda event: None,
         escalation_freeze_seconds: float = 3600.0,
+        blast_radius: BlastRadiusSettings | None = None,
     ) -> None:
         self._journal = journal
         self.state = state
@@ -155,6 +151,7 @@ class Executor:
         self._actions: dict[str, Action] = {}
         self._notify = notify
         self.escalation_freeze_seconds = escalation_freeze_seconds
+        self._blast = BlastGuard(journal, state, blast_radius or BlastRadiusSettings(), clock, sleep)
         # Reads back what a watch resumed after a restart missed (Prometheus range query); set by connect.
         self.query_range: RangeFn | None = None
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
@@ -175,6 +172,8 @@ class Executor:
         with structlog.contextvars.bound_contextvars(signal=signal.dedup_key, signal_name=signal.name):
             if not policies:
                 log.info("signal matched no policy", labels=dict(signal.labels))
+            else:
+                await self._blast.hold()  # with common-cause suppression on: let a burst show first
             for policy in policies:
                 self._metrics.matched.labels(policy.name).inc()
                 async with self._locks[policy.target.key]:
@@ -194,10 +193,14 @@ class Executor:
             # Crashed mid-execution: finish the journaled plan; guards already passed, and a new plan
             # would be made from a world our own landed steps changed (a false `before`).
             return await self._resume(existing, policy, signal)
-        decision = await self._guard(policy)
+        decision = await self._guard(policy, commit=True)
         if not decision.allowed:
             plan = blocked_plan(policy, signal, decision)
-            await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason, executed=False)
+            blocked_id = await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason,
+                                            executed=False)
+            if escalates(decision):
+                self._announce("escalated", policy.name, policy.target.key, decision.reason,
+                               decision=blocked_id, signal=signal.dedup_key)
             return plan
         try:
             steps = await self._plan_steps(policy, signal)
@@ -291,13 +294,16 @@ class Executor:
                                   policy.spec.guards.dry_run, blocked=f"planning failed: {exc}"))
         return plans
 
-    async def _guard(self, policy: LoadedPolicy) -> GuardDecision:
+    async def _guard(self, policy: LoadedPolicy, *, commit: bool = False) -> GuardDecision:
         now = self._clock()
         if not self.state.frozen:  # the global freeze says it first
             freeze = await self._journal.active_freeze(policy.target.key, now)
             if freeze is not None:
                 return GuardDecision(False, f"target frozen: {freeze.reason} (until {_iso(freeze.until)}; "
                                             f"lift with `tailguard unfreeze {freeze.target}`)")
+            across = await self._blast.check(policy, commit=commit)
+            if across is not None:
+                return across
         last, count = await self._journal.guard_history(
             policy.name, policy.target.key, policy.spec.guards.max_actions_window, now)
         return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), now)

@@ -20,7 +20,7 @@ import structlog
 from actions.base import ActionDeps
 from actions.triton import TritonRollback, TritonRollbackParams, plan_rollback, ready_versions
 from core.outcome import ActionError, Outcome
-from daemon.workers.executor import ExecutorState
+from daemon.workers.state import ExecutorState
 from daemon.storage.journal import AsyncJournal
 from daemon.common.metrics import Metrics
 from policies.loader import LoadedPolicy

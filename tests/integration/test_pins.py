@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 
 from actions.base import ActionDeps
-from daemon.workers.executor import ExecutorState
+from daemon.workers.state import ExecutorState
 from daemon.storage.journal import AsyncJournal, Journal
 from daemon.cluster.kube import endpoints_resolver
 from daemon.common.metrics import Metrics

@@ -19,9 +19,11 @@ from core.outcome import Outcome, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.signal import Signal, SignalSource
 from core.target import Target
+from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, Journal
-from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, Executor, ExecutorState
+from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, Executor
+from daemon.workers.state import ExecutorState
 from policies.loader import load_policies_text
 from policies.planning import Plan
 from tests.support.helpers import wait_for
@@ -151,7 +153,8 @@ class Harness:
     gate: asyncio.Event | None = None  # when set, sleeps wait for it (a watch caught mid-wait)
 
     def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True,
-                 query: Callable[[float], float | None] | None = None, notify: Any = None) -> Executor:
+                 query: Callable[[float], float | None] | None = None, notify: Any = None,
+                 blast_radius: BlastRadiusSettings | None = None) -> Executor:
         """An executor on the journal; `query` gives the verify query's value at a time since the
         first fire (None: no data)."""
         registry = _registry(self.calls, self.effects)
@@ -173,7 +176,8 @@ class Harness:
         return Executor(self.journal, ExecutorState(policies), registry,
                         ActionDeps(query=prometheus if query is not None else None), Metrics(),
                         may_act=may_act, clock=lambda: self.now, sleep=sleep,
-                        notify=notify or self.events.append, escalation_freeze_seconds=3600)
+                        notify=notify or self.events.append, escalation_freeze_seconds=3600,
+                        blast_radius=blast_radius)
 
     async def fire(self, executor: Executor, key: str = "alert-1") -> list[Plan]:
         """Journal one firing alert about `ranker` and process it, as a worker does."""
@@ -750,3 +754,66 @@ async def test_a_notify_callback_that_raises_never_fails_a_remediation(h: Harnes
     (decision,) = await h.journal.decisions()
     assert decision.state == "succeeded"
     assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "recovered"]
+
+
+# ---- blast radius across targets -----------------------------------------------------------------
+
+def _policies_on(models: list[str]) -> str:
+    """One policy per model, each acting on the TailLatencyHigh alert about its model."""
+    return "---\n".join(_policy(f"{{type: {A}}}", name=f"p-{m}").replace(f"model: {MODEL}", f"model: {m}")
+                         for m in models)
+
+
+async def _journal_alerts(h: Harness, models: list[str]) -> list[tuple[int, Signal]]:
+    signals = [Signal(SignalSource.ALERT, ALERT, {"model": m}, datetime.now(timezone.utc), f"alert-{m}")
+               for m in models]
+    new, _ = await h.journal.record_signals(signals)
+    return new
+
+
+async def test_common_cause_burst_acts_on_none_and_escalates_once(h: Harness):
+    """Six targets signal within the span, limit three: every decision is blocked as a common
+    cause, nothing is applied, and exactly one escalation is handed over."""
+    models = [f"m{i}" for i in range(6)]
+    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
+                                                                           commonCauseSpanSeconds=30))
+    for signal_id, signal in await _journal_alerts(h, models):  # the burst lands while each waits
+        await ex.process(signal_id, signal)
+
+    assert h.trace_of("apply") == []
+    assert h.sleeps == [30] * 6  # each matching signal was held for the span first
+    decisions = await h.journal.decisions()
+    assert len(decisions) == 6 and all(d.state == "blocked" for d in decisions)
+    assert all("common cause" in d.reason for d in decisions), [d.reason for d in decisions]
+    assert [e["event"] for e in h.events] == ["escalated"]
+
+
+async def test_signals_on_few_targets_are_not_suppressed(h: Harness):
+    """Three targets within the span at a limit of three is not a common cause: all act."""
+    models = ["m0", "m1", "m2"]
+    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3))
+    for signal_id, signal in await _journal_alerts(h, models):
+        await ex.process(signal_id, signal)
+
+    assert len(h.trace_of("apply")) == 3
+    assert {d.state for d in await h.journal.decisions()} == {"succeeded"}
+
+
+async def test_target_budget_blocks_one_target_too_many(h: Harness):
+    """maxTargetsPerWindow 2: two targets are changed, the third is blocked, and a target already
+    changed may act again (it does not widen the blast radius). No hold without common cause."""
+    models = ["m0", "m1", "m2"]
+    ex = h.executor(_policies_on(models).replace("actions:", "guards: {cooldown: 0s}\nactions:"),
+                    blast_radius=BlastRadiusSettings(maxTargetsPerWindow=2))
+    for signal_id, signal in await _journal_alerts(h, models):
+        await ex.process(signal_id, signal)
+    h.now += 10  # past the (zero) cooldown of m0's own policy
+    (again_id, again), = (await h.journal.record_signals(
+        [Signal(SignalSource.ALERT, ALERT, {"model": "m0"}, datetime.now(timezone.utc), "alert-m0-again")]))[0]
+    await ex.process(again_id, again)
+
+    assert h.sleeps == []
+    states = [(d.policy, d.state) for d in await h.journal.decisions()]
+    assert states == [("p-m0", "succeeded"), ("p-m1", "succeeded"), ("p-m2", "blocked"), ("p-m0", "succeeded")]
+    (blocked,) = [d for d in await h.journal.decisions() if d.state == "blocked"]
+    assert "m0" in blocked.reason and "m1" in blocked.reason
