@@ -817,3 +817,19 @@ async def test_target_budget_blocks_one_target_too_many(h: Harness):
     assert states == [("p-m0", "succeeded"), ("p-m1", "succeeded"), ("p-m2", "blocked"), ("p-m0", "succeeded")]
     (blocked,) = [d for d in await h.journal.decisions() if d.state == "blocked"]
     assert "m0" in blocked.reason and "m1" in blocked.reason
+
+
+async def test_flapping_signals_cause_at_most_max_actions(h: Harness):
+    """An alert that fires and resolves every 5 s for 5 minutes (a new startsAt each time) leads to
+    at most guards.maxActions actions in the window; the rest are blocked by cooldown or the limit."""
+    ex = h.executor(_policy(f"{{type: {A}}}") + "guards: {cooldown: 20s, maxActions: 3, maxActionsWindow: 1h}\n")
+    for i in range(60):
+        await h.fire(ex, key=f"alert-{i}")
+        h.now += 5
+
+    decisions = await h.journal.decisions()
+    assert len(decisions) == 60
+    assert sum(d.executed for d in decisions) == 3
+    assert len(h.trace_of("apply")) == 3
+    blocked = [d.reason.split(":")[0] for d in decisions if d.state == "blocked"]
+    assert set(blocked) == {"cooldown", "rate limit"} and len(blocked) == 57
