@@ -833,3 +833,16 @@ async def test_flapping_signals_cause_at_most_max_actions(h: Harness):
     assert len(h.trace_of("apply")) == 3
     blocked = [d.reason.split(":")[0] for d in decisions if d.state == "blocked"]
     assert set(blocked) == {"cooldown", "rate limit"} and len(blocked) == 57
+
+
+async def test_failing_notification_never_changes_the_outcome(h: Harness):
+    """An outcome notifier that raises on every event leaves the remediation succeeded and counted."""
+    def broken(event: dict[str, Any]) -> None:
+        raise ConnectionError("receiver down")
+
+    ex = h.executor(_policy(f"{{type: {A}}}"), notify=broken)
+    await h.fire(ex)
+
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    assert h.trace_of("apply", "verify") == [("apply", A), ("verify", A)]
