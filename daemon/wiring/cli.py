@@ -138,19 +138,18 @@ def _journal(path: Path) -> int:
     return 0
 
 
-def _unfreeze(config: Path | None, target: str, reason: str) -> int:
-    from daemon.storage.journal import Journal, JournalError
+def _target_key(target: str) -> str:
+    """A target as operators write it: `namespace/model`, or a bare model in `default`."""
+    return target if "/" in target else f"default/{target}"
 
-    try:
-        settings = load_settings(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    key = target if "/" in target else f"default/{target}"
-    if not settings.journal.path.exists():
-        print(f"error: no journal at {settings.journal.path}", file=sys.stderr)
-        return 1
-    journal = Journal(settings.journal.path)
+
+def _unfreeze(config: Path | None, target: str, reason: str) -> int:
+    from daemon.storage.journal import JournalError
+
+    key = _target_key(target)
+    journal, code = _open_journal(config)
+    if journal is None:
+        return code
     try:
         lifted = journal.lift_freezes(key, reason)
         if not lifted:
@@ -185,7 +184,7 @@ def _open_journal(config: Path | None) -> "tuple[Journal | None, int]":
 def _unpin(config: Path | None, target: str, reason: str) -> int:
     from daemon.storage.journal import JournalError
 
-    key = target if "/" in target else f"default/{target}"
+    key = _target_key(target)
     journal, code = _open_journal(config)
     if journal is None:
         return code
@@ -209,7 +208,7 @@ def _unpin(config: Path | None, target: str, reason: str) -> int:
 def _bad_versions(config: Path | None, target: str, clear: int | None, reason: str) -> int:
     from daemon.storage.journal import JournalError
 
-    key = target if "/" in target else f"default/{target}"
+    key = _target_key(target)
     journal, code = _open_journal(config)
     if journal is None:
         return code
