@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Mapping, TypeVar
 
 import structlog
 
@@ -45,6 +45,8 @@ from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import RECOVERY, AsyncJournal, Decision
 from daemon.workers.blast_guard import BlastGuard, escalates
+from daemon.workers.progress import (INTENT, MAX_APPLY_ATTEMPTS, StepProgress, journaled_plan,
+                                     step_progress)
 from daemon.workers.state import ExecutorState
 from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
 from policies.guards import GuardDecision, GuardState, check_guards
@@ -55,11 +57,6 @@ from policies.recovery import Recovery, RecoveryVerdict
 
 log = structlog.get_logger("tailguard.executor")
 
-# The executor owns retries of transient failures (an Outcome marked retryable): up to this many
-# applies per step. Actions retry nothing themselves except write conflicts, inside their
-# compare-and-swap, and an exhausted conflict comes back not retryable.
-MAX_APPLY_ATTEMPTS = 3
-INTENT = "intent"  # the step row phase journaled before each apply call
 T = TypeVar("T")
 Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; returns at once, never blocks
 
@@ -67,59 +64,6 @@ Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; return
 def effect_key(decision_id: int, idx: int) -> str:
     """The key of one step's effect (`Step.effect_key`): the same on every attempt and after a restart."""
     return f"{decision_id}/{idx}"
-
-
-@dataclass
-class StepProgress:
-    """How far one step got, as its journaled rows say (what a resumed decision goes on from)."""
-
-    attempt: int = 0  # the last attempt with an intent or a result
-    in_doubt: bool = False  # that attempt's intent has no result: its call may or may not have landed
-    result: Mapping[str, Any] | None = None  # the apply row of that attempt
-    verify: Mapping[str, Any] | None = None  # the verify row after it
-    reverted: bool = False  # a revert of it was recorded as done
-
-    @property
-    def landed(self) -> bool:
-        return self.result is not None and self.result["status"] in (OutcomeStatus.OK, OutcomeStatus.NOOP)
-
-    def final(self) -> Outcome | None:
-        """The step's final Outcome when the journal already has it (nothing to call), else None."""
-        if self.result is None or self.in_doubt:
-            return None
-        if self.landed:
-            return _journaled_outcome(self.verify) if self.verify is not None else None
-        if self.result["data"].get("retryable") and self.attempt < MAX_APPLY_ATTEMPTS:
-            return None  # a retryable failure with attempts left: the retries go on
-        return _journaled_outcome(self.result)
-
-
-def step_progress(rows: Iterable[Mapping[str, Any]]) -> dict[int, StepProgress]:
-    """Each step's progress (by index) from a decision's step rows, oldest first."""
-    progress: dict[int, StepProgress] = {}
-    for row in rows:
-        if row["phase"] == RECOVERY:
-            continue  # about the decision as a whole, not one step
-        step = progress.setdefault(int(row["idx"]), StepProgress())
-        if row["phase"] == INTENT:
-            step.attempt, step.in_doubt, step.result, step.verify = int(row["data"]["attempt"]), True, None, None
-        elif row["phase"] == "apply":
-            step.attempt, step.in_doubt, step.result = int(row["data"].get("attempt", step.attempt)), False, row
-        elif row["phase"] == "verify":
-            step.verify = row
-        elif row["phase"] == "revert":
-            step.reverted = row["status"] in (OutcomeStatus.OK, OutcomeStatus.NOOP)
-    return progress
-
-
-def _journaled_outcome(row: Mapping[str, Any]) -> Outcome:
-    return Outcome(OutcomeStatus(row["status"]), row["message"], data=row["data"])
-
-
-def _journaled_plan(plan: Mapping[str, Any]) -> Plan:
-    """The Plan a decision journaled (`Plan.as_dict`)."""
-    return Plan(plan["policy"], plan["target"], plan["signal"], tuple(Step.from_dict(s) for s in plan["steps"]),
-                bool(plan["dry_run"]), plan.get("blocked"))
 
 
 class Executor:
@@ -232,7 +176,7 @@ class Executor:
 
     async def _resume(self, decision: Decision, policy: LoadedPolicy, signal: Signal) -> Plan:
         """Go on with a decision left `executing` by a crash, from its journaled plan and steps."""
-        plan = _journaled_plan(decision.plan)
+        plan = journaled_plan(decision.plan)
         planned, kinds = [s.action for s in plan.steps], [bound.kind for bound in policy.actions]
         if planned != kinds:
             reason = (f"not resumed after restart: policy {policy.name} now runs {kinds}, the journaled plan "
@@ -560,7 +504,7 @@ class Executor:
         if decision is None:
             return
         policy = next((p for p in self.state.policies.policies if p.name == policy_name), None)
-        plan = _journaled_plan(decision.plan)
+        plan = journaled_plan(decision.plan)
         why = f"{decision.reason}; did not recover ({verdict.state.value})"
         if policy is None or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
             reason = f"{why}; not reverted: policy {policy_name} is gone or now runs other actions"
