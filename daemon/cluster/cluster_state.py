@@ -1,5 +1,7 @@
 """Cluster state shared between replicas through one ConfigMap: pins and guard marks (times of
-executed plans), so a new leader keeps the old leader's cooldowns, rate limits and pins.
+executed plans), so a new leader keeps the old leader's cooldowns, rate limits and pins; and pin
+ends, bad-version marks and freezes (with their clears and lifts), so it does not bring an ended
+pin back, knows the versions rolled back from and does not act on a frozen target.
 
 The leader publishes a snapshot of its journal after every executed plan and recorded pin
 (optimistic writes merged with what is there; nothing is ever blindly overwritten). A replica
@@ -18,7 +20,7 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from daemon.storage.journal import AsyncJournal, JournalError
+from daemon.storage.journal import AsyncJournal, JournalError, SharedState
 from daemon.common.metrics import Metrics
 from policies.loader import PolicySet
 from policies.schema import Guards
@@ -26,9 +28,17 @@ from policies.schema import Guards
 log = structlog.get_logger("tailguard.cluster_state")
 
 DATA_KEY = "state.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written only when the document carries a section version 1 lacks
+READABLE_VERSIONS = (1, 2)
 MAX_MARKS_PER_KEY = 100  # a ConfigMap holds 1 MiB; no policy needs more marks than its maxActions
+MAX_BAD_PER_TARGET = 50  # the newest bad-version marks per target (rollbacks are rare)
+MAX_FREEZES_PER_TARGET = 20  # freezes in force per target, the longest kept
+# Ends, clears and lifts are kept at least this long, whatever the guard horizon: a replica that was
+# a follower for a while may still hold the pin, mark or freeze they ended, and would publish it again.
+TOMBSTONE_SECONDS = 7 * 24 * 3600.0
 MAX_CONFLICT_RETRIES = 5
+
+Key = tuple[str, int]
 
 
 class ClusterStateError(Exception):
@@ -37,58 +47,150 @@ class ClusterStateError(Exception):
 
 @dataclass(frozen=True)
 class StateDocument:
-    """pins: {target: {model, version, at}}; marks: {"policy|target": sorted unix times}."""
+    """pins: {target: {model, version, at}}; marks: {"policy|target": sorted unix times};
+    ends: {target: {at (the pin's), endedAt, reason}}: the newest pin end known per target;
+    bad: {(target, version): {at, reason}} marks in force; clears: {(target, version): {at, reason}};
+    freezes: {(target, at): {until, reason}} in force; lifts: {target: {at, reason, until}}."""
 
     pins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     marks: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    ends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    bad: Mapping[Key, Mapping[str, Any]] = field(default_factory=dict)
+    clears: Mapping[Key, Mapping[str, Any]] = field(default_factory=dict)
+    freezes: Mapping[tuple[str, float], Mapping[str, Any]] = field(default_factory=dict)
+    lifts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def render(self) -> str:
-        return json.dumps({"version": FORMAT_VERSION, "pins": self.pins,
-                           "guardMarks": {k: list(v) for k, v in self.marks.items()}},
-                          sort_keys=True, separators=(",", ":"))
+        doc: dict[str, Any] = {"version": 1, "pins": self.pins,
+                               "guardMarks": {k: list(v) for k, v in self.marks.items()}}
+        if self.ends or self.bad or self.clears or self.freezes or self.lifts:
+            # Version 2 only then: a replica that reads only version 1 refuses it instead of
+            # writing it back without the ends (which would bring ended pins back).
+            doc |= {"version": FORMAT_VERSION, "pinEnds": self.ends,
+                    "badVersions": _nest(self.bad), "badVersionClears": _nest(self.clears),
+                    "freezes": _nest_list(self.freezes), "freezeLifts": self.lifts}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+    def shared(self) -> SharedState:
+        """The journal's view of the sections beyond pins and marks."""
+        return SharedState(
+            tuple((t, float(e["at"]), float(e["endedAt"]), str(e["reason"])) for t, e in self.ends.items()),
+            tuple((t, v, str(m["reason"]), float(m["at"])) for (t, v), m in self.bad.items()),
+            tuple((t, v, float(c["at"]), str(c["reason"])) for (t, v), c in self.clears.items()),
+            tuple((t, str(f["reason"]), at, float(f["until"])) for (t, at), f in self.freezes.items()),
+            tuple((t, float(lift["at"]), str(lift["reason"]), float(lift["until"])) for t, lift in self.lifts.items()))
+
+
+def _nest(entries: Mapping[Key, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for (target, version), entry in entries.items():
+        out.setdefault(target, {})[str(version)] = dict(entry)
+    return out
+
+
+def _nest_list(entries: Mapping[tuple[str, float], Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (target, at), entry in sorted(entries.items()):
+        out.setdefault(target, []).append({"at": at, **entry})
+    return out
+
+
+def _timed(raw: Any, *, until: bool = False) -> dict[str, Any]:
+    entry = {"at": float(raw["at"]), "reason": str(raw["reason"])}
+    return entry | {"until": float(raw["until"])} if until else entry
 
 
 def parse_document(text: str | None) -> StateDocument:
-    """The document stored under `state.json`; empty when absent. Raises ClusterStateError."""
+    """The document stored under `state.json` (version 1 or 2); empty when absent. Raises ClusterStateError."""
     if not text:
         return StateDocument()
     try:
         raw = json.loads(text)
-        if not isinstance(raw, dict) or raw.get("version") != FORMAT_VERSION:
+        if not isinstance(raw, dict) or raw.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"unknown format version {raw.get('version') if isinstance(raw, dict) else raw!r}")
         pins = {str(t): {"model": str(p["model"]), "version": int(p["version"]), "at": float(p["at"])}
                 for t, p in dict(raw.get("pins") or {}).items()}
         marks = {str(k): tuple(sorted(float(a) for a in v)) for k, v in dict(raw.get("guardMarks") or {}).items()}
+        ends = {str(t): {"at": float(e["at"]), "endedAt": float(e["endedAt"]), "reason": str(e["reason"])}
+                for t, e in dict(raw.get("pinEnds") or {}).items()}
+        bad = {(str(t), int(v)): _timed(m) for t, by in dict(raw.get("badVersions") or {}).items()
+               for v, m in dict(by).items()}
+        clears = {(str(t), int(v)): _timed(c) for t, by in dict(raw.get("badVersionClears") or {}).items()
+                  for v, c in dict(by).items()}
+        freezes = {(str(t), float(f["at"])): {"reason": str(f["reason"]), "until": float(f["until"])}
+                   for t, fs in dict(raw.get("freezes") or {}).items() for f in list(fs)}
+        lifts = {str(t): _timed(lift, until=True) for t, lift in dict(raw.get("freezeLifts") or {}).items()}
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         # Content written by something else (or a newer tailguard): never guess, never overwrite it.
         raise ClusterStateError(f"{DATA_KEY} is not a tailguard state document: {exc}") from exc
     if any("|" not in k for k in marks):
         raise ClusterStateError(f"{DATA_KEY}: guard mark keys must be 'policy|target'")
-    return StateDocument(pins, marks)
+    return StateDocument(pins, marks, ends, bad, clears, freezes, lifts)
 
 
-def merge_documents(a: StateDocument, b: StateDocument, since: float, cap: int) -> StateDocument:
-    """Union of two documents: the newer pin per target; marks after `since`, the newest `cap` per key."""
-    pins = dict(a.pins)
-    for target, pin in b.pins.items():
-        if target not in pins or pin["at"] > pins[target]["at"]:
-            pins[target] = pin
+def _newest(a: Mapping[Any, Mapping[str, Any]], b: Mapping[Any, Mapping[str, Any]],
+            order: Callable[[Mapping[str, Any]], Any]) -> dict[Any, Mapping[str, Any]]:
+    out = dict(a)
+    for key, entry in b.items():
+        if key not in out or order(entry) > order(out[key]):
+            out[key] = entry
+    return out
+
+
+def merge_documents(a: StateDocument, b: StateDocument, since: float, cap: int, *,
+                    now: float | None = None, tombstone_since: float | None = None) -> StateDocument:
+    """Union of two documents: the newer pin per target, dropped when an end with the same or a
+    newer pin `at` is known; marks after `since`, the newest `cap` per key; the newest end, clear
+    and lift per key, kept after `tombstone_since` (a lift also while what it lifted would still be
+    in force at `now`); bad marks not cleared since; freezes in force at `now`, not lifted since."""
+    now = time.time() if now is None else now
+    keep = since if tombstone_since is None else tombstone_since
+    ends = {t: e for t, e in _newest(a.ends, b.ends, lambda e: (e["at"], e["endedAt"])).items() if e["endedAt"] > keep}
+    pins = {t: p for t, p in _newest(a.pins, b.pins, lambda p: p["at"]).items()
+            if t not in ends or p["at"] > ends[t]["at"]}
     marks = {}
     for key in set(a.marks) | set(b.marks):
         times = sorted({t for t in (*a.marks.get(key, ()), *b.marks.get(key, ())) if t > since})
         if times:
             marks[key] = tuple(times[-cap:])
-    return StateDocument(pins, marks)
+    clears = {k: c for k, c in _newest(a.clears, b.clears, lambda c: c["at"]).items() if c["at"] > keep}
+    bad_all = sorted(((k, m) for k, m in _newest(a.bad, b.bad, lambda m: m["at"]).items()
+                      if k not in clears or m["at"] > clears[k]["at"]), key=lambda km: -km[1]["at"])
+    bad: dict[Key, Mapping[str, Any]] = {}
+    per_target: dict[str, int] = {}
+    for key, mark in bad_all:
+        per_target[key[0]] = per_target.get(key[0], 0) + 1
+        if per_target[key[0]] <= MAX_BAD_PER_TARGET:
+            bad[key] = mark
+    lifts = {t: lift for t, lift in _newest(a.lifts, b.lifts, lambda lift: (lift["at"], lift["until"])).items()
+             if lift["at"] > keep or lift["until"] > now}
+    live = sorted(((k, f) for k, f in {**a.freezes, **b.freezes}.items()
+                   if f["until"] > now and (k[0] not in lifts or k[1] > lifts[k[0]]["at"])),
+                  key=lambda kf: -kf[1]["until"])
+    freezes: dict[tuple[str, float], Mapping[str, Any]] = {}
+    per_target = {}
+    for fkey, frozen in live:
+        per_target[fkey[0]] = per_target.get(fkey[0], 0) + 1
+        if per_target[fkey[0]] <= MAX_FREEZES_PER_TARGET:
+            freezes[fkey] = frozen
+    return StateDocument(pins, marks, ends, bad, clears, freezes, lifts)
 
 
-def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[str, str, float]]) -> StateDocument:
-    """The document for a journal's pins and executed marks."""
+def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[str, str, float]],
+                     shared: SharedState | None = None) -> StateDocument:
+    """The document for a journal's pins, executed marks and shared state (Journal.shared_state)."""
     grouped: dict[str, list[float]] = {}
     for policy, target, at in marks:
         grouped.setdefault(f"{policy}|{target}", []).append(at)
-    return StateDocument({p["target"]: {"model": p["model"], "version": int(p["version"]), "at": float(p["at"])}
-                          for p in pins},
-                         {k: tuple(sorted(v)) for k, v in grouped.items()})
+    extra = shared or SharedState()
+    return StateDocument(
+        {p["target"]: {"model": p["model"], "version": int(p["version"]), "at": float(p["at"])} for p in pins},
+        {k: tuple(sorted(v)) for k, v in grouped.items()},
+        {t: {"at": at, "endedAt": ended, "reason": reason} for t, at, ended, reason in extra.pin_ends},
+        {(t, v): {"at": at, "reason": reason} for t, v, reason, at in extra.bad_marks},
+        {(t, v): {"at": at, "reason": reason} for t, v, at, reason in extra.bad_clears},
+        {(t, at): {"reason": reason, "until": until} for t, reason, at, until in extra.freezes},
+        {t: {"at": at, "reason": reason, "until": until} for t, at, reason, until in extra.lifts})
 
 
 def guard_horizon(policies: PolicySet) -> tuple[float, int]:
@@ -99,7 +201,8 @@ def guard_horizon(policies: PolicySet) -> tuple[float, int]:
 
 
 class ClusterState:
-    """Publishes the journal's pins and guard marks to a ConfigMap, and imports them on takeover.
+    """Publishes the journal's pins, guard marks, pin ends, bad versions and freezes to a ConfigMap, and
+    imports them on takeover.
 
     Args:
         api: The Kubernetes client.
@@ -218,14 +321,15 @@ class ClusterState:
         marks = [(policy, target, at) for key, times in current.marks.items()
                  for policy, target in [key.split("|", 1)] for at in times]
         try:
-            changed, added = await self._journal.merge_cluster_state(pins, marks, since)
+            changed, added, other = await self._journal.merge_cluster_state(pins, marks, since, current.shared(),
+                                                                            self._clock())
         except JournalError as exc:
             raise ClusterStateError(str(exc)) from exc
         if epoch != self._epoch:
             return  # leadership changed meanwhile; the loop decides again
         self._import_wanted = False
         self._set_imported(True)
-        log.info("cluster state imported", pins_changed=changed, marks_added=added,
+        log.info("cluster state imported", pins_changed=changed, marks_added=added, shared_changed=other,
                  configmap=f"{self.namespace}/{self.name}")
         self.request_publish()  # share what only this journal knew (e.g. a publish that had failed)
 
@@ -234,14 +338,18 @@ class ClusterState:
     async def _publish(self) -> None:
         requested = self._requested
         since, cap = self._since_and_cap()
+        now = self._clock()
+        keep = min(since, now - TOMBSTONE_SECONDS)
         try:
-            ours = journal_document(await self._journal.pins(), await self._journal.executed_marks(since))
+            ours = journal_document(await self._journal.pins(), await self._journal.executed_marks(since),
+                                    await self._journal.shared_state(keep, now))
         except JournalError as exc:
             raise ClusterStateError(str(exc)) from exc
         for attempt in range(1, MAX_CONFLICT_RETRIES + 1):
             current, obj = await self._read()
-            merged = merge_documents(current, ours, since, cap)
-            if obj is not None and merged == merge_documents(current, StateDocument(), since, cap) \
+            merged = merge_documents(current, ours, since, cap, now=now, tombstone_since=keep)
+            if obj is not None and merged == merge_documents(current, StateDocument(), since, cap, now=now,
+                                                             tombstone_since=keep) \
                     and DATA_KEY in (obj.data or {}):
                 break  # nothing new for the cluster (pruning alone is not worth a write)
             try:

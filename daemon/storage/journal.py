@@ -184,6 +184,18 @@ class Freeze:
 
 
 @dataclass(frozen=True)
+class SharedState:
+    """What the cluster state shares besides live pins and guard marks (Journal.shared_state,
+    Journal.merge_cluster_state); times are unix seconds."""
+
+    pin_ends: tuple[tuple[str, float, float, str], ...] = ()  # (target, the pin's at, ended_at, reason)
+    bad_marks: tuple[tuple[str, int, str, float], ...] = ()  # (target, version, reason, at), in force
+    bad_clears: tuple[tuple[str, int, float, str], ...] = ()  # (target, version, cleared_at, reason)
+    freezes: tuple[tuple[str, str, float, float], ...] = ()  # (target, reason, at, until), in force
+    lifts: tuple[tuple[str, float, str, float], ...] = ()  # (target, lifted_at, reason, latest until lifted)
+
+
+@dataclass(frozen=True)
 class OpenRecovery:
     """A decision whose recovery is not settled: its check is in flight (`row` is the pending row),
     or its verdict asked for a revert that has not finished (`row` is the verdict)."""
@@ -803,27 +815,101 @@ class Journal:
             "UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=? AND version=?"
             " AND cleared_at IS NULL", (time.time(), reason, target, int(version))).rowcount)
 
+    def shared_state(self, since: float, now: float | None = None) -> SharedState:
+        """What the cluster state shares besides live pins and guard marks: the newest pin end per
+        target, bad-version marks in force and their clears, freezes in force and their lifts.
+        Ends, clears and lifts are kept when they happened after `since` (a lift also while a freeze
+        it lifted would still be in force at `now`)."""
+        now = time.time() if now is None else now
+        ends: dict[str, tuple[str, float, float, str]] = {}
+        for r in self._read("SELECT target, at, ended_at, ended_reason FROM pin_history WHERE ended_at > ?"
+                            " ORDER BY target, at, ended_at", (since,)):
+            ends[r["target"]] = (r["target"], float(r["at"]), float(r["ended_at"]), r["ended_reason"])
+        marks: dict[tuple[str, int], tuple[str, int, str, float]] = {}
+        for r in self._read("SELECT target, version, reason, at FROM bad_versions WHERE cleared_at IS NULL"
+                            " ORDER BY at, id"):
+            marks[(r["target"], int(r["version"]))] = (r["target"], int(r["version"]), r["reason"], float(r["at"]))
+        clears: dict[tuple[str, int], tuple[str, int, float, str]] = {}
+        for r in self._read("SELECT target, version, cleared_at, cleared_reason FROM bad_versions"
+                            " WHERE cleared_at > ? ORDER BY cleared_at, id", (since,)):
+            clears[(r["target"], int(r["version"]))] = (r["target"], int(r["version"]), float(r["cleared_at"]),
+                                                         r["cleared_reason"] or "")
+        freezes = tuple((r["target"], r["reason"], float(r["at"]), float(r["until"])) for r in self._read(
+            "SELECT target, reason, at, until FROM freezes WHERE lifted_at IS NULL AND until > ?"
+            " ORDER BY target, at", (now,)))
+        lifts: dict[str, tuple[str, float, str, float]] = {}
+        for r in self._read("SELECT target, lifted_at, lifted_reason, until FROM freezes WHERE lifted_at IS NOT NULL"
+                            " ORDER BY lifted_at, id"):
+            prev = lifts.get(r["target"])
+            until = max(float(r["until"]), prev[3] if prev else float("-inf"))
+            lifts[r["target"]] = (r["target"], float(r["lifted_at"]), r["lifted_reason"] or "", until)
+        return SharedState(tuple(ends.values()), tuple(marks.values()), tuple(clears.values()), freezes,
+                           tuple(lift for lift in lifts.values() if lift[1] > since or lift[3] > now))
+
     def merge_cluster_state(self, pins: Iterable[tuple[str, str, int, float]],
-                            marks: Iterable[tuple[str, str, float]], since: float) -> tuple[int, int]:
-        """Import what another leader recorded, in one transaction.
+                            marks: Iterable[tuple[str, str, float]], since: float,
+                            shared: SharedState | None = None, now: float | None = None) -> tuple[int, int, int]:
+        """Import what another leader recorded, in one transaction. Idempotent: importing the same
+        state again changes nothing.
 
         Args:
-            pins: (target, model, version, at); the newer `at` wins over a local pin.
+            pins: (target, model, version, at); the newer `at` wins over a local pin, and a known end
+                (shared or in pin_history) with the same or a newer pin `at` wins over the pin.
             marks: (policy, target, at) of executed plans, counted by guard_history from now on.
             since: imported marks at or before this are dropped (they can no longer block anything).
+            shared: pin ends (a live local pin they cover moves to pin_history), bad-version marks
+                and clears (a clear covers the marks of its version made at or before it), freezes
+                and lifts (a lift covers the target's freezes made at or before it); see SharedState.
+            now: freezes that ended by then are not imported.
 
         Returns:
-            (pins inserted or replaced, marks added).
+            (pins inserted, replaced or ended; marks added; bad-version, freeze rows added or updated).
         """
         pin_rows, mark_rows = list(pins), list(marks)
+        extra = shared or SharedState()
+        now = time.time() if now is None else now
         for target, model, _, _ in pin_rows:
             _checked(target=target, model=model)
         for policy, target, _ in mark_rows:
             _checked(policy=policy, target=target)
+        for target, _, _, reason in extra.pin_ends:
+            _checked(target=target, reason=reason)
+        for target, _, reason, _ in extra.bad_marks:
+            _checked(target=target, reason=reason)
+        for target, _, _, reason in extra.bad_clears:
+            _checked(target=target, reason=reason)
+        for target, reason, _, _ in extra.freezes:
+            _checked(target=target, reason=reason)
+        for target, _, reason, _ in extra.lifts:
+            _checked(target=target, reason=reason)
+        ended_at: dict[str, float] = {}
+        for target, pin_at, _, _ in extra.pin_ends:
+            ended_at[target] = max(float(pin_at), ended_at.get(target, float("-inf")))
+        cleared_at: dict[tuple[str, int], float] = {}
+        for target, version, at, _ in extra.bad_clears:
+            key = (target, int(version))
+            cleared_at[key] = max(float(at), cleared_at.get(key, float("-inf")))
+        lifted_at: dict[str, float] = {}
+        for target, at, _, _ in extra.lifts:
+            lifted_at[target] = max(float(at), lifted_at.get(target, float("-inf")))
 
-        def run() -> tuple[int, int]:
-            changed = added = 0
+        def run() -> tuple[int, int, int]:
+            changed = added = other = 0
+            for target, pin_at, end_at, reason in extra.pin_ends:
+                row = self._db.execute("SELECT * FROM pins WHERE target=? AND at<=?", (target, float(pin_at))).fetchone()
+                if row is not None:
+                    pin = dict(row)
+                    self._db.execute(
+                        "INSERT INTO pin_history(target, model, version, at, from_version, decision_id, signal,"
+                        " reason, policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        (pin["target"], pin["model"], pin["version"], pin["at"], pin["from_version"],
+                         pin["decision_id"], pin["signal"], pin["reason"] or "", pin["policy"], float(end_at),
+                         reason))
+                    changed += self._db.execute("DELETE FROM pins WHERE target=?", (target,)).rowcount
             for target, model, version, at in pin_rows:
+                if float(at) <= ended_at.get(target, float("-inf")) or self._db.execute(
+                        "SELECT 1 FROM pin_history WHERE target=? AND at>=?", (target, float(at))).fetchone():
+                    continue  # that pin (or a newer one) is known to have ended
                 changed += self._db.execute(
                     "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
                     " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
@@ -835,7 +921,30 @@ class Journal:
                         "INSERT OR IGNORE INTO guard_marks(policy, target, at) VALUES (?,?,?)",
                         (policy, target, float(at))).rowcount
             self._db.execute("DELETE FROM guard_marks WHERE at <= ?", (since,))
-            return changed, added
+            for target, version, at, reason in extra.bad_clears:
+                other += self._db.execute(
+                    "UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=? AND version=?"
+                    " AND cleared_at IS NULL AND at <= ?", (float(at), reason, target, int(version), float(at))).rowcount
+            for target, version, reason, at in extra.bad_marks:
+                if float(at) <= cleared_at.get((target, int(version)), float("-inf")):
+                    continue
+                if self._db.execute("SELECT 1 FROM bad_versions WHERE target=? AND version=?"
+                                    " AND (cleared_at IS NULL OR cleared_at >= ?)",
+                                    (target, int(version), float(at))).fetchone() is None:
+                    other += self._db.execute("INSERT INTO bad_versions(target, version, reason, at) VALUES (?,?,?,?)",
+                                              (target, int(version), reason, float(at))).rowcount
+            for target, at, reason, _ in extra.lifts:
+                other += self._db.execute(
+                    "UPDATE freezes SET lifted_at=?, lifted_reason=? WHERE target=? AND lifted_at IS NULL"
+                    " AND at <= ? AND until > ?", (float(at), reason, target, float(at), float(at))).rowcount
+            for target, reason, at, until in extra.freezes:
+                if float(until) <= now or float(at) <= lifted_at.get(target, float("-inf")):
+                    continue
+                if self._db.execute("SELECT 1 FROM freezes WHERE target=? AND (at=? OR lifted_at >= ?)",
+                                    (target, float(at), float(at))).fetchone() is None:
+                    other += self._db.execute("INSERT INTO freezes(target, reason, at, until) VALUES (?,?,?,?)",
+                                              (target, reason, float(at), float(until))).rowcount
+            return changed, added, other
 
         return self._tx(run)
 
@@ -910,6 +1019,7 @@ class AsyncJournal:
     bad_versions = _in_thread(Journal.bad_versions)
     known_bad = _in_thread(Journal.known_bad)
     clear_bad = _in_thread(Journal.clear_bad)
+    shared_state = _in_thread(Journal.shared_state)
     merge_cluster_state = _in_thread(Journal.merge_cluster_state)
 
 

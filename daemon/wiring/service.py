@@ -78,7 +78,8 @@ class Service:
         self.cluster_state: ClusterState | None = None  # shared pins/guard marks, with leader election
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
-                                  settings.executor.pin_reconcile_interval_seconds)
+                                  settings.executor.pin_reconcile_interval_seconds,
+                                  on_recorded=self._state_recorded)
 
     @property
     def kube(self) -> Any:

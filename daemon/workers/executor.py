@@ -486,6 +486,8 @@ class Executor:
             elif follow_up is not None:
                 message += f"; onNotRecovered: {follow_up}"
             await self._journal.record_verdict(decision_id, verdict.state.value, message, data, freeze)
+            if freeze is not None:
+                self._on_recorded()  # a freeze is shared state: a new leader must see it
             log.info("recovery verdict", verdict=verdict.state, reason=verdict.reason, follow_up=follow_up,
                      samples=len(watched.samples))
             event = "recovered" if verdict.state is Recovery.RECOVERED else "not_recovered"

@@ -45,8 +45,9 @@ class PinReconciler:
 
     def __init__(self, journal: AsyncJournal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
                  may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock],
-                 interval_seconds: float = 30.0) -> None:
+                 interval_seconds: float = 30.0, on_recorded: Callable[[], None] = lambda: None) -> None:
         self._journal = journal
+        self._on_recorded = on_recorded  # an ended pin is shared state (cluster state publish)
         self._state = state
         self._deps = deps
         self._metrics = metrics
@@ -105,6 +106,7 @@ class PinReconciler:
         if ended is None:
             return
         log.info("pin ended", target=pin["target"], version=pin["version"], reason=reason)
+        self._on_recorded()
         if policy is None or self._deps.record_event is None:
             return
         try:

@@ -2,6 +2,7 @@
 pins, writes merge on conflict, and a leader that cannot read the state does not act."""
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import time
@@ -12,7 +13,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient
 
 from core.signal import Signal, SignalSource
-from daemon.cluster.cluster_state import ClusterState, parse_document
+from daemon.cluster.cluster_state import ClusterState, journal_document, merge_documents, parse_document
 from daemon.storage.journal import AsyncJournal, Journal
 from daemon.common.metrics import Metrics
 from daemon.wiring.registries import action_registry, detector_registry
@@ -167,3 +168,124 @@ def test_reimported_own_marks_count_once(tmp_path: Path) -> None:
         assert (last, count) == (own[0][2], 2)
     finally:
         journal.close()
+
+
+def _stored_or_empty(emulator: KubeEmulator) -> Any:
+    obj = emulator.get("configmaps", NS, NAME)
+    return parse_document((obj or {}).get("data", {}).get("state.json"))
+
+
+async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
+        tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
+    """The old leader pins (marking the version rolled back from bad), publishes, then ends the pin
+    and freezes the target: the new leader, which still held the pin from an earlier import, ends
+    it instead of importing it, knows the bad version, and its guard blocks the frozen target."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    services: list[Service] = []
+    async with NotifySink() as sink:
+        try:
+            for name in ("a", "b"):
+                services.append(await _service(tmp_path, name, kubeconfig, sink.url))
+            await wait_for(lambda: any(s.may_act() for s in services), timeout=5)
+            leader = next(s for s in services if s.may_act())
+            follower = next(s for s in services if s is not leader)
+            assert leader.cluster_state is not None
+            await leader.journal.record_pin(TARGET, "ranker", 1, from_version=2)  # version 2 marked bad
+            leader.cluster_state.request_publish()
+            await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).pins, timeout=5)
+            (pin,) = await leader.journal.pins()
+            # The follower led before and imported the pin then: it holds it in its own journal.
+            await follower.journal.merge_cluster_state([(TARGET, "ranker", 1, pin["at"])], [], 0)
+
+            assert await leader.journal.end_pin(TARGET, "rolled forward: version 3 is served") is not None
+            await leader.journal.record_freeze(TARGET, "escalated: did not recover", time.time() + 3600)
+            leader.cluster_state.request_publish()
+            await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).ends, timeout=5)
+            doc = _stored(kube_emulator)
+            assert TARGET not in doc.pins
+            assert doc.ends[TARGET]["at"] == pin["at"]
+            assert doc.bad[(TARGET, 2)]["at"] > 0
+            assert [k[0] for k in doc.freezes] == [TARGET]
+            assert json.loads(kube_emulator.get("configmaps", NS, NAME)["data"]["state.json"])["version"] == 2
+            await leader.stop()
+            services.remove(leader)
+
+            await wait_for(follower.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
+            assert await follower.journal.pins() == []
+            ended = await follower.journal.ended_pins(TARGET)
+            assert [(e["at"], e["ended_reason"]) for e in ended] == [(pin["at"], "rolled forward: version 3 is served")]
+            assert await follower.journal.known_bad(TARGET) == frozenset({2})
+            frozen = await follower.journal.active_freeze(TARGET)
+            assert frozen is not None and frozen.reason == "escalated: did not recover"
+            assert await _post(follower, "2026-11-29T18:05:00Z") == 200
+            await follower.drain()
+            assert sink.received == [], "the new leader acted on a target the old leader froze"
+            last = (await follower.journal.decisions())[-1]
+            assert last.state == "blocked" and "target frozen" in last.reason, last
+
+            assert follower.cluster_state is not None
+            await wait_for(lambda: not follower.cluster_state.publish_pending, timeout=5)  # type: ignore[union-attr]
+            assert TARGET not in _stored(kube_emulator).pins, "the new leader published the ended pin again"
+        finally:
+            for svc in services:
+                await svc.stop()
+
+
+async def test_version_1_document_still_imports(tmp_path: Path, kube_emulator: KubeEmulator,  # noqa: F811
+                                                kube_api: ApiClient) -> None:  # noqa: F811
+    """A document written by an older replica (version 1: pins and guard marks only) imports, and a
+    publish that adds nothing of the newer sections keeps it version 1."""
+    now = time.time()
+    old = {"version": 1, "pins": {TARGET: {"model": "ranker", "version": 4, "at": now - 5}},
+           "guardMarks": {f"ranker-notify|{TARGET}": [now - 10]}}
+    kube_emulator.seed({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NAME, "namespace": NS},
+                        "data": {"state.json": json.dumps(old)}})
+    journal = AsyncJournal(Journal(tmp_path / "journal.db"))
+    stop = asyncio.Event()
+    state = ClusterState(kube_api, NS, NAME, journal, Metrics(), lambda: (3600.0, 3))
+    task = asyncio.create_task(state.run(stop))
+    try:
+        state.leadership_changed(True)
+        await wait_for(lambda: state.imported and not state.publish_pending, timeout=5)
+        assert [(p["target"], p["version"], p["at"]) for p in await journal.pins()] == [(TARGET, 4, now - 5)]
+        assert await journal.guard_history("ranker-notify", TARGET, 3600) == (now - 10, 1)
+        assert json.loads(kube_emulator.get("configmaps", NS, NAME)["data"]["state.json"])["version"] == 1
+    finally:
+        stop.set()
+        await task
+        journal.sync.close()
+
+
+def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path: Path) -> None:
+    """Importing the same document twice changes nothing; an end wins over a pin with the same `at`;
+    a clear and a lift end the marks and freezes they cover; a render/parse round trip is exact."""
+    source, dest = Journal(tmp_path / "a.db"), Journal(tmp_path / "b.db")
+    try:
+        now = time.time()
+        source.record_pin(TARGET, "ranker", 1, from_version=3)
+        source.record_pin("default/other", "other", 5, from_version=6)
+        source.record_freeze(TARGET, "escalated", now + 3600)
+        source.record_freeze("default/other", "escalated too", now + 3600)
+        doc = journal_document(source.pins(), [], source.shared_state(now - 3600, now))
+        assert parse_document(doc.render()) == doc
+        pins = [(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
+        assert dest.merge_cluster_state(pins, [], 0, doc.shared(), now) == (2, 0, 4)
+        assert dest.merge_cluster_state(pins, [], 0, doc.shared(), now) == (0, 0, 0)
+        assert dest.known_bad(TARGET) == {3} and dest.active_freeze(TARGET, now) is not None
+
+        source.end_pin(TARGET, "unpinned")
+        source.clear_bad(TARGET, 3, "fixed in 4")
+        source.lift_freezes(TARGET, "operator")
+        later = journal_document(source.pins(), [], source.shared_state(now - 3600, now))
+        merged = merge_documents(doc, later, now - 3600, 3, now=now)  # the stale pin meets its end
+        assert set(merged.pins) == {"default/other"} and (TARGET, 3) not in merged.bad
+        assert [k[0] for k in merged.freezes] == ["default/other"]
+        stale = [(TARGET, "ranker", 1, doc.pins[TARGET]["at"])]  # an older replica still publishes it
+        assert dest.merge_cluster_state(stale, [], 0, merged.shared(), now) == (1, 0, 2)
+        assert dest.merge_cluster_state(stale, [], 0, merged.shared(), now) == (0, 0, 0)
+        assert [p["target"] for p in dest.pins()] == ["default/other"]
+        assert dest.known_bad(TARGET) == frozenset() and dest.known_bad("default/other") == {6}
+        assert dest.active_freeze(TARGET, now) is None and dest.active_freeze("default/other", now) is not None
+    finally:
+        source.close()
+        dest.close()
