@@ -9,7 +9,7 @@ import signal as os_signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import structlog
 
@@ -143,76 +143,66 @@ def _target_key(target: str) -> str:
     return target if "/" in target else f"default/{target}"
 
 
-def _unfreeze(config: Path | None, target: str, reason: str) -> int:
-    from daemon.storage.journal import JournalError
-
-    key = _target_key(target)
-    journal, code = _open_journal(config)
-    if journal is None:
-        return code
-    try:
-        lifted = journal.lift_freezes(key, reason)
-        if not lifted:
-            active = sorted({f.target for f in journal.freezes() if f.lifted_at is None and f.until > time.time()})
-            print(f"no freeze in force on {key} (frozen now: {', '.join(active) or 'none'})", file=sys.stderr)
-            return 1
-    except JournalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        journal.close()
-    for f in lifted:
-        print(f"unfrozen: {f.target} (freeze {f.id} of decision {f.decision_id}: {f.reason})")
-    return 0
-
-
-def _open_journal(config: Path | None) -> "tuple[Journal | None, int]":
-    """The journal the settings name, or None and the exit code after printing why."""
-    from daemon.storage.journal import Journal
+def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> int:
+    """Run an operator command on the journal the settings name: exit 2 for bad settings, 1 for
+    a missing or failing journal, else the command's own code. The journal is always closed."""
+    from daemon.storage.journal import Journal, JournalError
 
     try:
         settings = load_settings(config)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return None, 2
+        return 2
     if not settings.journal.path.exists():
         print(f"error: no journal at {settings.journal.path}", file=sys.stderr)
-        return None, 1
-    return Journal(settings.journal.path), 0
-
-
-def _unpin(config: Path | None, target: str, reason: str) -> int:
-    from daemon.storage.journal import JournalError
-
-    key = _target_key(target)
-    journal, code = _open_journal(config)
-    if journal is None:
-        return code
+        return 1
+    journal = Journal(settings.journal.path)
     try:
-        ended = journal.end_pin(key, reason)
-        if ended is None:
-            pinned = sorted(p["target"] for p in journal.pins())
-            print(f"no pin on {key} (pinned now: {', '.join(pinned) or 'none'})", file=sys.stderr)
-            return 1
+        return command(journal)
     except JournalError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
         journal.close()
-    print(f"unpinned: {key} (was pinned to version {ended['version']}"
-          + (f" from {ended['from_version']}" if ended["from_version"] is not None else "")
-          + (f" by decision {ended['decision_id']}" if ended["decision_id"] is not None else "") + ")")
-    return 0
+
+
+def _unfreeze(config: Path | None, target: str, reason: str) -> int:
+    key = _target_key(target)
+
+    def command(journal: "Journal") -> int:
+        lifted = journal.lift_freezes(key, reason)
+        if not lifted:
+            active = sorted({f.target for f in journal.freezes() if f.lifted_at is None and f.until > time.time()})
+            print(f"no freeze in force on {key} (frozen now: {', '.join(active) or 'none'})", file=sys.stderr)
+            return 1
+        for f in lifted:
+            print(f"unfrozen: {f.target} (freeze {f.id} of decision {f.decision_id}: {f.reason})")
+        return 0
+
+    return _with_journal(config, command)
+
+
+def _unpin(config: Path | None, target: str, reason: str) -> int:
+    key = _target_key(target)
+
+    def command(journal: "Journal") -> int:
+        ended = journal.end_pin(key, reason)
+        if ended is None:
+            pinned = sorted(p["target"] for p in journal.pins())
+            print(f"no pin on {key} (pinned now: {', '.join(pinned) or 'none'})", file=sys.stderr)
+            return 1
+        print(f"unpinned: {key} (was pinned to version {ended['version']}"
+              + (f" from {ended['from_version']}" if ended["from_version"] is not None else "")
+              + (f" by decision {ended['decision_id']}" if ended["decision_id"] is not None else "") + ")")
+        return 0
+
+    return _with_journal(config, command)
 
 
 def _bad_versions(config: Path | None, target: str, clear: int | None, reason: str) -> int:
-    from daemon.storage.journal import JournalError
-
     key = _target_key(target)
-    journal, code = _open_journal(config)
-    if journal is None:
-        return code
-    try:
+
+    def command(journal: "Journal") -> int:
         if clear is not None:
             if not journal.clear_bad(key, clear, reason):
                 print(f"version {clear} of {key} is not marked bad", file=sys.stderr)
@@ -222,12 +212,9 @@ def _bad_versions(config: Path | None, target: str, clear: int | None, reason: s
         for mark in journal.bad_versions(key):
             print(json.dumps({"target": key, "version": mark["version"], "reason": mark["reason"],
                               "decision": mark["decision_id"], "at": mark["at"]}))
-    except JournalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        journal.close()
-    return 0
+        return 0
+
+    return _with_journal(config, command)
 
 
 def _run(config: Path | None) -> int:
