@@ -20,7 +20,7 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 
 NS, NAME = "tailguard", "tailguard-state"

@@ -19,7 +19,7 @@ from core.outcome import OutcomeStatus, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.target import Target
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import http_route, virtual_service
 
 NS = "serving"

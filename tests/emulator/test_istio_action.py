@@ -15,8 +15,8 @@ from actions.istio import (Destination, ShiftWeights, ShiftWeightsParams, effect
 from core.outcome import OutcomeStatus, PermanentError
 from core.signal import Signal, SignalSource
 from core.target import Target
-from tests.support.kube.emulator import KubeEmulator
-from tests.support.kube.schemas import object_errors
+from lab.kube.emulator import KubeEmulator
+from lab.kube.schemas import object_errors
 
 NS, NAME = "serving", "reviews"
 TARGET = Target(model="reviews", namespace=NS)

@@ -19,7 +19,7 @@ from core.outcome import Outcome, OutcomeStatus, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.target import Target
 from daemon.workers.executor import MAX_APPLY_ATTEMPTS
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import http_route, virtual_service
 
 NS = "serving"

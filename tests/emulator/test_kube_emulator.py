@@ -10,8 +10,8 @@ from kubernetes_asyncio.client import (ApiClient, CoordinationV1Api, CoreV1Api, 
                                        DiscoveryV1Api)
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.support.kube.emulator import InvalidObject, KubeEmulator
-from tests.support.kube.schemas import object_errors
+from lab.kube.emulator import InvalidObject, KubeEmulator
+from lab.kube.schemas import object_errors
 
 ISTIO = ("networking.istio.io", "v1")
 NS = "serving"

@@ -14,7 +14,7 @@ from daemon.cluster.kube import (create_api_client, endpoints_from_slices, endpo
 from policies.loader import load_policies_text
 from daemon.wiring.registries import action_registry, detector_registry
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import write_kubeconfig
 
 NS = "serving"

@@ -21,7 +21,7 @@ from core.target import Target
 from daemon.common.config import load_settings
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.simulate import simulate
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import http_route, virtual_service, write_kubeconfig
 from tests.support.paths import SAMPLES
 

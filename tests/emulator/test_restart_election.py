@@ -23,7 +23,7 @@ from daemon.wiring.service import Service
 from tests.emulator.test_cluster_state import LEASE, POLICY, _post  # the same Lease, notify policy (1h cooldown)
 from tests.support.helpers import NotifySink, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 
 FIRST, LATER = "2026-11-29T18:00:00Z", "2026-11-29T18:05:00Z"  # startsAt of two distinct alerts

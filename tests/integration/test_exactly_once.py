@@ -48,8 +48,8 @@ from lab.ports import free_port
 from lab.process import ManagedProcess
 from lab.triton import TritonServer
 from tests.support.helpers import TOKEN, sample_payload, wait_for
-from tests.support.kube.emulator import KubeEmulator, RecordedRequest
-from tests.support.kube.schemas import object_errors
+from lab.kube.emulator import KubeEmulator, RecordedRequest
+from lab.kube.schemas import object_errors
 from tests.support.kube_helpers import http_route, kube_settings, virtual_service, write_kubeconfig
 from tests.support.paths import REPO
 

@@ -15,7 +15,7 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, local_settings, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import GaugeExporter, kube_settings, virtual_service, write_kubeconfig
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from daemon.wiring.registries import action_registry, detector_registry
 from lab.triton import TritonServer
 from policies.loader import PolicySet, load_policies_text
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 The SDK binds Helm's Go library in-process (ctypes), so a render takes milliseconds and
 needs no `helm` binary and no cluster. The CRD helper is
-tests/support/crd_helper.py, the one in fixtures/schemas/README.md.
+lab/kube/crd_helper.py, the one in fixtures/schemas/README.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import kubernetes_validate
 import yaml
 
 from tests.support.paths import CHART_DIR, REPO, SCHEMAS  # noqa: F401  (REPO re-exported)
-from tests.support.crd_helper import load_crd_validators, validation_errors  # noqa: F401  (re-exported)
+from lab.kube.crd_helper import load_crd_validators, validation_errors  # noqa: F401  (re-exported)
 
 RELEASE = "tg"
 NAMESPACE = "tailguard"

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 
 
 def write_kubeconfig(path: Path, emulator: KubeEmulator) -> Path:

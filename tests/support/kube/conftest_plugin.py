@@ -9,7 +9,7 @@ from typing import AsyncIterator
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from tests.support.kube.emulator import KubeEmulator
+from lab.kube.emulator import KubeEmulator
 
 
 @pytest.fixture

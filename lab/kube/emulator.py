@@ -26,8 +26,8 @@ import jsonpatch
 import jsonpointer
 from aiohttp import web
 
-from tests.support.kube._selectors import SelectorError, parse_label_selector
-from tests.support.kube.schemas import SchemaRegistry, default_registry
+from lab.kube._selectors import SelectorError, parse_label_selector
+from lab.kube.schemas import SchemaRegistry, default_registry
 
 Obj = dict[str, Any]
 VERBS = ("get", "list", "create", "update", "patch", "delete")

@@ -18,8 +18,10 @@ from kubernetes_validate import utils as kv_utils
 # Which Kubernetes release the core schemas come from; 1.33 is a current, widely-run minor.
 KUBERNETES_VERSION = "1.33"
 
-from tests.support.paths import SCHEMAS
-from tests.support.crd_helper import load_crd_validators  # the README's helper, one copy
+from lab.kube.crd_helper import load_crd_validators  # the README's helper, one copy
+
+# The CRD schemas copied into the repository (fixtures/schemas: provenance and NOTICE there).
+SCHEMAS = Path(__file__).resolve().parents[2] / "fixtures" / "schemas"
 
 
 @dataclass(frozen=True)
