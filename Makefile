@@ -5,13 +5,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint bench eval clean
+.PHONY: setup system-deps demo test lint bench eval clean image
 
+# Prometheus and Alertmanager for the lab; podman, buildah, runc and debootstrap build and run the
+# image (tests/image; runc because crun cannot start containers on these hosts, docs/image.md).
 system-deps:
-	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null && command -v promtool >/dev/null || { \
-		echo "installing Prometheus and Alertmanager (Debian packages)"; \
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null && command -v promtool >/dev/null \
+		&& command -v podman >/dev/null && command -v buildah >/dev/null && test -x /usr/sbin/runc \
+		&& test -x /usr/sbin/debootstrap || { \
+		echo "installing Prometheus, Alertmanager, podman, buildah, runc and debootstrap (Debian packages)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager >/dev/null; }
+			prometheus prometheus-alertmanager podman buildah runc debootstrap >/dev/null; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +33,11 @@ test: setup
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# The daemon image, tagged as the chart's default image (<image.repository>:<appVersion>), with
+# docker, podman or buildah; assembles the Debian base with debootstrap when no registry answers.
+image:
+	bash scripts/build-image.sh
 
 bench: setup
 	$(PY) bench/bench_tail.py
