@@ -186,6 +186,10 @@ class Policy(Strict):
     guards: Guards = Field(default_factory=Guards)
     # None: a policy with a detector trigger checks the detector's own line; others check nothing.
     verify: VerifySpec | None = None
+    # required: each plan is journaled and waits for `tailguard approve <id>` (or the API) until
+    # approvalTimeoutSeconds have passed, then expires unapplied.
+    approval: Literal["none", "required"] = "none"
+    approval_timeout_seconds: Seconds = Field(3600.0, alias="approvalTimeoutSeconds", gt=0)
 
     @field_validator("name")
     @classmethod

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -13,11 +14,20 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class TlsSettings(_Section):
+    """Serve HTTPS with this certificate (PEM files, e.g. a kubernetes.io/tls Secret mounted)."""
+
+    cert_file: Path = Field(alias="certFile")
+    key_file: Path = Field(alias="keyFile")
+
+
 class ListenSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     shutdown_timeout_seconds: float = Field(10.0, ge=0, alias="shutdownTimeoutSeconds")
     """On stop, how long requests in progress may finish before they are cancelled (below the pod's grace period)."""
+    tls: TlsSettings | None = None
+    """None: plain HTTP (TLS terminated in front of the daemon, or a lab)."""
 
 
 class WebhookSettings(_Section):
@@ -30,6 +40,34 @@ class WebhookSettings(_Section):
     """A webhook body not received in full within this is answered 408 and its connection closed."""
     max_concurrent_requests: int = Field(64, ge=1, alias="maxConcurrentRequests")
     """Webhook requests in progress at once; one more is answered 503 with Retry-After."""
+
+
+API_SCOPES = ("read", "write")
+
+
+class ApiSettings(_Section):
+    """The operator API (status, freeze, approvals): named bearer tokens with scopes, separate from
+    the Alertmanager webhook token."""
+
+    tokens_file: Path | None = Field(None, alias="tokensFile")
+    """YAML list of {name, token, scopes: [read, write]}; env TAILGUARD_API_TOKENS (same YAML) also works."""
+    allow_unauthenticated: bool = Field(False, alias="allowUnauthenticated")
+    """Only for local experiments: requests without a token act as `anonymous` with every scope."""
+    external_url: str | None = Field(None, alias="externalUrl", pattern=r"^https?://")
+    """How operators reach the API (named in approval notifications); None: http(s)://<listen host>:<port>."""
+    max_body_bytes: int = Field(65_536, ge=1024, alias="maxBodyBytes")
+    body_read_timeout_seconds: float = Field(10.0, gt=0, alias="bodyReadTimeoutSeconds")
+
+
+class ControlSettings(_Section):
+    """Runtime freezes declared in a ConfigMap (`kubectl edit` it), read by the leader."""
+
+    config_map: str | None = Field(None, alias="configMap", min_length=1, max_length=253)
+    """None: no ConfigMap is read. Keys: freeze ("true": the whole daemon), freezeTargets
+    (namespace/model, space or comma separated), freezeReason."""
+    namespace: str | None = None
+    """None: leaderElection.leaseNamespace."""
+    poll_interval_seconds: float = Field(5.0, gt=0, alias="pollIntervalSeconds")
 
 
 class PolicySettings(_Section):
@@ -111,8 +149,10 @@ class BlastRadiusSettings(_Section):
     """The span within which signals on many targets count as one burst with a likely shared cause."""
 
 
-NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed"]
-NOTIFICATION_EVENTS: tuple[NotificationEvent, ...] = ("acted", "recovered", "not_recovered", "escalated", "failed")
+NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed",
+                            "approval_requested", "approval_expired", "approved"]
+NOTIFICATION_EVENTS: tuple[NotificationEvent, ...] = ("acted", "recovered", "not_recovered", "escalated", "failed",
+                                                     "approval_requested", "approval_expired", "approved")
 
 
 class NotificationSettings(_Section):
@@ -131,6 +171,8 @@ class NotificationSettings(_Section):
 class Settings(_Section):
     listen: ListenSettings = Field(default_factory=ListenSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    control: ControlSettings = Field(default_factory=ControlSettings)
     policies: PolicySettings = Field(default_factory=PolicySettings)
     journal: JournalSettings = Field(default_factory=JournalSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
@@ -169,6 +211,11 @@ def load_settings(path: Path | None) -> Settings:
     settings.journal.path = _resolve(base, settings.journal.path)
     if settings.webhook.token_file is not None:
         settings.webhook.token_file = _resolve(base, settings.webhook.token_file)
+    if settings.api.tokens_file is not None:
+        settings.api.tokens_file = _resolve(base, settings.api.tokens_file)
+    if settings.listen.tls is not None:
+        settings.listen.tls.cert_file = _resolve(base, settings.listen.tls.cert_file)
+        settings.listen.tls.key_file = _resolve(base, settings.listen.tls.key_file)
     return settings
 
 
@@ -187,3 +234,57 @@ def webhook_token(settings: WebhookSettings) -> str | None:
         except OSError as exc:
             raise ConfigError(f"cannot read webhook token file {settings.token_file}: {exc}") from exc
     return None
+
+
+@dataclass(frozen=True)
+class ApiTokenEntry:
+    """One named operator token as configured (the secret itself stays in memory only)."""
+
+    name: str
+    token: str
+    scopes: frozenset[str]
+
+
+class _TokenEntry(_Section):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:-]*$")
+    token: str = Field(min_length=16, max_length=4096)
+    scopes: list[Literal["read", "write"]] = Field(min_length=1)
+
+
+def api_tokens(settings: ApiSettings) -> list[ApiTokenEntry]:
+    """The operator tokens: env TAILGUARD_API_TOKENS (YAML) first, else `tokensFile`; [] when neither.
+
+    Raises:
+        ConfigError: unreadable, not a list of {name, token, scopes}, or a name or token used twice.
+    """
+    env = os.environ.get("TAILGUARD_API_TOKENS")
+    where = "TAILGUARD_API_TOKENS"
+    if env:
+        text = env
+    elif settings.tokens_file is not None:
+        where = str(settings.tokens_file)
+        try:
+            text = settings.tokens_file.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read API tokens file {where}: {exc}") from exc
+    else:
+        return []
+    try:
+        raw = yaml.safe_load(text) or []
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not YAML: {exc}") from exc
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: must be a list of {{name, token, scopes}}")
+    out: list[ApiTokenEntry] = []
+    for n, item in enumerate(raw):
+        try:
+            entry = _TokenEntry.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]  # never echo the value: it may be a token
+            raise ConfigError(f"{where}: entry {n}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        if any(e.name == entry.name for e in out):
+            raise ConfigError(f"{where}: token name {entry.name!r} is used twice")
+        if any(e.token == entry.token for e in out):
+            raise ConfigError(f"{where}: tokens {entry.name!r} and another entry are the same secret")
+        out.append(ApiTokenEntry(entry.name, entry.token.strip(), frozenset(entry.scopes)))
+    return out

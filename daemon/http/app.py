@@ -1,4 +1,5 @@
-"""The aiohttp app: Alertmanager webhook, health, readiness and the daemon's own metrics."""
+"""The aiohttp app: Alertmanager webhook, health, readiness, the daemon's own metrics, and the
+operator API (daemon/http/api.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
+from daemon.http.responses import answer_and_close, error
+from daemon.http.api import Operator, add_routes
 from daemon.http.intake import BodyError, PayloadError, alert_signals, decode_body, parse_payload
 from daemon.storage.journal import AsyncJournal, JournalBackpressure, JournalError, JournalValueError
 
@@ -21,7 +24,7 @@ log = structlog.get_logger("tailguard.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Daemon(Protocol):
+class Daemon(Operator, Protocol):
     """What the HTTP app needs from the running daemon (the service implements it)."""
 
     settings: Settings
@@ -40,7 +43,6 @@ SERVICE: web.AppKey[Daemon] = web.AppKey("service")
 IN_FLIGHT: web.AppKey["InFlight"] = web.AppKey("webhooks_in_flight")
 # What aiohttp decodes for us; anything else (x-gzip, "gzip, gzip", zstd) is refused, not read raw.
 CONTENT_CODINGS = frozenset({"identity", "gzip", "deflate"})
-_REASON_CHARS = 300
 
 
 class InFlight:
@@ -58,29 +60,6 @@ class InFlight:
 
     def leave(self) -> None:
         self.count -= 1
-
-
-def _error(status: int, reason: str, **headers: str) -> web.Response:
-    flat = " ".join(reason.split())  # one line, whatever the reason quotes
-    if len(flat) > _REASON_CHARS:
-        flat = flat[:_REASON_CHARS - 3] + "..."
-    return web.json_response({"error": flat}, status=status, headers=headers or None)
-
-
-async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
-    """Send `response` now and close the connection when the body was not read to its end (stalled,
-    undecodable, or refused before reading): aiohttp would otherwise linger up to 10 s reading the
-    rest, and re-raise a broken body's error into its log."""
-    if request.content.is_eof():
-        return response
-    response.force_close()
-    try:
-        await response.prepare(request)
-        await response.write_eof()
-    except ConnectionError:
-        pass  # the sender is gone; nothing to tell it
-    request.protocol.force_close()
-    return response
 
 
 def _route(request: web.Request) -> str:
@@ -106,7 +85,7 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         metrics.faults.labels("http").inc()
         log.exception("unhandled error in request handler; answered 500", method=request.method, route=route)
-        response = _error(500, "internal error; the daemon's log has the details")
+        response = error(500, "internal error; the daemon's log has the details")
     metrics.http_responses.labels(route, str(response.status)).inc()
     return response
 
@@ -135,11 +114,11 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
         # aiohttp decodes header bytes that are not UTF-8 as surrogates: encode them back the same way
         given_bytes = given.strip().encode("utf-8", "surrogateescape")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, token.encode()):
-            return await _answer_and_close(
-                request, _error(401, "missing or invalid bearer token", **{"WWW-Authenticate": "Bearer"}))
+            return await answer_and_close(
+                request, error(401, "missing or invalid bearer token", **{"WWW-Authenticate": "Bearer"}))
     in_flight = request.app[IN_FLIGHT]
     if not in_flight.try_enter():
-        return await _answer_and_close(request, _error(
+        return await answer_and_close(request, error(
             503, f"more than {in_flight.limit} webhook requests in progress; retry", **{"Retry-After": "1"}))
     try:
         return await _receive_admitted(request, svc)
@@ -150,37 +129,37 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
 async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
     settings = svc.settings.webhook
     if not svc.may_act():
-        return await _answer_and_close(
-            request, _error(503, "this replica is not the leader; retry", **{"Retry-After": "5"}))
+        return await answer_and_close(
+            request, error(503, "this replica is not the leader; retry", **{"Retry-After": "5"}))
     if request.content_length is not None and request.content_length > settings.max_body_bytes:
         # aiohttp reads the rest for up to 10 s (lingering) so that a sender still writing gets the 413
-        return _error(413, f"body larger than {settings.max_body_bytes} bytes")
+        return error(413, f"body larger than {settings.max_body_bytes} bytes")
     codings = [c.strip().lower() for value in request.headers.getall(hdrs.CONTENT_ENCODING, [])
                for c in value.split(",") if c.strip()]
     if len(codings) > 1 or not set(codings) <= CONTENT_CODINGS:
-        return await _answer_and_close(request, _error(
+        return await answer_and_close(request, error(
             400, f"unsupported Content-Encoding {', '.join(codings)!r}; send one of {', '.join(sorted(CONTENT_CODINGS))}"))
     try:
         async with asyncio.timeout(settings.body_read_timeout_seconds):
             raw = await request.read()
     except TimeoutError:
-        return await _answer_and_close(
-            request, _error(408, f"body not received within {settings.body_read_timeout_seconds:g} s"))
+        return await answer_and_close(
+            request, error(408, f"body not received within {settings.body_read_timeout_seconds:g} s"))
     except web.HTTPRequestEntityTooLarge:
-        return _error(413, f"body larger than {settings.max_body_bytes} bytes")
+        return error(413, f"body larger than {settings.max_body_bytes} bytes")
     except (web.RequestPayloadError, aiohttp.ClientError, ConnectionError) as exc:
         # A body that does not match its Content-Encoding or chunking, or a sender that went away.
         cause = exc.__cause__ or exc
-        return await _answer_and_close(
-            request, _error(400, f"unreadable body: {getattr(cause, 'message', None) or cause}"))
+        return await answer_and_close(
+            request, error(400, f"unreadable body: {getattr(cause, 'message', None) or cause}"))
     try:
         body = decode_body(raw)
     except BodyError as exc:
-        return _error(400, str(exc))
+        return error(400, str(exc))
     try:
         payload = parse_payload(body)
     except PayloadError as exc:
-        return _error(422, str(exc))
+        return error(422, str(exc))
     signals = alert_signals(payload)
     for status, count in collections.Counter(s.status.value for s in signals).items():
         svc.metrics.alerts_received.labels(status).inc(count)
@@ -188,14 +167,14 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
         # Committed rows go to the workers' backlog from inside the journal, before this returns.
         new, duplicates = await svc.journal.record_signals(signals)
     except JournalValueError as exc:  # cannot be stored however often it is sent: no retry
-        return _error(422, str(exc))
+        return error(422, str(exc))
     except JournalBackpressure as exc:
         log.warning("backlog full; asking Alertmanager to retry", error=str(exc))
-        return _error(503, "backlog full; retry", **{"Retry-After": "5"})
+        return error(503, "backlog full; retry", **{"Retry-After": "5"})
     except JournalError as exc:
         svc.metrics.faults.labels("journal").inc()
         log.error("journal write failed; asking Alertmanager to retry", error=str(exc))
-        return _error(503, "journal unavailable; retry", **{"Retry-After": "5"})
+        return error(503, "journal unavailable; retry", **{"Retry-After": "5"})
     svc.metrics.alerts_deduplicated.inc(duplicates)
     for (source, name), count in collections.Counter((s.source.value, s.name) for _, s in new).items():
         svc.metrics.signals.labels(source, name).inc(count)
@@ -208,14 +187,25 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def _refresh_freezes(svc: Daemon) -> None:
+    """Read the freezes in force (expiry is a matter of time); a journal failure keeps the last view."""
+    try:
+        await svc.freezes.view()
+    except JournalError as exc:
+        svc.metrics.faults.labels("journal").inc()
+        log.warning("could not read freezes; showing the last view", error=str(exc))
+
+
 async def readyz(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
+    await _refresh_freezes(svc)
     detail = svc.readiness()
     return web.json_response(detail, status=200 if detail["ready"] else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
+    await _refresh_freezes(svc)
     body = generate_latest(svc.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -236,4 +226,5 @@ def build_app(service: Daemon) -> web.Application:
     app.router.add_get("/healthz", healthz, expect_handler=expect_continue)
     app.router.add_get("/readyz", readyz, expect_handler=expect_continue)
     app.router.add_get("/metrics", metrics, expect_handler=expect_continue)
+    add_routes(app, service, expect_continue)
     return app

@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterable, ParamSpec, Sequence, TypeVar
 
@@ -137,13 +138,32 @@ CREATE TABLE IF NOT EXISTS freezes (
     lifted_reason TEXT
 );
 CREATE INDEX IF NOT EXISTS freezes_target ON freezes(target, until);
+-- Plans of policies with `approval: required`, waiting for an operator until `deadline`.
+CREATE TABLE IF NOT EXISTS approvals (
+    id INTEGER PRIMARY KEY,
+    decision_id INTEGER NOT NULL REFERENCES decisions(id),
+    policy TEXT NOT NULL,
+    target TEXT NOT NULL,
+    requested_at REAL NOT NULL,
+    deadline REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',   -- pending | approved | expired
+    decided_at REAL,
+    decided_by TEXT,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_status ON approvals(status, policy, target);
 """
 
 # Columns added to existing tables since the first release: (name, declaration) per table.
 _ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
     "pins": [("from_version", "INTEGER"), ("decision_id", "INTEGER"), ("signal", "TEXT"),
              ("reason", "TEXT NOT NULL DEFAULT ''"), ("policy", "TEXT")],
+    # Who froze or lifted (an API token's name, a ConfigMap's field manager) and how.
+    "freezes": [("by", "TEXT"), ("source", "TEXT"), ("lifted_by", "TEXT")],
 }
+
+DAEMON_SCOPE = "*"  # the freezes row `target` of a freeze on the whole daemon (every target)
+FOREVER = 253402300799.0  # 9999-12-31T23:59:59Z: the `until` of a freeze that lasts until lifted
 
 RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
 
@@ -181,6 +201,25 @@ class Freeze:
     decision_id: int | None
     lifted_at: float | None = None
     lifted_reason: str | None = None
+    by: str | None = None  # who froze: a token name, a ConfigMap's field manager; None: tailguard itself
+    source: str | None = None  # api | cli | configmap | escalation (None: escalation or imported)
+    lifted_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A plan waiting for an operator (`approval: required`), or what became of it."""
+
+    id: int
+    decision_id: int
+    policy: str
+    target: str
+    requested_at: float
+    deadline: float
+    status: str  # pending | approved | expired
+    decided_at: float | None = None
+    decided_by: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -597,15 +636,24 @@ class Journal:
 
     # ---- target freezes ---------------------------------------------------------------------
 
-    def _insert_freeze(self, target: str, reason: str, until: float, decision_id: int | None) -> int:
-        cur = self._db.execute("INSERT INTO freezes(target, reason, at, until, decision_id) VALUES (?,?,?,?,?)",
-                               (target, reason, time.time(), until, decision_id))
+    def _insert_freeze(self, target: str, reason: str, until: float, decision_id: int | None,
+                       by: str | None = None, source: str | None = None) -> int:
+        cur = self._db.execute("INSERT INTO freezes(target, reason, at, until, decision_id, by, source)"
+                               " VALUES (?,?,?,?,?,?,?)", (target, reason, time.time(), until, decision_id, by, source))
         return int(cur.lastrowid or 0)
 
-    def record_freeze(self, target: str, reason: str, until: float, decision_id: int | None = None) -> int:
-        """Freeze `target` until `until` (unix seconds): no policy acts on it meanwhile."""
-        _checked(target=target, reason=reason)
-        return self._tx(lambda: self._insert_freeze(target, reason, until, decision_id))
+    def record_freeze(self, target: str, reason: str, until: float, decision_id: int | None = None, *,
+                      by: str | None = None, source: str | None = None) -> int:
+        """Freeze `target` (DAEMON_SCOPE: every target) until `until` (unix seconds; FOREVER: until
+        lifted): no policy acts on it meanwhile. `by` and `source` say who and how."""
+        _checked(target=target, reason=reason, by=by, source=source)
+        return self._tx(lambda: self._insert_freeze(target, reason, until, decision_id, by, source))
+
+    def active_freezes(self, now: float | None = None) -> list[Freeze]:
+        """Every freeze in force at `now` (not lifted, not expired), oldest first."""
+        now = time.time() if now is None else now
+        return [_freeze(r) for r in self._read("SELECT * FROM freezes WHERE lifted_at IS NULL AND until > ?"
+                                               " ORDER BY at, id", (now,))]
 
     def active_freeze(self, target: str, now: float | None = None) -> Freeze | None:
         """The freeze on `target` that lasts longest, if one is in force at `now` (not lifted, not expired)."""
@@ -614,15 +662,19 @@ class Journal:
                           " ORDER BY until DESC LIMIT 1", (target, now))
         return _freeze(rows[0]) if rows else None
 
-    def lift_freezes(self, target: str, reason: str, now: float | None = None) -> list[Freeze]:
-        """Lift every freeze in force on `target` (`tailguard unfreeze`); the ones lifted."""
-        _checked(target=target, reason=reason)
+    def lift_freezes(self, target: str, reason: str, now: float | None = None, *, by: str | None = None,
+                     ids: Sequence[int] | None = None) -> list[Freeze]:
+        """Lift the freezes in force on `target` (`tailguard unfreeze`), only those with `ids` when
+        given; the ones lifted."""
+        _checked(target=target, reason=reason, by=by)
         at = time.time() if now is None else now
+        only = "" if ids is None else " AND id IN (SELECT value FROM json_each(?))"
+        extra = () if ids is None else (json.dumps([int(i) for i in ids]),)
 
         def run() -> list[Freeze]:
             rows = self._db.execute(
-                "UPDATE freezes SET lifted_at=?, lifted_reason=? WHERE target=? AND lifted_at IS NULL AND until > ?"
-                " RETURNING *", (at, reason, target, at)).fetchall()
+                "UPDATE freezes SET lifted_at=?, lifted_reason=?, lifted_by=? WHERE target=? AND lifted_at IS NULL"
+                f" AND until > ?{only} RETURNING *", (at, reason, by, target, at, *extra)).fetchall()
             return [_freeze(r) for r in rows]
 
         return self._tx(run)
@@ -674,6 +726,7 @@ class Journal:
         def run() -> dict[str, int]:
             old = "SELECT id FROM decisions WHERE at < ?"
             steps = self._db.execute(f"DELETE FROM steps WHERE decision_id IN ({old})", (before,)).rowcount
+            self._db.execute(f"DELETE FROM approvals WHERE decision_id IN ({old})", (before,))
             decisions = self._db.execute("DELETE FROM decisions WHERE at < ?", (before,)).rowcount
             signals = self._db.execute(
                 "DELETE FROM signals WHERE state='processed' AND received_at < ?"
@@ -681,6 +734,96 @@ class Journal:
             evaluations = self._db.execute("DELETE FROM evaluations WHERE at < ?", (before,)).rowcount
             self._db.execute("DELETE FROM freezes WHERE until < ?", (before,))  # over long ago
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
+
+        return self._tx(run)
+
+    def latest_decisions(self) -> list[dict[str, Any]]:
+        """The latest decision of every (policy, target), with the signal it answered (operator status)."""
+        rows = self._read(
+            "SELECT d.id, d.policy, d.target, d.at, d.state, d.reason, s.name AS signal_name,"
+            " s.source AS signal_source, s.received_at AS signal_at FROM decisions d"
+            " JOIN signals s ON s.id = d.signal_id"
+            " WHERE d.id IN (SELECT MAX(id) FROM decisions GROUP BY policy, target) ORDER BY d.target, d.policy")
+        return [dict(r) for r in rows]
+
+    def signal(self, signal_id: int) -> StoredSignal | None:
+        rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals WHERE id=?", (signal_id,))
+        return (StoredSignal(rows[0]["id"], rows[0]["dedup_key"], json.loads(rows[0]["payload"]), rows[0]["state"],
+                             float(rows[0]["received_at"])) if rows else None)
+
+    # ---- approvals ----------------------------------------------------------------------------
+
+    def request_approval(self, signal_id: int, policy: str, target: str, plan: dict[str, Any],
+                         deadline: float) -> Approval:
+        """Journal a plan that waits for an operator: its decision (blocked, "awaiting approval N")
+        and the approval, in one transaction. An approved plan's decision turns `executing` (approve)."""
+        _checked(policy=policy, target=target)
+
+        def run() -> Approval:
+            now = time.time()
+            self._db.execute(
+                "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
+                " VALUES (?, ?, ?, ?, ?, '', ?, 0)",
+                (signal_id, policy, target, now, DecisionState.BLOCKED.value, json.dumps(plan)))
+            decision_id = int(self._db.execute("SELECT id FROM decisions WHERE signal_id=? AND policy=?",
+                                               (signal_id, policy)).fetchone()[0])
+            cur = self._db.execute("INSERT INTO approvals(decision_id, policy, target, requested_at, deadline)"
+                                   " VALUES (?,?,?,?,?)", (decision_id, policy, target, now, deadline))
+            approval_id = int(cur.lastrowid or 0)
+            self._db.execute("UPDATE decisions SET reason=? WHERE id=?",
+                             (f"awaiting approval {approval_id} until {_iso(deadline)}", decision_id))
+            return Approval(approval_id, decision_id, policy, target, now, deadline, "pending")
+
+        return self._tx(run)
+
+    def approval(self, approval_id: int) -> Approval | None:
+        rows = self._read("SELECT * FROM approvals WHERE id=?", (approval_id,))
+        return _approval(rows[0]) if rows else None
+
+    def approvals(self, status: str | None = None) -> list[Approval]:
+        """Approvals (of one status when given), oldest first."""
+        if status is None:
+            return [_approval(r) for r in self._read("SELECT * FROM approvals ORDER BY id")]
+        return [_approval(r) for r in self._read("SELECT * FROM approvals WHERE status=? ORDER BY id", (status,))]
+
+    def pending_approval(self, policy: str, target: str) -> Approval | None:
+        rows = self._read("SELECT * FROM approvals WHERE status='pending' AND policy=? AND target=?"
+                          " ORDER BY id LIMIT 1", (policy, target))
+        return _approval(rows[0]) if rows else None
+
+    def approve(self, approval_id: int, by: str, reason: str, now: float | None = None) -> Approval | None:
+        """Approve a pending approval before its deadline: its decision turns `executing`, executed
+        (it counts for cooldown and rate limit from now). None when it is not pending (or past its deadline)."""
+        _checked(by=by, reason=reason)
+        at = time.time() if now is None else now
+
+        def run() -> Approval | None:
+            row = self._db.execute(
+                "UPDATE approvals SET status='approved', decided_at=?, decided_by=?, reason=? WHERE id=?"
+                " AND status='pending' AND deadline > ? RETURNING *", (at, by, reason, approval_id, at)).fetchone()
+            if row is None:
+                return None
+            approval = _approval(row)
+            self._db.execute("UPDATE decisions SET state=?, executed=1, at=?, reason=? WHERE id=?",
+                             (DecisionState.EXECUTING.value, at, f"approved by {by}: {reason}; applying",
+                              approval.decision_id))
+            return approval
+
+        return self._tx(run)
+
+    def expire_approvals(self, now: float | None = None) -> list[Approval]:
+        """Expire the pending approvals whose deadline has passed; their decisions say so. The ones expired."""
+        at = time.time() if now is None else now
+
+        def run() -> list[Approval]:
+            rows = self._db.execute(
+                "UPDATE approvals SET status='expired', decided_at=?, reason='deadline passed' WHERE status='pending'"
+                " AND deadline <= ? RETURNING *", (at, at)).fetchall()
+            expired = [_approval(r) for r in rows]
+            for a in expired:
+                self._db.execute("UPDATE decisions SET reason=? WHERE id=?",
+                                 (f"approval {a.id} expired at {_iso(a.deadline)}; not applied", a.decision_id))
+            return expired
 
         return self._tx(run)
 
@@ -1004,6 +1147,15 @@ class AsyncJournal:
     active_freeze = _in_thread(Journal.active_freeze)
     lift_freezes = _in_thread(Journal.lift_freezes)
     freezes = _in_thread(Journal.freezes)
+    active_freezes = _in_thread(Journal.active_freezes)
+    latest_decisions = _in_thread(Journal.latest_decisions)
+    signal = _in_thread(Journal.signal)
+    request_approval = _in_thread(Journal.request_approval)
+    approval = _in_thread(Journal.approval)
+    approvals = _in_thread(Journal.approvals)
+    pending_approval = _in_thread(Journal.pending_approval)
+    approve = _in_thread(Journal.approve)
+    expire_approvals = _in_thread(Journal.expire_approvals)
     guard_history = _in_thread(Journal.guard_history)
     executed_marks = _in_thread(Journal.executed_marks)
     prune = _in_thread(Journal.prune)
@@ -1021,6 +1173,10 @@ class AsyncJournal:
     clear_bad = _in_thread(Journal.clear_bad)
     shared_state = _in_thread(Journal.shared_state)
     merge_cluster_state = _in_thread(Journal.merge_cluster_state)
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
 
 
 def _checked(**fields: object) -> None:
@@ -1046,7 +1202,12 @@ def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
 
 def _freeze(r: sqlite3.Row) -> Freeze:
     return Freeze(r["id"], r["target"], r["reason"], r["at"], r["until"], r["decision_id"], r["lifted_at"],
-                  r["lifted_reason"])
+                  r["lifted_reason"], r["by"], r["source"], r["lifted_by"])
+
+
+def _approval(r: sqlite3.Row) -> Approval:
+    return Approval(r["id"], r["decision_id"], r["policy"], r["target"], r["requested_at"], r["deadline"],
+                    r["status"], r["decided_at"], r["decided_by"], r["reason"])
 
 
 def _decision(r: sqlite3.Row) -> Decision:

@@ -1,15 +1,25 @@
 """The `tailguard` command: run the daemon, validate policies, export the schema, read the journal,
-lift a target's freeze, end a pin, list and clear known-bad versions."""
+show the leader's status, freeze and unfreeze the daemon or a target, approve a plan, end a pin,
+list and clear known-bad versions.
+
+Operator commands with `--url` call the running daemon's API (a token from --token-file or
+TAILGUARD_API_TOKEN); unfreeze, unpin and bad-versions without it work on the journal file the
+settings name (on the pod itself)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
+import os
 import signal as os_signal
+import ssl
+import urllib.error
+import urllib.request
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import structlog
 
@@ -36,10 +46,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("schema", help="print the policy JSON Schema")
     jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines")
     jr.add_argument("path", type=Path, help="journal SQLite file")
-    unf = sub.add_parser("unfreeze", help="lift the freeze an escalation put on a target (journaled)")
-    unf.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
-    unf.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    st = sub.add_parser("status", help="the leader's state: policies, targets (last signal and decision, "
+                                       "cooldown, actions, pin, freeze), approvals, stale queries")
+    _api_arguments(st)
+    st.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    frz = sub.add_parser("freeze", help="freeze the whole daemon, or one target (journaled with who and why)")
+    frz.add_argument("target", nargs="?", help="namespace/model (a bare model means default/model); "
+                                               "omitted: the whole daemon")
+    frz.add_argument("--reason", required=True, help="recorded with the freeze")
+    frz.add_argument("--for", dest="duration", help="how long (30m, 2h); omitted: until unfrozen")
+    frz.add_argument("--config", type=Path, help="without --url: settings YAML naming the journal to write")
+    _api_arguments(frz, url_default=None)
+    apr = sub.add_parser("approve", help="approve a plan waiting for approval (journaled with the token's name)")
+    apr.add_argument("approval", type=int, help="the approval's id (in the notification and in status)")
+    apr.add_argument("--reason", default="approved with tailguard approve", help="recorded with the approval")
+    _api_arguments(apr)
+    unf = sub.add_parser("unfreeze", help="lift the freeze on a target, or on the whole daemon (journaled)")
+    unf.add_argument("target", nargs="?", help="the target: namespace/model (a bare model means default/model); "
+                                               "omitted: the whole daemon")
+    unf.add_argument("--config", type=Path, help="without --url: settings YAML (names the journal)")
     unf.add_argument("--reason", default="lifted by tailguard unfreeze", help="recorded with the lift")
+    _api_arguments(unf, url_default=None)
     unp = sub.add_parser("unpin", help="end the rollback pin of a target (journaled); the reconciler "
                                        "stops re-applying it")
     unp.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
@@ -65,7 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "journal":
         return _journal(args.path)
+    if args.command == "status":
+        return _status(_api_from(args), args.json)
+    if args.command == "freeze":
+        return _freeze(args.config, _api_from(args), args.target, args.reason, args.duration)
+    if args.command == "approve":
+        return _approve(_api_from(args), args.approval, args.reason)
     if args.command == "unfreeze":
+        api = _api_from(args)
+        if api is not None:
+            return _unfreeze_api(api, args.target, args.reason)
         return _unfreeze(args.config, args.target, args.reason)
     if args.command == "unpin":
         return _unpin(args.config, args.target, args.reason)
@@ -166,11 +202,19 @@ def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> i
         journal.close()
 
 
-def _unfreeze(config: Path | None, target: str, reason: str) -> int:
-    key = _target_key(target)
+def _unfreeze(config: Path | None, target: str | None, reason: str) -> int:
+    from daemon.storage.journal import DAEMON_SCOPE
+    from daemon.workers.freezes import held_by_configmap
+
+    key = _target_key(target) if target is not None else DAEMON_SCOPE
+    by = _local_user()
 
     def command(journal: "Journal") -> int:
-        lifted = journal.lift_freezes(key, reason)
+        held = [f for f in journal.active_freezes() if f.target == key and held_by_configmap(f)]
+        if held:
+            print(f"{key} is frozen by the control ConfigMap ({held[0].reason}); clear it there", file=sys.stderr)
+            return 1
+        lifted = journal.lift_freezes(key, reason, by=by)  # who in lifted_by; the reason as given
         if not lifted:
             active = sorted({f.target for f in journal.freezes() if f.lifted_at is None and f.until > time.time()})
             print(f"no freeze in force on {key} (frozen now: {', '.join(active) or 'none'})", file=sys.stderr)
@@ -180,6 +224,133 @@ def _unfreeze(config: Path | None, target: str, reason: str) -> int:
         return 0
 
     return _with_journal(config, command)
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no user name in this environment (a container's numeric uid)
+        return f"uid-{os.getuid()}"
+
+
+def _freeze(config: Path | None, api: "_Api | None", target: str | None, reason: str, duration: str | None) -> int:
+    from core.durations import parse_duration
+    from daemon.storage.journal import DAEMON_SCOPE, FOREVER
+
+    try:
+        seconds = parse_duration(duration) if duration is not None else None
+    except ValueError as exc:
+        print(f"error: --for: {exc}", file=sys.stderr)
+        return 2
+    if api is not None:
+        body: dict[str, Any] = {"reason": reason}
+        if target is not None:
+            body["target"] = target
+        if seconds is not None:
+            body["durationSeconds"] = seconds
+        code, doc = api.call("POST", "/api/v1/freeze", body)
+        if code >= 300:
+            return _refused(code, doc)
+        frozen = doc["frozen"]
+        print(f"frozen: {'the daemon' if frozen['scope'] == DAEMON_SCOPE else frozen['scope']}"
+              f"{' until ' + frozen['until'] if frozen.get('until') else ''}: {frozen['reason']}")
+        return 0
+    key = _target_key(target) if target is not None else DAEMON_SCOPE
+    by = _local_user()
+
+    def command(journal: "Journal") -> int:
+        until = FOREVER if seconds is None else time.time() + seconds
+        journal.record_freeze(key, f"{reason} (by {by} via cli)", until, by=by, source="cli")
+        print(f"frozen: {'the daemon' if key == DAEMON_SCOPE else key}: {reason} (by {by} via cli)")
+        return 0
+
+    return _with_journal(config, command)
+
+
+def _unfreeze_api(api: "_Api", target: str | None, reason: str) -> int:
+    body: dict[str, Any] = {"reason": reason}
+    if target is not None:
+        body["target"] = target
+    code, doc = api.call("POST", "/api/v1/unfreeze", body)
+    if code >= 300:
+        return _refused(code, doc)
+    for f in doc["lifted"]:
+        print(f"unfrozen: {'the daemon' if f['scope'] == '*' else f['scope']} (freeze {f['id']}: {f['reason']})")
+    return 0
+
+
+def _status(api: "_Api | None", as_json: bool) -> int:
+    from daemon.http.status import render_table
+
+    assert api is not None  # status always has a URL (default or given)
+    code, doc = api.call("GET", "/api/v1/status")
+    if code >= 300:
+        return _refused(code, doc)
+    print(json.dumps(doc, indent=2) if as_json else render_table(doc), end="\n" if as_json else "")
+    return 0
+
+
+def _approve(api: "_Api | None", approval: int, reason: str) -> int:
+    assert api is not None
+    code, doc = api.call("POST", f"/api/v1/approvals/{approval}/approve", {"reason": reason})
+    if code >= 300:
+        return _refused(code, doc)
+    print(doc["message"])
+    return 0
+
+
+def _refused(code: int, doc: dict[str, Any]) -> int:
+    print(f"error: {code}: {doc.get('error') or doc}", file=sys.stderr)
+    return 1
+
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _api_arguments(parser: argparse.ArgumentParser, url_default: str | None = DEFAULT_URL) -> None:
+    parser.add_argument("--url", default=os.environ.get("TAILGUARD_URL", url_default) if url_default else None,
+                        help="the daemon's API (env TAILGUARD_URL" + (f", default {url_default})" if url_default else ")"))
+    parser.add_argument("--token-file", type=Path, help="a file holding an API token (else env TAILGUARD_API_TOKEN)")
+    parser.add_argument("--cacert", type=Path, help="CA bundle to verify the daemon's TLS certificate")
+
+
+class _Api:
+    """A minimal client of the operator API (blocking; one request per call)."""
+
+    def __init__(self, url: str, token: str | None, cacert: Path | None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.context = ssl.create_default_context(cafile=str(cacert)) if cacert else None
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON body); a network failure is (0, {"error": ...})."""
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if data else {})}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=self.context) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, json.loads(exc.read() or b"{}")
+            except ValueError:
+                return exc.code, {"error": exc.reason}
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return 0, {"error": f"cannot reach {self.url}: {getattr(exc, 'reason', exc)}"}
+
+
+def _api_from(args: argparse.Namespace) -> "_Api | None":
+    if not args.url:
+        return None
+    token = os.environ.get("TAILGUARD_API_TOKEN")
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SystemExit(f"error: --token-file: {exc}")
+    return _Api(args.url, token, args.cacert)
 
 
 def _unpin(config: Path | None, target: str, reason: str) -> int:

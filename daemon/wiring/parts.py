@@ -83,6 +83,16 @@ class Parts:
         self.journal.sync.close()
 
 
+def base_url(settings: Settings, port: int | None = None) -> str:
+    """How operators reach the API: api.externalUrl, else the listen address (a wildcard host as loopback)."""
+    if settings.api.external_url:
+        return settings.api.external_url.rstrip("/")
+    host = settings.listen.host
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    host = f"[{host}]" if ":" in host else host
+    return f"{'https' if settings.listen.tls else 'http'}://{host}:{port or settings.listen.port}"
+
+
 def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal: Journal, metrics: Metrics, *,
                 policies: PolicySet | None = None, may_act: Callable[[], bool] = lambda: True,
                 clock: Callable[[], float] = time.time,
@@ -102,5 +112,5 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
     executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
                         on_recorded=on_recorded, notify=notifier.publish,
                         escalation_freeze_seconds=settings.executor.escalation_freeze_seconds,
-                        blast_radius=settings.blast_radius)
+                        blast_radius=settings.blast_radius, approval_base_url=base_url(settings))
     return Parts(settings, async_journal, state, deps, executor, notifier)

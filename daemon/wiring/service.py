@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
+import ssl
 import time
 from typing import Any, Callable, Mapping
 
@@ -14,16 +15,21 @@ from aiohttp import web
 from actions.base import Action
 from core.signal import Signal
 from daemon.cluster.cluster_state import ClusterState, guard_horizon
+from daemon.cluster.control_configmap import ControlConfigMapError, clearing_manager, declared_freezes, read_control
 from daemon.cluster.kube import identity
 from daemon.cluster.leader import LeaderElector
-from daemon.common.config import ConfigError, Settings, webhook_token
+from daemon.common.config import ConfigError, Settings, api_tokens, webhook_token
 from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
 from daemon.http.app import build_app
+from daemon.http.auth import TokenSet
+from daemon.http.status import StatusInputs
 from daemon.sources.prometheus import PrometheusClient
-from daemon.storage.journal import Journal, JournalBackpressure, JournalError
-from daemon.wiring.parts import build_parts
+from daemon.storage.journal import Approval, Journal, JournalBackpressure, JournalError
+from daemon.wiring.parts import base_url, build_parts
+from daemon.workers.approvals import ApprovalExpiry
 from daemon.workers.backlog import Backlog
+from daemon.workers.freezes import FreezeControl
 from daemon.workers.pins import PinReconciler
 from daemon.workers.poller import Poller
 from daemon.workers.scheduler import run_schedules
@@ -49,6 +55,11 @@ class Service:
         if self.webhook_token is None and not settings.webhook.allow_unauthenticated:
             raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
                               "(or webhook.allowUnauthenticated: true for local experiments)")
+        tokens = api_tokens(settings.api)
+        if self.webhook_token is not None and any(t.token == self.webhook_token for t in tokens):
+            raise ConfigError("an API token equals the webhook token: give Alertmanager and operators "
+                              "different secrets")
+        self.api_tokens = TokenSet(tokens, allow_anonymous=settings.api.allow_unauthenticated)
         journal = Journal(settings.journal.path, max_pending=settings.journal.max_pending)
         self.parts = build_parts(settings, actions, journal, self.metrics,
                                  may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
@@ -60,6 +71,11 @@ class Service:
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
         self.last_reload_error: str | None = None
+        self.last_reload_at: float | None = None  # the last reload that read a valid set
+        self.freezes = FreezeControl(self.journal, self.metrics, settings.freeze, on_recorded=self._state_recorded,
+                                     clock=clock)
+        self.approvals = ApprovalExpiry(self.journal, self.parts.notifier.publish, self.metrics,
+                                        self.executor.approval_base_url, self.may_act, clock)
         # Pending signals reach the executor only while this replica may act: a follower (or a new
         # leader before it imported the shared state) leaves them in the journal, untouched.
         self.backlog = Backlog(self.journal, lambda: self.state.policies.policies, self.executor.process,
@@ -126,15 +142,90 @@ class Service:
         if self.cluster_state is not None:
             self.cluster_state.request_publish()
 
+    def state_recorded(self) -> None:
+        """Something shared was journaled by an operator call (the cluster state publishes it)."""
+        self._state_recorded()
+
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
         # Followers are ready too: a rolling update waits for readiness, and a follower must be
         # able to take over. Webhooks that reach a follower get 503 and Alertmanager retries.
         ready = self.policies_loaded
+        view = self.freezes.last
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
                 "acting": self.may_act(),
-                "policies": len(self.state.policies.policies), "frozen": self.state.frozen,
+                "policies": len(self.state.policies.policies), "frozen": view.frozen,
+                "freeze": view.as_dict(self.clock()), "frozen_targets": sorted(view.targets),
                 "stale_queries": stale, "last_reload_error": self.last_reload_error}
+
+    # ---- operator API ---------------------------------------------------------------------------
+
+    async def leader_identity(self) -> str | None:
+        """The Lease holder (the leader pod's name); this replica's own name without leader election."""
+        if self.elector is None or self.is_leader:
+            return self.identity
+        from kubernetes_asyncio.client import CoordinationV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        le = self.settings.leader_election
+        try:
+            lease = await asyncio.wait_for(
+                CoordinationV1Api(self.kube).read_namespaced_lease(le.lease_name, le.lease_namespace),
+                timeout=le.retry_period_seconds)
+        except (ApiException, OSError, asyncio.TimeoutError) as exc:  # named as unknown in the answer
+            log.info("could not read the lease to name the leader", error=f"{type(exc).__name__}: {exc}")
+            return None
+        holder = lease.spec.holder_identity if lease.spec is not None else None
+        return str(holder) if holder else None
+
+    def known_targets(self) -> set[str]:
+        return {p.target.key for p in self.state.policies.policies}
+
+    async def approve(self, approval_id: int, by: str, reason: str) -> tuple[int, str, Approval | None]:
+        return await self.executor.approve(approval_id, by, reason)
+
+    async def status_inputs(self) -> StatusInputs:
+        """What `GET /api/v1/status` shows, read from the journal now. Raises JournalError."""
+        now = self.clock()
+        policies = self.state.policies
+        view = await self.freezes.view()
+        guards = {}
+        for p in policies.policies:
+            guards[(p.name, p.target.key)] = await self.journal.guard_history(
+                p.name, p.target.key, p.spec.guards.max_actions_window, now)
+        return StatusInputs(
+            now=now, replica=self.identity, leader=self.is_leader, acting=self.may_act(), policies=policies,
+            policies_loaded=self.policies_loaded, last_reload_at=self.last_reload_at,
+            last_reload_error=self.last_reload_error, freezes=view,
+            latest=await self.journal.latest_decisions(), guards=guards, pins=await self.journal.pins(),
+            approvals=await self.journal.approvals("pending"),
+            stale_queries=self.poller.stale_queries() if self.poller else [])
+
+    async def _control_loop(self) -> None:
+        """Make the journal's ConfigMap freezes follow the control ConfigMap, on the replica that acts.
+        A read that fails concludes nothing (no freeze is lifted because the API was unreachable)."""
+        control = self.settings.control
+        assert control.config_map is not None
+        namespace = control.namespace or self.settings.leader_election.lease_namespace
+        where = f"{namespace}/{control.config_map}"
+        timeout = min(control.poll_interval_seconds, 10.0)
+        while not self._stop.is_set():
+            if self.may_act() and self.kube is not None:
+                try:
+                    read = await read_control(self.kube, namespace, control.config_map, timeout)
+                    data, managed = read if read is not None else ({}, [])
+                    desired, problems = declared_freezes(data, managed, where)
+                    for problem in problems:
+                        log.warning("control ConfigMap entry skipped", configmap=where, problem=problem)
+                    await self.freezes.apply_configmap(
+                        desired, lambda scope: clearing_manager(scope, managed), where)
+                except (ControlConfigMapError, JournalError) as exc:
+                    self.metrics.faults.labels("control").inc()
+                    log.warning("control ConfigMap not applied; will retry", configmap=where, error=str(exc))
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=control.poll_interval_seconds)
+            except asyncio.TimeoutError:
+                pass
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -170,6 +261,7 @@ class Service:
         try:
             new = await asyncio.to_thread(load_policies, self.settings.policies.path, self.actions,
                                           self.detectors)
+            self.last_reload_at = self.clock()
             if new.digest != self.state.policies.digest or not self.policies_loaded:
                 self._swap(new)
             elif self.last_reload_error is not None:  # fixed back to the active set
@@ -217,6 +309,7 @@ class Service:
         a revert needs them). A journal failure is recorded; the next takeover tries again."""
         try:
             await self.executor.resume_verifications()
+            await self.executor.resume_approved()
         except JournalError as exc:
             self.metrics.faults.labels("journal").inc()
             log.error("could not resume recovery checks", error=str(exc))
@@ -289,17 +382,41 @@ class Service:
         if self.poller is not None:
             self._tasks.append(asyncio.create_task(self.poller.run(self._stop), name="poller"))
         self._tasks.append(asyncio.create_task(self.pins.run(self._stop), name="pin-reconciler"))
+        self._tasks.append(asyncio.create_task(self.approvals.run(self._stop), name="approval-expiry"))
+        if self.settings.control.config_map is not None:
+            if self.kube is None:
+                raise ConfigError("control.configMap needs kubernetes.mode in-cluster or kubeconfig")
+            self._tasks.append(asyncio.create_task(self._control_loop(), name="control-configmap"))
+        try:
+            await self.freezes.view()
+        except JournalError as exc:  # shown as not frozen until the next read succeeds
+            self.metrics.faults.labels("journal").inc()
+            log.error("could not read freezes at start", error=str(exc))
         app = build_app(self)
         self._runner = web.AppRunner(app, access_log=None,
                                      shutdown_timeout=self.settings.listen.shutdown_timeout_seconds)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.listen.host, self.settings.listen.port)
+        site = web.TCPSite(self._runner, self.settings.listen.host, self.settings.listen.port,
+                           ssl_context=self._ssl_context())
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self.settings.listen.port
+        if self.settings.api.external_url is None:  # named in approval notifications
+            self.executor.approval_base_url = self.approvals.base_url = base_url(self.settings, self.port)
         log.info("tailguard listening", host=self.settings.listen.host, port=self.port,
                  journal=str(self.settings.journal.path), policies=str(self.settings.policies.path))
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        tls = self.settings.listen.tls
+        if tls is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"listen.tls: cannot load {tls.cert_file} / {tls.key_file}: {exc}") from exc
+        return context
 
     async def stop(self) -> None:
         self._stop.set()

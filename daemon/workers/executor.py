@@ -43,7 +43,8 @@ from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.signal import Signal
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import RECOVERY, AsyncJournal, Decision
+from daemon.storage.journal import DAEMON_SCOPE, FOREVER, RECOVERY, Approval, AsyncJournal, Decision
+from daemon.workers.approvals import approval_event
 from daemon.workers.blast_guard import BlastGuard, escalates
 from daemon.workers.progress import (INTENT, MAX_APPLY_ATTEMPTS, StepProgress, journaled_plan,
                                      step_progress)
@@ -81,6 +82,7 @@ class Executor:
         notify: Notify = lambda event: None,
         escalation_freeze_seconds: float = 3600.0,
         blast_radius: BlastRadiusSettings | None = None,
+        approval_base_url: str = "http://127.0.0.1:8080",
     ) -> None:
         self._journal = journal
         self.state = state
@@ -99,6 +101,8 @@ class Executor:
         # Reads back what a watch resumed after a restart missed (Prometheus range query); set by connect.
         self.query_range: RangeFn | None = None
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
+        self.approval_base_url = approval_base_url  # named in approval notifications
+        self._approved: set[asyncio.Task[None]] = set()  # approved plans being applied
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
@@ -138,6 +142,11 @@ class Executor:
             # would be made from a world our own landed steps changed (a false `before`).
             return await self._resume(existing, policy, signal)
         decision = await self._guard(policy, commit=True)
+        if decision.allowed and policy.spec.approval == "required":
+            waiting = await self._journal.pending_approval(policy.name, policy.target.key)
+            if waiting is not None:  # one plan waits per policy and target; flapping signals add none
+                decision = GuardDecision(False, f"awaiting approval {waiting.id} (decision {waiting.decision_id}) "
+                                                f"until {_iso(waiting.deadline)}")
         if not decision.allowed:
             plan = blocked_plan(policy, signal, decision)
             blocked_id = await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason,
@@ -166,6 +175,9 @@ class Executor:
         if plan.dry_run:
             await self._decide(signal_id, policy, plan, DecisionState.DRY_RUN, "dryRun: planned, not applied",
                                executed=False)
+            return plan
+        if policy.spec.approval == "required":
+            await self._request_approval(signal_id, policy, plan)
             return plan
         # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
         decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
@@ -240,17 +252,131 @@ class Executor:
 
     async def _guard(self, policy: LoadedPolicy, *, commit: bool = False) -> GuardDecision:
         now = self._clock()
-        if not self.state.frozen:  # the global freeze says it first
-            freeze = await self._journal.active_freeze(policy.target.key, now)
-            if freeze is not None:
-                return GuardDecision(False, f"target frozen: {freeze.reason} (until {_iso(freeze.until)}; "
-                                            f"lift with `tailguard unfreeze {freeze.target}`)")
+        if not self.state.frozen:  # the config's global freeze says it first
+            blocked = await self._frozen(policy, now)
+            if blocked is not None:
+                return blocked
             across = await self._blast.check(policy, commit=commit)
             if across is not None:
                 return across
         last, count = await self._journal.guard_history(
             policy.name, policy.target.key, policy.spec.guards.max_actions_window, now)
         return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), now)
+
+    async def _frozen(self, policy: LoadedPolicy, now: float) -> GuardDecision | None:
+        """The runtime freeze in force on the whole daemon, else on the policy's target (None: neither)."""
+        daemon = await self._journal.active_freeze(DAEMON_SCOPE, now)
+        if daemon is not None:
+            return GuardDecision(False, f"daemon frozen: {daemon.reason}{_until(daemon.until)}; "
+                                        "lift with `tailguard unfreeze`")
+        freeze = await self._journal.active_freeze(policy.target.key, now)
+        if freeze is not None:
+            return GuardDecision(False, f"target frozen: {freeze.reason}{_until(freeze.until)}; "
+                                        f"lift with `tailguard unfreeze {freeze.target}`")
+        return None
+
+    # ---- approvals -------------------------------------------------------------------------------
+
+    async def _request_approval(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
+        """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
+        deadline = self._clock() + policy.spec.approval_timeout_seconds
+        approval = await self._journal.request_approval(signal_id, policy.name, policy.target.key,
+                                                        plan.as_dict(), deadline)
+        self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
+        log.info("plan awaits approval", approval=approval.id, decision=approval.decision_id,
+                 deadline=_iso(deadline), plan=[s.summary for s in plan.steps])
+        summary = "; ".join(s.summary for s in plan.steps if not s.noop)
+        self._send(approval_event("approval_requested", approval, self.approval_base_url,
+                                  f"plan awaits approval {approval.id} until {_iso(deadline)}: {summary}"))
+        return approval
+
+    async def approve(self, approval_id: int, by: str, reason: str) -> tuple[int, str, Approval | None]:
+        """Approve a pending plan and start applying it (in the background). Returns (HTTP status,
+        one-line message, the approval): 202 started; 404 no such approval; 409 not pending, past its
+        deadline, its policy gone or changed, or a freeze in force (it stays pending: lift, then approve)."""
+        approval = await self._journal.approval(approval_id)
+        if approval is None:
+            return 404, f"no approval {approval_id}", None
+        if approval.status != "pending":
+            by_whom = f" by {approval.decided_by}" if approval.decided_by else ""
+            return 409, f"approval {approval_id} is {approval.status}{by_whom}, not pending", approval
+        now = self._clock()
+        if approval.deadline <= now:
+            return 409, f"approval {approval_id} passed its deadline {_iso(approval.deadline)}", approval
+        decision = await self._journal.decision(approval.decision_id)
+        policy = next((p for p in self.state.policies.policies if p.name == approval.policy), None)
+        plan = journaled_plan(decision.plan) if decision is not None else None
+        if decision is None or plan is None or policy is None \
+                or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
+            return 409, (f"approval {approval_id}: policy {approval.policy} is gone or now runs other actions; "
+                         "the plan is left unapplied"), approval
+        async with self._locks[policy.target.key]:
+            frozen = (GuardDecision(False, "global freeze is on (config)") if self.state.frozen
+                      else await self._frozen(policy, now))
+            if frozen is not None:
+                return 409, f"approval {approval_id} stays pending: {frozen.reason}", approval
+            approved = await self._journal.approve(approval_id, by, reason, now)
+            if approved is None:  # expired or approved by someone else meanwhile
+                return 409, f"approval {approval_id} is no longer pending", approval
+        self._on_recorded()
+        log.info("plan approved", approval=approval_id, by=by, reason=reason, decision=approved.decision_id)
+        self._send(approval_event("approved", approved, self.approval_base_url,
+                                  f"approval {approval_id} approved by {by}: {reason}; applying", by=by))
+        stored = await self._journal.signal(decision.signal_id)
+        task = asyncio.create_task(self._run_approved(approved, policy, plan, stored.payload if stored else None),
+                                   name=f"approved-{approval_id}")
+        self._approved.add(task)
+        task.add_done_callback(self._approved.discard)
+        return 202, f"approval {approval_id} approved by {by}; applying decision {approved.decision_id}", approved
+
+    async def _run_approved(self, approval: Approval, policy: LoadedPolicy, plan: Plan,
+                            summary: Mapping[str, Any] | None, progress: Mapping[int, StepProgress] | None = None) -> None:
+        signal = Signal.from_summary(dict(summary)) if summary is not None else None
+        if signal is None:  # pruned: apply the plan, no recovery check (it needs the signal)
+            signal = Signal.from_summary({"source": "alert", "name": "approved", "labels": {},
+                                          "dedup_key": plan.signal_key, "observed_at": _iso(self._clock())})
+        with structlog.contextvars.bound_contextvars(policy=policy.name, target=policy.target.key,
+                                                     approval=approval.id):
+            async with self._locks[policy.target.key]:
+                await self._finish(approval.decision_id, policy, plan, progress or {}, signal)
+
+    async def resume_approved(self) -> int:
+        """Go on with approved plans a restart interrupted (decision still `executing`); how many."""
+        started = 0
+        for approval in await self._journal.approvals("approved"):
+            decision = await self._journal.decision(approval.decision_id)
+            if decision is None or decision.state is not DecisionState.EXECUTING:
+                continue
+            if any(t.get_name() == f"approved-{approval.id}" for t in self._approved):
+                continue
+            policy = next((p for p in self.state.policies.policies if p.name == approval.policy), None)
+            plan = journaled_plan(decision.plan)
+            if policy is None or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
+                await self._journal.finish_decision(decision.id, DecisionState.FAILED,
+                                                    f"approved plan not resumed after restart: policy "
+                                                    f"{approval.policy} is gone or now runs other actions")
+                continue
+            progress = step_progress(await self._journal.steps(decision.id))
+            stored = await self._journal.signal(decision.signal_id)
+            task = asyncio.create_task(
+                self._run_approved(approval, policy, plan, stored.payload if stored else None, progress),
+                name=f"approved-{approval.id}")
+            self._approved.add(task)
+            task.add_done_callback(self._approved.discard)
+            started += 1
+        return started
+
+    async def wait_approved(self) -> None:
+        """Wait until every approved plan being applied now has finished (tests, demo)."""
+        while self._approved:
+            await asyncio.wait(set(self._approved))
+
+    def _send(self, event: Mapping[str, Any]) -> None:
+        try:
+            self._notify(event)
+        except Exception as exc:  # a notification never fails the caller
+            self._metrics.faults.labels("notifications").inc()
+            log.warning("could not hand over notification", error=repr(exc))
 
     async def _plan_steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         steps = []
@@ -444,12 +570,14 @@ class Executor:
             await asyncio.wait(set(self._recoveries.values()))
 
     async def close(self) -> None:
-        """Stop the recovery watches; what they did not settle stays pending in the journal."""
-        tasks = list(self._recoveries.values())
+        """Stop the recovery watches and approved plans being applied; what they did not settle stays
+        in the journal (resumed at the next start)."""
+        tasks = list(self._recoveries.values()) + list(self._approved)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._recoveries.clear()
+        self._approved.clear()
 
     def _spawn(self, decision_id: int, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name=f"recovery-{decision_id}")
@@ -559,6 +687,10 @@ class Executor:
 
 def _iso(unix: float) -> str:
     return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
+
+
+def _until(until: float) -> str:
+    return "" if until >= FOREVER else f" (until {_iso(until)})"
 
 
 async def _guarded(coro: Awaitable[T], kind: str, phase: str) -> T:

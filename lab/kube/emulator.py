@@ -108,6 +108,7 @@ class RecordedRequest:
     content_type: str
     body: Any
     status: int = 0
+    user_agent: str = ""
 
 
 @dataclass(frozen=True)
@@ -358,7 +359,8 @@ class KubeEmulator:
             verb=self._verb(request.method, name, query) if rt else "unknown",
             resource=rt.plural if rt else "", group=rt.group if rt else "", version=version,
             namespace=namespace, name=name,
-            content_type=request.headers.get("Content-Type", "").split(";")[0].strip(), body=body)
+            content_type=request.headers.get("Content-Type", "").split(";")[0].strip(), body=body,
+            user_agent=request.headers.get("User-Agent", ""))
         self.requests.append(rec)
         try:
             if rt is None or sub is not None:
@@ -418,6 +420,7 @@ class KubeEmulator:
                 # etcd3 storage refuses it with a plain error, which the server answers as 500.
                 raise ApiError(500, "InternalError", "Internal error occurred: "
                                "resourceVersion should not be set on objects to be created")
+            _track_fields(obj, None, _field_manager(rec), rt.api_version(rec.version))
             stored = self._create(rt, ns, obj, keep_status=False)
             self.writes.append(WriteRecord("create", rt, copy.deepcopy(stored)))
             return 201, self._as_version(rt, stored, rec.version)
@@ -437,6 +440,7 @@ class KubeEmulator:
             sent_rv = desired.get("metadata", {}).get("resourceVersion")
         if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise self._conflict(rt, rec.name)
+        _track_fields(desired, current, _field_manager(rec), rt.api_version(rec.version))
         stored, changed = self._replace(rt, current, desired, keep_status=False)
         if changed:
             self.writes.append(WriteRecord(rec.verb, rt, copy.deepcopy(stored)))
@@ -615,6 +619,108 @@ class KubeEmulator:
         for (group, plural, ns, _), obj in sorted(self._store.items()):
             if (group, plural) == (rt.group, rt.plural) and namespace in (None, ns):
                 yield obj
+
+
+# ---- managedFields (server-side field ownership, operation Update) ---------------------------------
+# As the API server records it on every create, update and patch: the manager is the `fieldManager`
+# query parameter, else the User-Agent up to its first "/" (at most 128 characters); it takes over
+# the fields the request changed (other managers lose them; a manager left with none is dropped),
+# and fields the request removed leave every manager. Lists are atomic (owned whole), maps are
+# owned per key, with "." for a keyed map itself, as in FieldsV1. A write that changes nothing records nothing.
+
+_SYSTEM_METADATA = frozenset({"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+                              "managedFields", "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds"})
+Path_ = tuple[str, ...]
+
+
+def _field_manager(rec: RecordedRequest) -> str:
+    given = rec.query.get("fieldManager")
+    return (given or rec.user_agent.split("/")[0] or "unknown")[:128]
+
+
+def _tracked(obj: Mapping[str, Any]) -> Obj:
+    """What field ownership covers: not apiVersion/kind, status (its subresource) or system metadata."""
+    out = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "status", "metadata")}
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _SYSTEM_METADATA}
+    if meta:
+        out["metadata"] = meta
+    return out
+
+
+# Maps with free-form keys: their own existence is a field ("."), as for `map[string]string` in the
+# schema; structs (metadata, spec ...) are not.
+_KEYED_MAPS = frozenset({"f:data", "f:binaryData", "f:labels", "f:annotations", "f:matchLabels", "f:nodeSelector"})
+
+
+def _paths(value: Any, prefix: Path_ = ()) -> dict[Path_, Any]:
+    """Every owned path: keyed maps (their own path, marked by a trailing "."), and leaves (with their value)."""
+    out: dict[Path_, Any] = {}
+    if isinstance(value, dict):
+        if prefix and prefix[-1] in _KEYED_MAPS:
+            out[prefix + (".",)] = True
+        for key, item in value.items():
+            out.update(_paths(item, prefix + (f"f:{key}",)))
+    elif prefix:
+        out[prefix] = value
+    return out
+
+
+def _from_fields_v1(fields: Any, prefix: Path_ = ()) -> set[Path_]:
+    out: set[Path_] = set()
+    if not isinstance(fields, dict):
+        return out
+    for key, item in fields.items():
+        if key == ".":
+            out.add(prefix + (".",))
+        elif isinstance(item, dict) and item:
+            out |= _from_fields_v1(item, prefix + (key,))
+        else:
+            out.add(prefix + (key,))
+    return out
+
+
+def _to_fields_v1(paths: set[Path_]) -> Obj:
+    root: Obj = {}
+    for path in sorted(paths):
+        node = root
+        for key in path:
+            node = node.setdefault(key, {})
+    return root
+
+
+def _track_fields(desired: Obj, current: Obj | None, manager: str, api_version: str) -> None:
+    """Set `desired`'s managedFields for a write by `manager` over `current` (None: a create)."""
+    meta = desired.setdefault("metadata", {})
+    old_managed = (current or {}).get("metadata", {}).get("managedFields") or []
+    sent = meta.get("managedFields")
+    # A client that sends managedFields different from the stored ones replaces them (how they are reset).
+    base = copy.deepcopy(sent if sent is not None and sent != old_managed else old_managed) or []
+    new_paths = _paths(_tracked(desired))
+    old_paths = _paths(_tracked(current)) if current is not None else {}
+    changed = {p for p, v in new_paths.items() if p not in old_paths or old_paths[p] != v}
+    removed = set(old_paths) - set(new_paths)
+    if not changed and not removed:
+        meta["managedFields"] = base
+        if not base:
+            meta.pop("managedFields", None)
+        return
+    entries: list[Obj] = []
+    mine: set[Path_] = set()
+    for entry in base:
+        owned = _from_fields_v1(entry.get("fieldsV1"))
+        if (entry.get("manager"), entry.get("operation"), entry.get("subresource")) == (manager, "Update", None):
+            mine |= owned
+            continue
+        if entry.get("subresource") != "status":
+            owned -= changed | removed
+            if not owned:
+                continue
+            entry["fieldsV1"] = _to_fields_v1(owned)
+        entries.append(entry)
+    mine = (mine - removed) | changed
+    entries.append({"manager": manager, "operation": "Update", "apiVersion": api_version, "time": _now(),
+                    "fieldsType": "FieldsV1", "fieldsV1": _to_fields_v1(mine)})
+    meta["managedFields"] = entries
 
 
 __all__ = ["ApiError", "Fault", "Hook", "InvalidObject", "KubeEmulator", "RecordedRequest",

@@ -87,7 +87,8 @@ async def test_settings_default_to_every_event_and_json():
                                                           {"url": "https://y", "format": "slack",
                                                            "events": ["escalated"]}]})
     every, slack = settings.notifications
-    assert every.format == "json" and every.events == ["acted", "recovered", "not_recovered", "escalated", "failed"]
+    assert every.format == "json" and every.events == ["acted", "recovered", "not_recovered", "escalated", "failed",
+                                                       "approval_requested", "approval_expired", "approved"]
     assert slack.events == ["escalated"]
     with pytest.raises(ValueError):
         Settings.model_validate({"notifications": [{"url": "http://x", "events": ["paged"]}]})

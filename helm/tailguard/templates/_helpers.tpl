@@ -53,6 +53,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if .Values.webhook.existingSecret }}{{ .Values.webhook.existingSecretKey }}{{ else }}token{{ end }}
 {{- end }}
 
+{{- define "tailguard.apiSecretName" -}}
+{{- default (printf "%s-api" (include "tailguard.fullname" .)) .Values.api.existingSecret }}
+{{- end }}
+
+{{- define "tailguard.apiSecretKey" -}}
+{{- if .Values.api.existingSecret }}{{ .Values.api.existingSecretKey }}{{ else }}tokens.yaml{{ end }}
+{{- end }}
+
+{{- define "tailguard.controlConfigMap" -}}
+{{- printf "%s-control" (include "tailguard.fullname" .) }}
+{{- end }}
+
+{{/* The Service URL (http or https), the default of api.externalUrl. */}}
+{{- define "tailguard.url" -}}
+{{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" .Values.tls.enabled) (include "tailguard.fullname" .) .Release.Namespace .Values.service.port }}
+{{- end }}
+
 {{- define "tailguard.policiesConfigMapName" -}}
 {{- default (printf "%s-policies" (include "tailguard.fullname" .)) .Values.existingPoliciesConfigMap }}
 {{- end }}
@@ -115,6 +132,20 @@ listen:
   host: 0.0.0.0
   port: 8080
   shutdownTimeoutSeconds: {{ .Values.shutdownTimeoutSeconds }}
+  {{- if .Values.tls.enabled }}
+  tls:
+    certFile: /var/run/secrets/tailguard-tls/tls.crt
+    keyFile: /var/run/secrets/tailguard-tls/tls.key
+  {{- end }}
+api:
+  tokensFile: /var/run/secrets/tailguard-api/tokens.yaml
+  externalUrl: {{ default (include "tailguard.url" .) .Values.api.externalUrl | quote }}
+{{- if .Values.control.enabled }}
+control:
+  configMap: {{ include "tailguard.controlConfigMap" . | quote }}
+  namespace: {{ .Release.Namespace | quote }}
+  pollIntervalSeconds: {{ .Values.control.pollIntervalSeconds | toJson }}
+{{- end }}
 webhook:
   tokenFile: /var/run/secrets/tailguard/token
   maxBodyBytes: {{ int64 .Values.webhook.maxBodyBytes }}
@@ -164,6 +195,9 @@ every workload template so `helm template` fails before anything renders.
 {{- define "tailguard.validate" -}}
 {{- if and .Values.journal.persistence.enabled (gt (int .Values.replicas) 1) }}
 {{- fail "journal.persistence.enabled needs replicas: 1 - the journal is one SQLite file and cannot be shared between pods" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt and tls.key" }}
 {{- end }}
 {{- if and .Values.existingPoliciesConfigMap .Values.policies }}
 {{- fail "set either policies or existingPoliciesConfigMap, not both" }}

@@ -1,0 +1,101 @@
+"""The control ConfigMap: freezes an operator declares with `kubectl` (the chart creates it).
+
+Keys: `freeze` ("true" freezes the whole daemon; "false", "" or absent does not; any other value
+freezes too: a kill switch fails safe), `freezeTargets` (targets `namespace/model`, separated by
+spaces, commas or newlines; a bare model means `default/model`) and `freezeReason` (free text).
+Who set a key is the field manager that owns it in `metadata.managedFields` (`kubectl-edit`,
+`kubectl-patch`, `kubectl-client-side-apply` ...), as the API server records it on every write.
+
+Reading is I/O (`read_control`); what the data declares is pure (`declared_freezes`).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+import aiohttp
+from kubernetes_asyncio.client import ApiClient, CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+
+DAEMON_SCOPE = "*"  # as the journal's freezes row names the whole daemon
+FREEZE_KEY, TARGETS_KEY, REASON_KEY = "freeze", "freezeTargets", "freezeReason"
+_OFF = frozenset({"", "false", "no", "off", "0"})
+_TARGET = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[^\s/]{1,253}$")
+
+
+class ControlConfigMapError(Exception):
+    """The ConfigMap could not be read (API error, unreachable): nothing is concluded from it."""
+
+
+_EPOCH = datetime.min.replace(tzinfo=timezone.utc)
+
+
+def _when(entry: Mapping[str, Any]) -> datetime:
+    try:
+        when = datetime.fromisoformat(str(entry.get("time")).replace("Z", "+00:00"))
+    except ValueError:
+        return _EPOCH
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def manager_of(key: str, managed_fields: Sequence[Mapping[str, Any]]) -> str:
+    """The field manager owning `data.<key>` (the latest, when several), else the latest writer, else "unknown"."""
+    entries = [e for e in managed_fields if e.get("subresource") != "status" and e.get("manager")]
+    owning = [e for e in entries if f"f:{key}" in ((e.get("fieldsV1") or {}).get("f:data") or {})]
+    for candidates in (owning, entries):
+        if candidates:  # the latest time; on a tie (times have whole seconds) the later entry
+            _, _, latest = max((_when(e), n, e) for n, e in enumerate(candidates))
+            return str(latest["manager"])
+    return "unknown"
+
+
+def clearing_manager(scope: str, managed_fields: Sequence[Mapping[str, Any]]) -> str:
+    """Who cleared `scope` (DAEMON_SCOPE: the `freeze` key; a target: `freezeTargets`): the key's
+    manager, else (the key was removed) the latest writer."""
+    return manager_of(FREEZE_KEY if scope == DAEMON_SCOPE else TARGETS_KEY, managed_fields)
+
+
+def declared_freezes(data: Mapping[str, str], managed_fields: Sequence[Mapping[str, Any]],
+                     where: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(scope, reason, by) for each freeze the data declares, and one-line problems (targets skipped)."""
+    why = (data.get(REASON_KEY) or "").strip() or "no reason given"
+    out: list[tuple[str, str, str]] = []
+    problems: list[str] = []
+    value = (data.get(FREEZE_KEY) or "").strip()
+    if value.lower() not in _OFF:
+        by = manager_of(FREEZE_KEY, managed_fields)
+        note = "" if value.lower() in ("true", "yes", "on", "1") else f" (value {value[:40]!r} read as true)"
+        out.append((DAEMON_SCOPE, f"ConfigMap {where} key {FREEZE_KEY} set by {by}{note}: {why}", by))
+    targets = [t for t in re.split(r"[\s,]+", data.get(TARGETS_KEY) or "") if t]
+    if targets:
+        by = manager_of(TARGETS_KEY, managed_fields)
+        for text in dict.fromkeys(targets):
+            key = text if "/" in text else f"default/{text}"
+            if not _TARGET.match(key):
+                problems.append(f"{TARGETS_KEY}: {text[:80]!r} is not namespace/model; skipped")
+                continue
+            out.append((key, f"ConfigMap {where} key {TARGETS_KEY} set by {by}: {why}", by))
+    return out, problems
+
+
+async def read_control(api: ApiClient, namespace: str, name: str,
+                       timeout_seconds: float) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+    """(data, managedFields) of the ConfigMap, or None when it does not exist.
+
+    Raises:
+        ControlConfigMapError: any other failure (the caller keeps what it concluded before).
+    """
+    try:
+        obj = await asyncio.wait_for(CoreV1Api(api).read_namespaced_config_map(name, namespace),
+                                     timeout=timeout_seconds)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise ControlConfigMapError(f"cannot read ConfigMap {namespace}/{name}: {exc.status} {exc.reason}") from exc
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        raise ControlConfigMapError(f"cannot reach the API: {type(exc).__name__}: {exc}") from exc
+    raw = api.sanitize_for_serialization(obj)
+    meta = raw.get("metadata") or {}
+    return dict(raw.get("data") or {}), list(meta.get("managedFields") or [])

@@ -1,0 +1,174 @@
+"""The operator status document (`GET /api/v1/status`, `tailguard status`) and its table.
+
+`build_status` is pure: what the service and its journal hold now in, the document out;
+`render_table` turns the document into the readable default of `tailguard status`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from daemon.storage.journal import Approval
+from daemon.workers.approvals import approval_view
+from daemon.workers.freezes import FreezeView, freeze_as_dict
+from policies.loader import PolicySet
+
+
+def _iso(unix: float | None) -> str | None:
+    return None if unix is None else datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything the status document shows, read at `now`."""
+
+    now: float
+    replica: str
+    leader: bool
+    acting: bool
+    policies: PolicySet
+    policies_loaded: bool
+    last_reload_at: float | None
+    last_reload_error: str | None
+    freezes: FreezeView
+    latest: Sequence[Mapping[str, Any]] = ()  # Journal.latest_decisions
+    guards: Mapping[tuple[str, str], tuple[float | None, int]] = field(default_factory=dict)  # guard_history
+    pins: Sequence[Mapping[str, Any]] = ()
+    approvals: Sequence[Approval] = ()  # pending
+    stale_queries: Sequence[Mapping[str, Any]] = ()
+
+
+def build_status(i: StatusInputs) -> dict[str, Any]:
+    """The status document: replica and leadership, policies, freezes, and per target its last
+    signal and decision, each policy's cooldown left and actions in its rate window, pin and freeze."""
+    latest = {(d["policy"], d["target"]): d for d in i.latest}
+    pins = {p["target"]: p for p in i.pins}
+    waiting = {(a.policy, a.target): a for a in i.approvals}
+    keys = ({p.target.key for p in i.policies.policies} | set(pins) | set(i.freezes.targets)
+            | {d["target"] for d in i.latest})
+    targets = []
+    for key in sorted(keys):
+        rows = []
+        for p in (p for p in i.policies.policies if p.target.key == key):
+            guards = p.spec.guards
+            last, count = i.guards.get((p.name, key), (None, 0))
+            decision = latest.get((p.name, key))
+            approval = waiting.get((p.name, key))
+            rows.append({
+                "policy": p.name, "enabled": p.spec.enabled, "approval": p.spec.approval,
+                "dryRun": guards.dry_run,
+                "lastDecision": _decision(decision) if decision else None,
+                "lastActionAt": _iso(last),
+                "cooldownSeconds": guards.cooldown,
+                "cooldownLeftSeconds": round(max(0.0, last + guards.cooldown - i.now), 1) if last is not None else 0.0,
+                "actionsInWindow": count, "maxActions": guards.max_actions,
+                "windowSeconds": guards.max_actions_window,
+                "pendingApproval": approval.id if approval else None,
+            })
+        own = [d for (_, t), d in latest.items() if t == key]
+        newest = max(own, key=lambda d: d["id"]) if own else None
+        pin = pins.get(key)
+        freeze = i.freezes.targets.get(key)
+        targets.append({
+            "target": key,
+            "lastSignal": {"name": newest["signal_name"], "source": newest["signal_source"],
+                           "at": _iso(newest["signal_at"])} if newest else None,
+            "lastDecision": _decision(newest) if newest else None,
+            "pin": {"model": pin["model"], "version": pin["version"], "fromVersion": pin.get("from_version"),
+                    "at": _iso(pin["at"]), "decision": pin.get("decision_id"), "reason": pin.get("reason") or ""}
+            if pin else None,
+            "freeze": freeze_as_dict(freeze, i.now) if freeze else None,
+            "policies": rows,
+        })
+    return {
+        "replica": i.replica, "role": "leader" if i.leader else "follower", "acting": i.acting,
+        "generatedAt": _iso(i.now),
+        "freeze": i.freezes.as_dict(i.now),
+        "policies": {"loaded": i.policies_loaded, "count": len(i.policies.policies),
+                     "enabled": len(i.policies.enabled), "digest": i.policies.digest,
+                     "lastReloadAt": _iso(i.last_reload_at), "errors": i.last_reload_error,
+                     "items": [{"name": p.name, "enabled": p.spec.enabled, "target": p.target.key,
+                                "approval": p.spec.approval, "source": p.source} for p in i.policies.policies]},
+        "targets": targets,
+        "approvals": [approval_view(a, i.now) for a in i.approvals],
+        "staleQueries": [dict(q) for q in i.stale_queries],
+    }
+
+
+def _decision(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {"id": d["id"], "policy": d["policy"], "state": d["state"], "reason": d["reason"], "at": _iso(d["at"])}
+
+
+def _short(text: str, limit: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s <= 0:
+        return "-"
+    h, rest = divmod(s, 3600)
+    m, sec = divmod(rest, 60)
+    return (f"{h}h" if h else "") + (f"{m}m" if m else "") + (f"{sec}s" if sec and not h else "") or "0s"
+
+
+def _freeze_text(f: Mapping[str, Any] | None) -> str:
+    if not f:
+        return "-"
+    until = f" until {f['until']}" if f.get("until") else ""
+    return _short(f"frozen{until}: {f['reason']}", 60)
+
+
+def render_table(doc: Mapping[str, Any]) -> str:
+    """The readable form of a status document."""
+    pol = doc["policies"]
+    freeze = doc["freeze"]
+    lines = [f"tailguard {doc['replica']}: {doc['role']}{' (acting)' if doc['acting'] else ' (not acting)'}"
+             f" at {doc['generatedAt']}",
+             f"policies: {pol['count']} loaded ({pol['enabled']} enabled), last reload {pol['lastReloadAt'] or 'never'}"
+             f", errors: {_short(pol['errors'], 100) if pol['errors'] else 'none'}"]
+    if freeze["config"]:
+        lines.append("freeze: DAEMON FROZEN by config (freeze: true)")
+    elif freeze["daemon"]:
+        lines.append(f"freeze: DAEMON {_freeze_text(freeze['daemon'])}")
+    else:
+        lines.append("freeze: daemon not frozen")
+    header = ("TARGET", "POLICY", "LAST SIGNAL", "LAST DECISION", "COOLDOWN", "ACTIONS", "PIN", "FREEZE")
+    rows: list[tuple[str, ...]] = []
+    for t in doc["targets"]:
+        pin = t["pin"]
+        pin_text = (f"v{pin['version']}" + (f" (from v{pin['fromVersion']})" if pin.get("fromVersion") else "")
+                    if pin else "-")
+        signal = t["lastSignal"]
+        signal_text = f"{signal['source']}/{signal['name']} {signal['at']}" if signal else "-"
+        for n, p in enumerate(t["policies"] or [None]):
+            if p is None:
+                rows.append((t["target"], "-", signal_text, "-", "-", "-", pin_text, _freeze_text(t["freeze"])))
+                continue
+            d = p["lastDecision"]
+            decision = f"#{d['id']} {d['state']}: {_short(d['reason'], 48)}" if d else "-"
+            if p["pendingApproval"]:
+                decision = f"awaiting approval {p['pendingApproval']}; " + decision
+            actions = f"{p['actionsInWindow']}/{p['maxActions']} per {_duration(p['windowSeconds'])}"
+            name = p["policy"] + ("" if p["enabled"] else " (disabled)")
+            first = n == 0
+            rows.append((t["target"] if first else "", name, signal_text if first else "", decision,
+                         _duration(p["cooldownLeftSeconds"]), actions, pin_text if first else "",
+                         _freeze_text(t["freeze"]) if first else ""))
+    widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
+    lines.append("")
+    for r in (header, *rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    if doc["approvals"]:
+        lines.append("")
+        lines.append("pending approvals:")
+        for a in doc["approvals"]:
+            lines.append(f"  {a['id']}: {a['policy']} on {a['target']} (decision {a['decision']}), "
+                         f"deadline {a['deadline']}: tailguard approve {a['id']} --reason ...")
+    stale = doc["staleQueries"]
+    lines.append("")
+    lines.append("stale queries: " + ("none" if not stale else "; ".join(
+        _short(f"{q.get('query')} ({q.get('error')})", 120) for q in stale)))
+    return "\n".join(lines) + "\n"
