@@ -3,6 +3,9 @@
 Open loop (requests leave on schedule whether or not earlier ones answered) so that a slow path
 shows up as latency and queueing, the way production traffic sees it. Bounded three ways: a
 request count (rate x duration), an in-flight cap, and a per-request timeout.
+
+A `route` callable picks the model version of each request (as a mesh picks a subset by weight);
+an `on_sample` callback sees every answer as it lands, for live views of the clients' latency.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -28,6 +32,8 @@ class RequestSample:
     """HTTP status; 0 when no answer came (timeout or connection error)."""
     model_version: str | None
     """The version Triton says served the request, from the response body."""
+    sent_at_unix: float = math.nan
+    """Wall-clock send time (unix seconds), to line samples up with Prometheus and the journal."""
 
 
 @dataclass
@@ -74,6 +80,8 @@ async def run_load(
     max_in_flight: int = 64,
     request_timeout_seconds: float = 10.0,
     input_length: int = 4,
+    route: Callable[[], str | None] | None = None,
+    on_sample: Callable[[RequestSample], None] | None = None,
 ) -> LoadResult:
     """Send infer requests to `model` (no version pinned) at a fixed rate for a fixed time.
 
@@ -86,6 +94,9 @@ async def run_load(
             schedule slips), so a stuck server cannot make this pile up unbounded tasks.
         request_timeout_seconds: Per-request limit; a request past it counts as status 0.
         input_length: Length of the FP32 input vector.
+        route: Called once per request; a version string sends it to
+            ``/v2/models/<model>/versions/<v>/infer``, None leaves the choice to the server.
+        on_sample: Called with each sample as soon as its request ends (on the event loop).
 
     Returns:
         The samples, in send order.
@@ -93,14 +104,16 @@ async def run_load(
     _require_loopback(base_url)
     total = int(rate_per_second * duration_seconds)
     interval = 1.0 / rate_per_second
-    url = f"{base_url.rstrip('/')}/v2/models/{model}/infer"
+    model_url = f"{base_url.rstrip('/')}/v2/models/{model}"
     body = {"inputs": [{"name": "INPUT0", "shape": [input_length], "datatype": "FP32", "data": [1.0] * input_length}]}
     slots = asyncio.Semaphore(max_in_flight)
     timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
     samples: list[RequestSample | None] = [None] * total
 
     async def one(index: int, session: aiohttp.ClientSession, start: float) -> None:
-        sent = time.monotonic()
+        sent, sent_unix = time.monotonic(), time.time()
+        chosen = route() if route is not None else None
+        url = f"{model_url}/versions/{chosen}/infer" if chosen else f"{model_url}/infer"
         status, version = 0, None
         try:
             async with session.post(url, json=body) as response:
@@ -114,7 +127,10 @@ async def run_load(
             pass
         finally:
             slots.release()
-        samples[index] = RequestSample(sent - start, time.monotonic() - sent, status, version)
+        sample = RequestSample(sent - start, time.monotonic() - sent, status, version, sent_unix)
+        samples[index] = sample
+        if on_sample is not None:
+            on_sample(sample)
 
     # The connection limit matches the in-flight cap so no request waits for a socket unseen.
     connector = aiohttp.TCPConnector(limit=max_in_flight)

@@ -1,38 +1,16 @@
-"""Test helpers around the Kubernetes emulator: a kubeconfig for it, seed objects, a metrics exporter."""
+"""Test helpers around the Kubernetes emulator: a kubeconfig for it, seed objects, a metrics exporter.
+
+The kubeconfig and VirtualService helpers live in lab/kube/seeds.py (the demo uses them too) and
+are re-exported here for the tests."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
 from aiohttp import web
 
-from lab.kube.emulator import KubeEmulator
+from lab.kube.seeds import kube_settings, virtual_service, write_kubeconfig
 
-
-def write_kubeconfig(path: Path, emulator: KubeEmulator) -> Path:
-    """A kubeconfig pointing at the emulator (plain HTTP, no auth), for kubernetes.mode=kubeconfig."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-        "clusters": [{"name": "emulator", "cluster": {"server": emulator.url}}],
-        "users": [{"name": "tailguard", "user": {}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tailguard"}}],
-    }))
-    return path
-
-
-def kube_settings(kubeconfig: Path) -> dict[str, Any]:
-    return {"mode": "kubeconfig", "kubeconfig": str(kubeconfig)}
-
-
-def virtual_service(name: str = "ranker", namespace: str = "serving", timeout: str | None = None,
-                    api_version: str = "networking.istio.io/v1") -> dict[str, Any]:
-    route: dict[str, Any] = {"name": "primary", "route": [{"destination": {"host": name}}]}
-    if timeout is not None:
-        route["timeout"] = timeout
-    return {"apiVersion": api_version, "kind": "VirtualService",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"hosts": [name], "http": [route]}}
+__all__ = ["GaugeExporter", "http_route", "kube_settings", "virtual_service", "write_kubeconfig"]
 
 
 def http_route(name: str = "ranker", namespace: str = "serving",

@@ -1,0 +1,10 @@
+"""Demo scenarios, one module each, played by one runner (`runner.py`) and selected by name."""
+from __future__ import annotations
+
+from lab.scenarios.base import Scenario
+from lab.scenarios.canary import SCENARIO as CANARY
+from lab.scenarios.ramp import SCENARIO as RAMP
+from lab.scenarios.tail import SCENARIO as TAIL
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (TAIL, RAMP, CANARY)}
+"""Every scenario by its `--scenario` name; an unknown name is an error, never a fallback."""

@@ -1,0 +1,219 @@
+"""What a scenario is (models, policy, rules, the play itself) and what it gets while it plays (`Run`).
+
+A scenario module defines one `Scenario` subclass; `lab/scenarios/runner.py` starts the servers,
+the daemon and the load around it and turns the run into a report.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tritonclient.http.aio import InferenceServerClient
+
+from daemon.report import Marker, Series
+from daemon.wiring.service import Service
+from lab.alertmanager import AlertmanagerServer
+from lab.kube.emulator import KubeEmulator
+from lab.prometheus import PrometheusServer
+from lab.scenarios.clients import METRIC as CLIENT_METRIC
+from lab.scenarios.clients import ClientView
+from lab.scenarios.progress import Console
+from lab.triton import TritonServer
+
+MODEL = "ranker"
+ALERT = "TritonTailLatencyHigh"
+CLIENT_P999 = f'max by (model) ({CLIENT_METRIC}{{model="$model", quantile="0.999"}})'
+"""The clients' P99.9 (ms) as Prometheus scrapes it: what `verify` asks, like a mesh histogram would."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long each phase may take; `short` runs (tests) use smaller ones."""
+
+    baseline_seconds: float
+    """Healthy traffic before the incident: the tail detector's baseline."""
+    watch_seconds: float
+    """Bound on waiting for tailguard's recovery verdict after the incident starts."""
+    settle_seconds: float
+    """Plot kept running after the verdict, so the report shows the calm after."""
+    client_window_seconds: float
+    """Window of the clients' quantiles (the gauge Prometheus scrapes and the report's dashed lines)."""
+    verify_for: str
+    """How long the clients' P99.9 must hold below the line for tailguard to call it recovered."""
+    rule_for: str
+    """The Alertmanager rule's `for:` (how long P99.9 must stay above 500 ms before it fires)."""
+
+
+FULL = Timings(baseline_seconds=30, watch_seconds=180, settle_seconds=20, client_window_seconds=15,
+               verify_for="10s", rule_for="30s")
+SHORT = Timings(baseline_seconds=14, watch_seconds=90, settle_seconds=3, client_window_seconds=8,
+                verify_for="4s", rule_for="15s")
+
+
+@dataclass
+class Run:
+    """The running stack a scenario plays on, and the events it has marked so far."""
+
+    work: Path
+    timings: Timings
+    triton: TritonServer
+    prometheus: PrometheusServer
+    alertmanager: AlertmanagerServer
+    service: Service
+    clients: ClientView
+    console: Console
+    emulator: KubeEmulator | None = None
+    started_at: float = field(default_factory=time.time)
+    markers: list[Marker] = field(default_factory=list)
+    phase: str = "starting"
+    vs_history: list[tuple[float, dict[str, int], str | None]] = field(default_factory=list)
+    """(time, weights, timeout) of the VirtualService, sampled while running (canary)."""
+    live_since: float = field(default_factory=time.time)
+    """When load started: the report's live part begins here."""
+
+    def elapsed(self) -> float:
+        return time.time() - self.started_at
+
+    def mark(self, kind: str, label: str) -> None:
+        """A scenario's own marker (deploy, phase change) and a timeline line."""
+        self.markers.append(Marker(time.time(), label, kind))
+        self.say(f"{kind.upper()}: {label}")
+
+    def say(self, text: str) -> None:
+        self.console.event(self.elapsed(), text)
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+
+    async def verdict(self) -> dict[str, Any] | None:
+        """The first recovery verdict in the journal (recovered / not_recovered / unknown), if any."""
+        for decision in await self.service.journal.decisions():
+            for step in await self.service.journal.steps(decision.id):
+                if step["phase"] == "recovery" and step["status"] != "pending":
+                    return step
+        return None
+
+    async def wait_for_verdict(self, timeout_seconds: float) -> dict[str, Any] | None:
+        """Poll the journal (bounded) until a recovery verdict or the timeout."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            found = await self.verdict()
+            if found is not None:
+                return found
+            await asyncio.sleep(0.5)
+        return None
+
+    async def wait_for_decision(self, timeout_seconds: float) -> bool:
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if await self.service.journal.decisions():
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
+    def instant(self, query: str) -> list[dict[str, Any]]:
+        """An instant query to the lab Prometheus (blocking; call through a thread on the loop)."""
+        url = f"{self.prometheus.url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            result: list[dict[str, Any]] = json.load(resp)["data"]["result"]
+            return result
+
+
+class Scenario:
+    """One incident. Subclasses set the names and override what differs; defaults fit `tail`."""
+
+    name = "scenario"
+    title = "scenario"
+    rate_per_second = 25.0
+    uses_kube = False
+    clock_offset_seconds = 0.0
+    """The daemon's clock runs this far behind the wall clock (see the ramp scenario)."""
+
+    def write_models(self, root: Path) -> None:
+        """Write the model repository (model `ranker`) under `root`."""
+        raise NotImplementedError
+
+    def policy(self, triton_url: str, timings: Timings) -> str:
+        """The policy YAML tailguard runs with."""
+        raise NotImplementedError
+
+    def rules(self, timings: Timings) -> str:
+        """Prometheus rule file: the Alertmanager backstop rule the report shows as a span."""
+        return f"""
+groups:
+  - name: triton
+    rules:
+      - alert: {ALERT}
+        expr: max by (model) (nv_inference_request_summary_us{{quantile="0.999"}}) > 500000
+        for: {timings.rule_for}
+        labels: {{severity: page}}
+        annotations: {{summary: "P99.9 of {{{{ $labels.model }}}} above 500 ms"}}
+"""
+
+    def backfill(self, data_dir: Path, until: float, timings: Timings) -> None:
+        """Write history into Prometheus' data dir before it starts (ramp); nothing by default."""
+
+    def seed(self, emulator: KubeEmulator) -> None:
+        """Objects the emulator holds before the daemon starts (canary)."""
+
+    def router(self, run: Run) -> Callable[[], str | None] | None:
+        """Per-request version choice for the load; None lets Triton pick (it serves one version)."""
+        return None
+
+    async def setup(self, run: Run) -> None:
+        """After the servers are up, before the daemon and the load start."""
+
+    async def play(self, run: Run) -> None:
+        """The incident: baseline, the change, then wait for tailguard's verdict."""
+        raise NotImplementedError
+
+    def report_window(self, run: Run, ended_at: float) -> tuple[float, float]:
+        """The report's time range: from the live start by default."""
+        return run.live_since, ended_at
+
+    def prometheus_series(self) -> list[tuple[str, str, float, str]]:
+        """(name, PromQL, scale, unit) of the Prometheus lines on the latency panel."""
+        return [(f"{name} Prometheus",
+                 f'max by (model) (nv_inference_request_summary_us{{model="{MODEL}",quantile="{q}"}})', 0.001, "ms")
+                for name, q in (("P50", "0.5"), ("P99", "0.99"), ("P99.9", "0.999"))]
+
+    def extra_series(self, run: Run) -> list[Series]:
+        """More panels (weights, timeout); none by default."""
+        return []
+
+    def final_objects(self, run: Run) -> Mapping[str, Any]:
+        """What the run left behind worth checking (canary: the VirtualService)."""
+        return {}
+
+    def thresholds(self) -> list[tuple[float, str]]:
+        """(ms, label) lines on the latency panel."""
+        return [(500.0, "500 ms: the P99.9 line")]
+
+
+async def load_version(triton: TritonServer, version: int | list[int] | None) -> None:
+    """Serve one version, several, or (None) what the repository says, as a deploy does."""
+    client = InferenceServerClient(triton.http_url, conn_timeout=60)
+    try:
+        if version is None:
+            await client.load_model(MODEL)  # re-read from disk: the newest version
+        else:
+            versions = version if isinstance(version, list) else [version]
+            config = await client.get_model_config(MODEL)
+            config["version_policy"] = {"specific": {"versions": versions}}
+            await client.load_model(MODEL, config=json.dumps(config))
+    finally:
+        await client.close()
+
+
+def served_versions(triton: TritonServer) -> list[str]:
+    """Versions of `ranker` Triton reports READY (blocking)."""
+    req = urllib.request.Request(f"{triton.base_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return sorted(e["version"] for e in json.load(resp) if e.get("name") == MODEL and e.get("state") == "READY")
