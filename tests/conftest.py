@@ -6,7 +6,8 @@ from typing import AsyncIterator
 
 import pytest
 
-pytest_plugins = ["tests.support.lab_fixtures", "tests.support.kube.conftest_plugin"]
+pytest_plugins = ["tests.support.lab_fixtures", "tests.support.kube.conftest_plugin",
+                  "tests.support.postgres", "tests.support.journal_backends"]
 
 
 @pytest.fixture(autouse=True)

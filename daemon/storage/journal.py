@@ -1,10 +1,10 @@
-"""The journal (SQLite, WAL): every signal, decision, step and outcome, written before it is
-acknowledged. It is the source of truth for dedup, cooldowns and pins after a restart."""
+"""The journal: every signal, decision, step and outcome, written before it is acknowledged. It is
+the source of truth for dedup, cooldowns and pins after a restart. One API and one set of SQL on
+two databases (daemon/storage/sqlite_backend.py embedded, postgres_backend.py shared)."""
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 import time
 from concurrent.futures import Future
@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterable, Par
 
 from core.decision import DecisionState
 from core.signal import Signal
+from daemon.storage.backend import Backend, Row, UnstorableText
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -28,139 +29,6 @@ OnCommit = Callable[[list[tuple[int, Signal]]], None]
 
 DEFAULT_MAX_PENDING = 100_000
 INSERT_CHUNK = 1_000  # rows per INSERT statement (6 parameters each, under SQLite's 32,766)
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS signals (
-    id INTEGER PRIMARY KEY,
-    dedup_key TEXT NOT NULL UNIQUE,
-    source TEXT NOT NULL,
-    name TEXT NOT NULL,
-    policy TEXT,
-    received_at REAL NOT NULL,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL DEFAULT 'pending',   -- pending | processed
-    processed_at REAL
-);
-CREATE INDEX IF NOT EXISTS signals_state ON signals(state);
-CREATE TABLE IF NOT EXISTS decisions (
-    id INTEGER PRIMARY KEY,
-    signal_id INTEGER NOT NULL REFERENCES signals(id),
-    policy TEXT NOT NULL,
-    target TEXT NOT NULL,
-    at REAL NOT NULL,
-    state TEXT NOT NULL,       -- blocked | dry_run | noop | executing | succeeded | failed | reverted
-    reason TEXT NOT NULL DEFAULT '',
-    plan TEXT NOT NULL DEFAULT '{}',
-    executed INTEGER NOT NULL DEFAULT 0,  -- counts for cooldown and rate limit
-    UNIQUE(signal_id, policy)
-);
-CREATE INDEX IF NOT EXISTS decisions_guard ON decisions(policy, target, executed, at);
-CREATE TABLE IF NOT EXISTS steps (
-    id INTEGER PRIMARY KEY,
-    decision_id INTEGER NOT NULL REFERENCES decisions(id),
-    idx INTEGER NOT NULL,
-    action TEXT NOT NULL,
-    phase TEXT NOT NULL,       -- intent | apply | verify | revert | recovery | escalate
-    status TEXT NOT NULL,
-    message TEXT NOT NULL DEFAULT '',
-    data TEXT NOT NULL DEFAULT '{}',
-    at REAL NOT NULL,
-    duration_seconds REAL
-);
-CREATE INDEX IF NOT EXISTS steps_phase ON steps(phase, decision_id);
-CREATE TABLE IF NOT EXISTS evaluations (
-    policy TEXT NOT NULL,
-    trigger_index INTEGER NOT NULL,
-    series TEXT NOT NULL,
-    at REAL NOT NULL,
-    fired INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    PRIMARY KEY (policy, trigger_index, series)
-);
--- Live pins, one per target (columns after `at` added by _migrate on older journals).
-CREATE TABLE IF NOT EXISTS pins (
-    target TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    at REAL NOT NULL,
-    from_version INTEGER,      -- the version rolled back from (NULL: unknown, an older pin)
-    decision_id INTEGER,
-    signal TEXT,
-    reason TEXT NOT NULL DEFAULT '',
-    policy TEXT
-);
--- Pins that ended (roll-forward, policy disabled or removed, unpin, revert), with why.
-CREATE TABLE IF NOT EXISTS pin_history (
-    id INTEGER PRIMARY KEY,
-    target TEXT NOT NULL,
-    model TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    at REAL NOT NULL,
-    from_version INTEGER,
-    decision_id INTEGER,
-    signal TEXT,
-    reason TEXT NOT NULL DEFAULT '',
-    policy TEXT,
-    ended_at REAL NOT NULL,
-    ended_reason TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS pin_history_target ON pin_history(target, ended_at);
--- Versions rolled back from: `to: previous` skips them until `tailguard bad-versions --clear`.
-CREATE TABLE IF NOT EXISTS bad_versions (
-    id INTEGER PRIMARY KEY,
-    target TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    decision_id INTEGER,
-    at REAL NOT NULL,
-    cleared_at REAL,
-    cleared_reason TEXT
-);
-CREATE INDEX IF NOT EXISTS bad_versions_target ON bad_versions(target, cleared_at);
--- Executed plans of the previous leader, imported from the shared cluster state on takeover:
--- guard_history counts them with the local decisions (an identical `at` counts once).
-CREATE TABLE IF NOT EXISTS guard_marks (
-    policy TEXT NOT NULL,
-    target TEXT NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (policy, target, at)
-);
--- A target frozen after a remediation that did not help: no policy acts on it until `until` or
--- until `tailguard unfreeze` lifts it (lifted_at).
-CREATE TABLE IF NOT EXISTS freezes (
-    id INTEGER PRIMARY KEY,
-    target TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    at REAL NOT NULL,
-    until REAL NOT NULL,
-    decision_id INTEGER,
-    lifted_at REAL,
-    lifted_reason TEXT
-);
-CREATE INDEX IF NOT EXISTS freezes_target ON freezes(target, until);
--- Plans of policies with `approval: required`, waiting for an operator until `deadline`.
-CREATE TABLE IF NOT EXISTS approvals (
-    id INTEGER PRIMARY KEY,
-    decision_id INTEGER NOT NULL REFERENCES decisions(id),
-    policy TEXT NOT NULL,
-    target TEXT NOT NULL,
-    requested_at REAL NOT NULL,
-    deadline REAL NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',   -- pending | approved | expired
-    decided_at REAL,
-    decided_by TEXT,
-    reason TEXT
-);
-CREATE INDEX IF NOT EXISTS approvals_status ON approvals(status, policy, target);
-"""
-
-# Columns added to existing tables since the first release: (name, declaration) per table.
-_ADDED_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "pins": [("from_version", "INTEGER"), ("decision_id", "INTEGER"), ("signal", "TEXT"),
-             ("reason", "TEXT NOT NULL DEFAULT ''"), ("policy", "TEXT")],
-    # Who froze or lifted (an API token's name, a ConfigMap's field manager) and how.
-    "freezes": [("by", "TEXT"), ("source", "TEXT"), ("lifted_by", "TEXT")],
-}
 
 DAEMON_SCOPE = "*"  # the freezes row `target` of a freeze on the whole daemon (every target)
 FOREVER = 253402300799.0  # 9999-12-31T23:59:59Z: the `until` of a freeze that lasts until lifted
@@ -333,42 +201,45 @@ class GroupCommit(Generic[B, R]):
 
 
 class Journal:
-    """Thread-safe SQLite journal; the async methods run the blocking calls in a worker thread.
+    """Thread-safe journal on SQLite or PostgreSQL; the async methods run the blocking calls in a
+    worker thread.
 
     Args:
+        store: A SQLite file (or ":memory:"), a postgres:// or postgresql:// URI, or a backend.
         max_pending: Bound on pending signals; past it, recording signals raises
             JournalBackpressure instead of growing the backlog.
     """
 
-    def __init__(self, path: Path | str, busy_timeout_seconds: float = 5.0,
+    def __init__(self, store: Path | str | Backend, busy_timeout_seconds: float = 5.0,
                  max_pending: int = DEFAULT_MAX_PENDING) -> None:
-        self.path = Path(path)
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_pending = max_pending
         self.commits = 0  # committed write transactions (tests and benchmarks count them)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None,
-                                   timeout=busy_timeout_seconds)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a webhook answered 2xx must survive a power cut, not only a process crash.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        self._migrate()
-        # Kept exact by every write that changes a signal's state (all of them go through here).
-        self._pending = int(self._db.execute("SELECT COUNT(*) FROM signals WHERE state='pending'").fetchone()[0])
+        try:
+            self._db: Backend = connect(store, busy_timeout_seconds)
+        except Exception as exc:  # unreachable database, bad DSN, unwritable folder: not a crash
+            raise JournalError(f"cannot open the journal: {type(exc).__name__}: {exc}") from exc
+        # The SQLite file, None on PostgreSQL.
+        self.path: Path | None = Path(store) if isinstance(store, (str, Path)) and not is_postgres(store) else None
+        try:
+            self._db.migrate()
+            # Kept exact by every write that changes a signal's state (all of them go through here).
+            self._pending = int(self._db.query("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"])
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, Exception) and not isinstance(exc, JournalError):
+                raise JournalError(f"journal {self._db.describe()}: {type(exc).__name__}: {exc}") from exc
+            raise
         self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_signal_batches, "journal-writer")
 
-    def _migrate(self) -> None:
-        """Bring a journal written by an older version up to SCHEMA: add the columns it lacks
-        (tables it lacks SCHEMA created). Idempotent; old rows keep NULL/default values."""
-        for table, columns in _ADDED_COLUMNS.items():
-            have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
-            for name, decl in columns:
-                if name not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+    @property
+    def backend(self) -> str:
+        """sqlite | postgres"""
+        return self._db.name
+
+    def describe(self) -> str:
+        """Where the journal lives (a file, or the DSN without its password)."""
+        return self._db.describe()
 
     def close(self) -> None:
         self._group.close()
@@ -377,36 +248,38 @@ class Journal:
 
     def _tx(self, fn: Callable[[], T], after_commit: Callable[[T], None] | None = None) -> T:
         """Run `fn` in one transaction. Whatever it raises rolls the transaction back: an Exception
-        comes out as JournalError, anything else (cancellation, KeyboardInterrupt) unchanged.
-        `after_commit` runs with the result once committed, still under the lock."""
+        comes out as JournalError (JournalValueError for text the database cannot store), anything
+        else (cancellation, KeyboardInterrupt) unchanged. `after_commit` runs with the result once
+        committed, still under the lock."""
         with self._lock:
             try:
                 if self._db.in_transaction:  # a rollback that failed earlier: never build on it
-                    self._db.execute("ROLLBACK")
-                self._db.execute("BEGIN IMMEDIATE")
+                    self._db.rollback()
+                self._db.begin()
                 result = fn()
-                self._db.execute("COMMIT")
+                self._db.commit()
             except BaseException as exc:
                 self._rollback()
                 if isinstance(exc, JournalError) or not isinstance(exc, Exception):
                     raise
-                raise JournalError(f"journal write failed: {type(exc).__name__}: {exc}") from exc
+                raise _journal_error(exc) from exc
             self.commits += 1
             if after_commit is not None:
                 after_commit(result)
             return result
 
     def _rollback(self) -> None:
-        try:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # the next _tx rolls back before it begins (or the journal is closed)
+        self._db.rollback()  # never raises: the next _tx rolls back again before it begins
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        if self._db.concurrent_reads:
+            try:
+                return self._db.query(sql, params)
+            except Exception as exc:
+                raise JournalError(f"journal read failed: {type(exc).__name__}: {exc}") from exc
         with self._lock:
             try:
-                return self._db.execute(sql, params).fetchall()
+                return self._db.query(sql, params)
             except Exception as exc:
                 raise JournalError(f"journal read failed: {type(exc).__name__}: {exc}") from exc
 
@@ -463,7 +336,7 @@ class Journal:
                 except Exception as exc:
                     if not self._db.in_transaction:  # SQLite gave the whole transaction up (disk full ...)
                         raise
-                    results[i] = JournalError(f"journal write failed: {type(exc).__name__}: {exc}")
+                    results[i] = _journal_error(exc)
                 else:
                     results[i] = (new, dup)
                     pending += len(new)
@@ -486,22 +359,25 @@ class Journal:
         atomic; several are wrapped in a savepoint). Few statements, because the writer thread
         takes the GIL back after each one, and the event loop holds it most of the time."""
         chunks = [rows[i:i + INSERT_CHUNK] for i in range(0, len(rows), INSERT_CHUNK)]
-        if len(chunks) > 1:
+        # On PostgreSQL any failed statement spoils the transaction: the savepoint lets this
+        # caller fail alone there too.
+        savepoint = len(chunks) > 1 or self._db.errors_abort_transaction
+        if savepoint:
             self._db.execute("SAVEPOINT batch")
         try:
             inserted: dict[str, int] = {}
             for chunk in chunks:
                 cur = self._db.execute(
-                    "INSERT OR IGNORE INTO signals(dedup_key, source, name, policy, received_at, payload) VALUES "
-                    + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)) + " RETURNING id, dedup_key",
+                    "INSERT INTO signals(dedup_key, source, name, policy, received_at, payload) VALUES "
+                    + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)) + " ON CONFLICT DO NOTHING RETURNING id, dedup_key",
                     [value for row in chunk for value in row])
-                inserted.update((key, int(i)) for i, key in cur.fetchall())
+                inserted.update((r["dedup_key"], int(r["id"])) for r in cur.fetchall())
         except BaseException:
-            if len(chunks) > 1 and self._db.in_transaction:
+            if savepoint and self._db.in_transaction:
                 self._db.execute("ROLLBACK TO batch")
                 self._db.execute("RELEASE batch")
             raise
-        if len(chunks) > 1:
+        if savepoint:
             self._db.execute("RELEASE batch")
         new: list[tuple[int, Signal]] = []
         for s in signals:
@@ -514,8 +390,8 @@ class Journal:
     def pending_signals(self, limit: int | None = None, after_id: int = 0) -> list[StoredSignal]:
         """Pending signals in id order: all of them, or `limit` from the first id above `after_id`."""
         rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
-                          " WHERE state='pending' AND id > ? ORDER BY id LIMIT ?",
-                          (after_id, -1 if limit is None else limit))
+                          " WHERE state='pending' AND id > ? ORDER BY id" + ("" if limit is None else " LIMIT ?"),
+                          (after_id,) if limit is None else (after_id, limit))
         return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"], float(r["received_at"]))
                 for r in rows]
 
@@ -533,7 +409,7 @@ class Journal:
         ids = json.dumps([int(i) for i in signal_ids])
         return self._tx(lambda: self._db.execute(
             "UPDATE signals SET state='processed', processed_at=? WHERE state='pending'"
-            " AND id IN (SELECT value FROM json_each(?))", (time.time(), ids)).rowcount,
+            f" AND id IN ({self._db.json_ids})", (time.time(), ids)).rowcount,
             after_commit=self._processed)
 
     def _processed(self, count: int) -> None:
@@ -565,16 +441,15 @@ class Journal:
         _checked(policy=policy, target=target, state=state, reason=reason)
 
         def run() -> int:
-            cur = self._db.execute(
+            row = self._db.execute(
                 "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT(signal_id, policy) DO UPDATE SET state=excluded.state,"
-                " reason=excluded.reason, plan=excluded.plan, executed=MAX(executed, excluded.executed)",
+                " reason=excluded.reason, plan=excluded.plan, executed=CASE WHEN excluded.executed > decisions.executed"
+                " THEN excluded.executed ELSE decisions.executed END RETURNING id",
                 (signal_id, policy, target, time.time(), state, reason, json.dumps(plan), int(executed)),
-            )
-            row = self._db.execute("SELECT id FROM decisions WHERE signal_id=? AND policy=?",
-                                   (signal_id, policy)).fetchone()
-            return int(row["id"] if row else cur.lastrowid or 0)
+            ).fetchone()
+            return int(row["id"])
 
         return self._tx(run)
 
@@ -627,7 +502,7 @@ class Journal:
             "SELECT d.*, s.id AS row_id, s.status AS row_status, s.message AS row_message, s.data AS row_data,"
             " s.at AS row_at FROM decisions d JOIN steps s ON s.decision_id = d.id"
             " WHERE s.phase = ? AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id AND phase = ?)"
-            " AND (s.status = 'pending' OR (d.state = ? AND json_extract(s.data, '$.follow_up') = 'revert'"
+            " AND (s.status = 'pending' OR (d.state = ? AND " + self._db.json_text("s.data", "follow_up") + " = 'revert'"
             " AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
             (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
         return [OpenRecovery(_decision(r), {"id": r["row_id"], "status": r["row_status"],
@@ -638,9 +513,10 @@ class Journal:
 
     def _insert_freeze(self, target: str, reason: str, until: float, decision_id: int | None,
                        by: str | None = None, source: str | None = None) -> int:
-        cur = self._db.execute("INSERT INTO freezes(target, reason, at, until, decision_id, by, source)"
-                               " VALUES (?,?,?,?,?,?,?)", (target, reason, time.time(), until, decision_id, by, source))
-        return int(cur.lastrowid or 0)
+        row = self._db.execute('INSERT INTO freezes(target, reason, at, until, decision_id, "by", source)'
+                               " VALUES (?,?,?,?,?,?,?) RETURNING id",
+                               (target, reason, time.time(), until, decision_id, by, source)).fetchone()
+        return int(row["id"])
 
     def record_freeze(self, target: str, reason: str, until: float, decision_id: int | None = None, *,
                       by: str | None = None, source: str | None = None) -> int:
@@ -668,7 +544,7 @@ class Journal:
         given; the ones lifted."""
         _checked(target=target, reason=reason, by=by)
         at = time.time() if now is None else now
-        only = "" if ids is None else " AND id IN (SELECT value FROM json_each(?))"
+        only = "" if ids is None else f" AND id IN ({self._db.json_ids})"
         extra = () if ids is None else (json.dumps([int(i) for i in ids]),)
 
         def run() -> list[Freeze]:
@@ -704,7 +580,7 @@ class Journal:
         rows = self._read(
             "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM ("
             " SELECT at FROM decisions WHERE policy=? AND target=? AND executed=1"
-            " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?)",
+            " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?) AS plans",
             (now - window_seconds, policy, target, policy, target),
         )
         last = rows[0]["last"]
@@ -766,10 +642,10 @@ class Journal:
                 " VALUES (?, ?, ?, ?, ?, '', ?, 0)",
                 (signal_id, policy, target, now, DecisionState.BLOCKED.value, json.dumps(plan)))
             decision_id = int(self._db.execute("SELECT id FROM decisions WHERE signal_id=? AND policy=?",
-                                               (signal_id, policy)).fetchone()[0])
-            cur = self._db.execute("INSERT INTO approvals(decision_id, policy, target, requested_at, deadline)"
-                                   " VALUES (?,?,?,?,?)", (decision_id, policy, target, now, deadline))
-            approval_id = int(cur.lastrowid or 0)
+                                               (signal_id, policy)).fetchone()["id"])
+            approval_id = int(self._db.execute(
+                "INSERT INTO approvals(decision_id, policy, target, requested_at, deadline)"
+                " VALUES (?,?,?,?,?) RETURNING id", (decision_id, policy, target, now, deadline)).fetchone()["id"])
             self._db.execute("UPDATE decisions SET reason=? WHERE id=?",
                              (f"awaiting approval {approval_id} until {_iso(deadline)}", decision_id))
             return Approval(approval_id, decision_id, policy, target, now, deadline, "pending")
@@ -871,7 +747,7 @@ class Journal:
             if decision_id is not None:
                 row = self._db.execute("SELECT s.name FROM decisions d JOIN signals s ON s.id=d.signal_id"
                                        " WHERE d.id=?", (decision_id,)).fetchone()
-                signal = row[0] if row is not None else None
+                signal = row["name"] if row is not None else None
             now = time.time()
             self._db.execute(
                 "INSERT INTO pins(target, model, version, at, from_version, decision_id, signal, reason, policy)"
@@ -1061,7 +937,7 @@ class Journal:
             for policy, target, at in mark_rows:
                 if at > since:
                     added += self._db.execute(
-                        "INSERT OR IGNORE INTO guard_marks(policy, target, at) VALUES (?,?,?)",
+                        "INSERT INTO guard_marks(policy, target, at) VALUES (?,?,?) ON CONFLICT DO NOTHING",
                         (policy, target, float(at))).rowcount
             self._db.execute("DELETE FROM guard_marks WHERE at <= ?", (since,))
             for target, version, at, reason in extra.bad_clears:
@@ -1200,16 +1076,43 @@ def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
     return (s.dedup_key, s.source.value, s.name, s.policy, now, s.summary_json())
 
 
-def _freeze(r: sqlite3.Row) -> Freeze:
+def _freeze(r: Row) -> Freeze:
     return Freeze(r["id"], r["target"], r["reason"], r["at"], r["until"], r["decision_id"], r["lifted_at"],
                   r["lifted_reason"], r["by"], r["source"], r["lifted_by"])
 
 
-def _approval(r: sqlite3.Row) -> Approval:
+def _approval(r: Row) -> Approval:
     return Approval(r["id"], r["decision_id"], r["policy"], r["target"], r["requested_at"], r["deadline"],
                     r["status"], r["decided_at"], r["decided_by"], r["reason"])
 
 
-def _decision(r: sqlite3.Row) -> Decision:
+def _decision(r: Row) -> Decision:
     return Decision(r["id"], r["signal_id"], r["policy"], r["target"], r["at"], DecisionState(r["state"]), r["reason"],
                     json.loads(r["plan"]), bool(r["executed"]))
+
+
+def _journal_error(exc: Exception) -> JournalError:
+    """A database failure as the journal's error: text the database cannot store fails the same
+    way again (JournalValueError), anything else may pass (JournalError)."""
+    if isinstance(exc, UnstorableText):
+        return JournalValueError(str(exc))
+    return JournalError(f"journal write failed: {type(exc).__name__}: {exc}")
+
+
+def is_postgres(store: Path | str) -> bool:
+    """Whether `store` names a PostgreSQL database (a postgres:// or postgresql:// URI)."""
+    return isinstance(store, str) and store.startswith(("postgres://", "postgresql://"))
+
+
+def connect(store: Path | str | Backend, busy_timeout_seconds: float = 5.0, pool_size: int = 4) -> Backend:
+    """The backend for `store`: a PostgreSQL URI, else a SQLite file (a backend passes through)."""
+    if not isinstance(store, (str, Path)):
+        return store
+    if is_postgres(store):
+        # Imported here: a SQLite-only install never loads the PostgreSQL driver.
+        from daemon.storage.postgres_backend import PostgresBackend
+
+        return PostgresBackend(str(store), pool_size=pool_size, connect_timeout_seconds=busy_timeout_seconds)
+    from daemon.storage.sqlite_backend import SqliteBackend
+
+    return SqliteBackend(store, busy_timeout_seconds)

@@ -10,16 +10,17 @@ import pytest
 
 from core.signal import Signal, SignalSource
 from daemon.storage.journal import Journal, JournalError, JournalValueError
+from tests.support.journal_backends import OpenJournal
 
 
 def _signal(key: str) -> Signal:
     return Signal(SignalSource.ALERT, "A", {"model": "m"}, datetime.now(timezone.utc), key)
 
 
-def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(tmp_path: Path):
+def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(open_journal: OpenJournal):
     """Old processed signals with their decisions and steps go; pending signals, recent rows and
     pins stay, and dedup still holds for what stays."""
-    j = Journal(tmp_path / "j.db")
+    j = open_journal()
     (old_id, _), (recent_id, _), (pending_id, _) = j.record_signals(
         [_signal("old"), _signal("recent"), _signal("pending")])[0]
     for sid in (old_id, recent_id):
@@ -43,11 +44,11 @@ def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(tmp
     j.close()
 
 
-def test_unstorable_text_fails_alone_names_the_field_and_the_next_write_works(tmp_path: Path):
+def test_unstorable_text_fails_alone_names_the_field_and_the_next_write_works(open_journal: OpenJournal):
     """A lone surrogate (JSON "\\ud800") used to leave BEGIN IMMEDIATE open and fail every later
     write. Now it is refused before SQLite sees it, names the field, writes nothing of its batch,
     and the journal goes on."""
-    j = Journal(tmp_path / "j.db")
+    j = open_journal()
     bad = Signal(SignalSource.ALERT, "Tail\ud800", {"model": "m"}, datetime.now(timezone.utc), "bad")
     with pytest.raises(JournalValueError, match=r"signal 1 name"):
         j.record_signals([_signal("first"), bad])
@@ -63,10 +64,10 @@ def test_unstorable_text_fails_alone_names_the_field_and_the_next_write_works(tm
     j.close()
 
 
-def test_any_error_inside_a_transaction_rolls_it_back(tmp_path: Path):
+def test_any_error_inside_a_transaction_rolls_it_back(open_journal: OpenJournal):
     """Not only sqlite3 errors: whatever a transaction raises rolls it back (JournalError for an
     Exception, the exception itself for cancellation), and nothing of it is half-written."""
-    j = Journal(tmp_path / "j.db")
+    j = open_journal()
     pins: list[tuple[str, str, object, float]] = [("ns/a", "a", 1, 1.0), ("ns/b", "b", "not a version", 1.0)]
     with pytest.raises(JournalError, match="ValueError"):
         j.merge_cluster_state(pins, [], since=0)  # type: ignore[arg-type]
@@ -84,8 +85,8 @@ def test_any_error_inside_a_transaction_rolls_it_back(tmp_path: Path):
     j.close()
 
 
-def test_pending_signals_pages_in_id_order_and_mark_processed_many_counts(tmp_path: Path):
-    j = Journal(tmp_path / "j.db")
+def test_pending_signals_pages_in_id_order_and_mark_processed_many_counts(open_journal: OpenJournal):
+    j = open_journal()
     new, _ = j.record_signals([_signal(f"k{i}") for i in range(5)])
     ids = [i for i, _ in new]
     assert [s.id for s in j.pending_signals(limit=2)] == ids[:2]
@@ -94,7 +95,7 @@ def test_pending_signals_pages_in_id_order_and_mark_processed_many_counts(tmp_pa
     j.mark_processed(ids[0])  # already processed: counted once
     assert j.pending_count() == 3 == len(j.pending_signals())
     j.close()
-    reopened = Journal(tmp_path / "j.db")
+    reopened = open_journal()
     assert reopened.pending_count() == 3  # counted again from the file
     reopened.close()
 
@@ -130,10 +131,10 @@ def test_old_schema_journal_opens_migrated_and_keeps_its_pins(tmp_path: Path):
         j.close()
 
 
-def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(tmp_path: Path):
+def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(open_journal: OpenJournal):
     """record_pin keeps the decision, its signal and reason; from_version is marked bad once;
     a revert (clear_pin) ends the pin and clears its decision's marks; clear_bad is journaled."""
-    j = Journal(tmp_path / "j.db")
+    j = open_journal()
     try:
         ((sid, _),), _ = j.record_signals([_signal("k")])
         d = j.record_decision(sid, "p", "ns/m", "executing", "", {}, executed=True)

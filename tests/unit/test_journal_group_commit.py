@@ -6,14 +6,14 @@ import asyncio
 import random
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import AsyncIterator, Iterator
 
 import pytest
 
 from core.signal import Signal, SignalSource
-from daemon.storage.journal import (AsyncJournal, Journal, JournalBackpressure, JournalError, JournalValueError,
+from daemon.storage.journal import (AsyncJournal, JournalBackpressure, JournalError, JournalValueError,
                                     Recorded)
+from tests.support.journal_backends import OpenJournal
 
 
 def _signal(key: str, name: str = "A") -> Signal:
@@ -21,10 +21,9 @@ def _signal(key: str, name: str = "A") -> Signal:
 
 
 @pytest.fixture
-async def journal(tmp_path: Path) -> AsyncIterator[AsyncJournal]:
-    j = AsyncJournal(Journal(tmp_path / "j.db"))
-    yield j
-    j.sync.close()
+async def journal(open_journal: OpenJournal) -> AsyncIterator[AsyncJournal]:
+    """The journal on each backend (open_journal closes it)."""
+    yield AsyncJournal(open_journal())
 
 
 class _Plug:
@@ -129,10 +128,10 @@ async def test_listener_hears_of_new_signals_before_the_caller_returns(journal: 
     journal.on_signals(None)
 
 
-async def test_backpressure_past_the_pending_bound(tmp_path: Path):
+async def test_backpressure_past_the_pending_bound(open_journal: OpenJournal):
     """Past max_pending, callers get JournalBackpressure (a JournalError: the webhook answers 503)
     and nothing is written; once signals are processed, they are taken again."""
-    journal = AsyncJournal(Journal(tmp_path / "j.db", max_pending=3))
+    journal = AsyncJournal(open_journal(max_pending=3))
     try:
         new, _ = await journal.record_signals([_signal(f"k{i}") for i in range(3)])
         with pytest.raises(JournalBackpressure, match="3 signals pending"):
@@ -145,8 +144,8 @@ async def test_backpressure_past_the_pending_bound(tmp_path: Path):
         journal.sync.close()
 
 
-async def test_closed_journal_refuses_new_callers(tmp_path: Path):
-    journal = AsyncJournal(Journal(tmp_path / "j.db"))
+async def test_closed_journal_refuses_new_callers(open_journal: OpenJournal):
+    journal = AsyncJournal(open_journal())
     await journal.record_signals([_signal("x")])
     journal.sync.close()
     with pytest.raises(JournalError, match="closed"):
