@@ -1,9 +1,77 @@
 """The daemon's own Prometheus metrics, on a registry per app (no global state)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from core.detection import Detection
+
+DETECTOR_SERIES_PER_POLICY = 50
+"""Series per policy whose detector gauges are exported; past it new series are counted as dropped."""
+DETECTOR_SERIES_IDLE_SECONDS = 900.0
+"""A series not evaluated for this long gives its place to a new one (pods come and go)."""
+
+
+class DetectorGauges:
+    """What each detector saw and decided on its last evaluation, per policy, trigger and series:
+    value, baseline, threshold, score (NaN when the detector has none) and fired (0/1).
+
+    Cardinality is bounded: at most `max_series_per_policy` series per policy; a series idle for
+    `idle_seconds` is removed when a new one needs its place, and a series that finds no place is
+    counted in `tailguard_detector_series_dropped_total`. Cost: five gauge sets per series per cycle.
+    """
+
+    LABELS = ("policy", "trigger", "detector", "series")
+
+    def __init__(self, registry: CollectorRegistry, max_series_per_policy: int = DETECTOR_SERIES_PER_POLICY,
+                 idle_seconds: float = DETECTOR_SERIES_IDLE_SECONDS) -> None:
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"tailguard_detector_{name}", doc, self.LABELS, registry=registry)
+
+        self.value = gauge("value", "The series' latest value as the detector judged it.")
+        self.baseline = gauge("baseline", "The detector's baseline for the series (NaN: none).")
+        self.threshold = gauge("threshold", "The line the detector fires across (NaN: none).")
+        self.score = gauge("score", "The detector's score for the series (NaN: none).")
+        self.fired = gauge("fired", "1 when the detector fired on its last evaluation of the series.")
+        self.dropped = Counter("tailguard_detector_series_dropped_total",
+                               "Detector evaluations not exported because the policy's series cap was reached.",
+                               ["policy"], registry=registry)
+        self.max_series_per_policy = max_series_per_policy
+        self.idle_seconds = idle_seconds
+        self._seen: dict[str, dict[tuple[str, str, str], float]] = {}  # policy -> (trigger, detector, series) -> at
+
+    def observe(self, policy: str, trigger: int, series: str, d: Detection, now: float) -> bool:
+        """Export one evaluation; False when the policy's cap left no place for this series."""
+        seen = self._seen.setdefault(policy, {})
+        key = (str(trigger), d.detector, series)
+        if key not in seen and len(seen) >= self.max_series_per_policy:
+            self._evict_idle(policy, seen, now)
+            if len(seen) >= self.max_series_per_policy:
+                self.dropped.labels(policy).inc()
+                return False
+        seen[key] = now
+        labels = (policy, *key)
+        self.value.labels(*labels).set(_number(d.value))
+        self.baseline.labels(*labels).set(_number(d.baseline))
+        self.threshold.labels(*labels).set(_number(d.threshold))
+        self.score.labels(*labels).set(_number(d.score))
+        self.fired.labels(*labels).set(int(d.fired))
+        return True
+
+    def _evict_idle(self, policy: str, seen: dict[tuple[str, str, str], float], now: float) -> None:
+        for key in [k for k, at in seen.items() if now - at > self.idle_seconds]:
+            del seen[key]
+            for gauge in (self.value, self.baseline, self.threshold, self.score, self.fired):
+                try:
+                    gauge.remove(policy, *key)
+                except KeyError:  # never set (a failed set): nothing to remove
+                    pass
+
+
+def _number(value: float | None) -> float:
+    return float(value) if value is not None and math.isfinite(value) else math.nan
 
 
 @dataclass
@@ -45,5 +113,14 @@ class Metrics:
                                   ["policy", "detector", "fired"], registry=r)
         self.is_leader = Gauge("tailguard_is_leader", "1 when this replica may act.", registry=r)
         self.frozen = Gauge("tailguard_frozen", "1 when the global freeze switch is on.", registry=r)
+        self.shadow_decisions = Counter("tailguard_shadow_decisions_total",
+                                        "Decisions of shadow triggers (never applied), by policy and what "
+                                        "would have happened: act, blocked, silenced, noop, fail.",
+                                        ["policy", "would"], registry=r)
+        self.silence_checks = Counter("tailguard_silence_checks_total",
+                                      "Alertmanager silence checks before acting on a detector signal, by "
+                                      "result: silenced, clear, unavailable (acted without them).",
+                                      ["result"], registry=r)
+        self.detector = DetectorGauges(r)
         self.faults = Counter("tailguard_faults_total", "Internal faults recorded, by component.",
                               ["component"], registry=r)

@@ -15,6 +15,7 @@ import structlog
 from core.signal import Signal
 from daemon.common.config import BlastRadiusSettings
 from daemon.storage.journal import AsyncJournal
+from daemon.workers.shadow import shadow_origin
 from daemon.workers.state import ExecutorState
 from policies.blast_radius import CommonCauseDecision, check_common_cause, check_target_budget
 from policies.guards import GuardDecision
@@ -80,8 +81,10 @@ class BlastGuard:
                 log.warning("unreadable signal left out of the common-cause count", signal_id=row.id,
                             error=str(exc))
                 continue
+            # A shadow trigger never acts, so it never makes a live burst look like a common cause.
             out.extend((p.target.key, row.received_at)
-                       for p in matching_policies(self._state.policies.policies, signal))
+                       for p in matching_policies(self._state.policies.policies, signal)
+                       if shadow_origin(p, signal) is None)
         return out
 
 

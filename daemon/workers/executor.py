@@ -40,7 +40,7 @@ from actions.base import Action, ActionDeps, Step
 from actions.notify import KIND as NOTIFY_KIND
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus
-from core.signal import Signal
+from core.signal import Signal, SignalSource
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import DAEMON_SCOPE, FOREVER, RECOVERY, Approval, AsyncJournal, Decision
@@ -48,6 +48,8 @@ from daemon.workers.approvals import approval_event
 from daemon.workers.blast_guard import BlastGuard, escalates
 from daemon.workers.progress import (INTENT, MAX_APPLY_ATTEMPTS, StepProgress, journaled_plan,
                                      step_progress)
+from daemon.workers.shadow import ShadowOrigin, shadow_origin
+from daemon.workers.silences import SilenceCheck, describe_all, target_labels
 from daemon.workers.state import ExecutorState
 from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
 from policies.guards import GuardDecision, GuardState, check_guards
@@ -103,6 +105,9 @@ class Executor:
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
         self.approval_base_url = approval_base_url  # named in approval notifications
         self._approved: set[asyncio.Task[None]] = set()  # approved plans being applied
+        # Asks Alertmanager whether a silence covers a detector signal's target; set by connect when
+        # alertmanager.url is configured (None: no silences are consulted).
+        self.silences: SilenceCheck | None = None
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
@@ -141,16 +146,22 @@ class Executor:
             # Crashed mid-execution: finish the journaled plan; guards already passed, and a new plan
             # would be made from a world our own landed steps changed (a false `before`).
             return await self._resume(existing, policy, signal)
+        shadow = shadow_origin(policy, signal)
+        if shadow is not None:
+            return await self._run_shadow(signal_id, signal, policy, shadow)
         decision = await self._guard(policy, commit=True)
         if decision.allowed and policy.spec.approval == "required":
             waiting = await self._journal.pending_approval(policy.name, policy.target.key)
             if waiting is not None:  # one plan waits per policy and target; flapping signals add none
                 decision = GuardDecision(False, f"awaiting approval {waiting.id} (decision {waiting.decision_id}) "
                                                 f"until {_iso(waiting.deadline)}")
+        note: dict[str, Any] = {}
+        if decision.allowed:
+            decision, note = await self._silenced(policy, signal, decision)
         if not decision.allowed:
             plan = blocked_plan(policy, signal, decision)
             blocked_id = await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason,
-                                            executed=False)
+                                            executed=False, extra=note)
             if escalates(decision):
                 self._announce("escalated", policy.name, policy.target.key, decision.reason,
                                decision=blocked_id, signal=signal.dedup_key)
@@ -161,7 +172,7 @@ class Executor:
             plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
                         blocked=f"planning failed: {exc}")
             failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "",
-                                           executed=False)
+                                           executed=False, extra=note)
             for bound in policy.actions:
                 self._metrics.actions.labels(bound.kind, "failed").inc()
             await self._event(policy, "RemediationFailed", plan.blocked or "", warning=True)
@@ -170,21 +181,87 @@ class Executor:
             return plan
         plan = build_plan(policy, signal, steps)
         if plan.blocked:
-            await self._decide(signal_id, policy, plan, DecisionState.NOOP, plan.blocked, executed=False)
+            await self._decide(signal_id, policy, plan, DecisionState.NOOP, plan.blocked, executed=False, extra=note)
             return plan
         if plan.dry_run:
             await self._decide(signal_id, policy, plan, DecisionState.DRY_RUN, "dryRun: planned, not applied",
-                               executed=False)
+                               executed=False, extra=note)
             return plan
         if policy.spec.approval == "required":
             await self._request_approval(signal_id, policy, plan)
             return plan
         # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
         decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
-                                         executed=True)
+                                         executed=True, extra=note)
         self._on_recorded()
         await self._finish(decision_id, policy, plan, {}, signal)
         return plan
+
+    async def _run_shadow(self, signal_id: int, signal: Signal, policy: LoadedPolicy, origin: ShadowOrigin) -> Plan:
+        """What a shadow trigger's signal would have done, journaled and never applied: guards read
+        (not committed: the escalate-once memory stays the live triggers'), the target observed, the
+        plan built. Not `executed`, so it never counts toward cooldown or rate limit."""
+        label = origin.label
+        decision = await self._guard(policy)
+        if decision.allowed and policy.spec.approval == "required":
+            waiting = await self._journal.pending_approval(policy.name, policy.target.key)
+            if waiting is not None:
+                decision = GuardDecision(False, f"awaiting approval {waiting.id}")
+        if decision.allowed:
+            decision, note = await self._silenced(policy, signal, decision)
+            if not decision.allowed:
+                plan = blocked_plan(policy, signal, decision)
+                await self._decide_shadow(signal_id, policy, plan, origin, "silenced", DecisionState.BLOCKED,
+                                          f"{label}: would be {decision.reason}", note)
+                return plan
+        if not decision.allowed:
+            plan = blocked_plan(policy, signal, decision)
+            await self._decide_shadow(signal_id, policy, plan, origin, "blocked", DecisionState.BLOCKED,
+                                      f"{label}: would be blocked: {decision.reason}")
+            return plan
+        try:
+            steps = await self._plan_steps(policy, signal)
+        except ActionError as exc:
+            plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
+                        blocked=f"planning failed: {exc}")
+            await self._decide_shadow(signal_id, policy, plan, origin, "fail", DecisionState.DRY_RUN,
+                                      f"{label}: would fail: planning failed: {exc}")
+            return plan
+        plan = build_plan(policy, signal, steps)
+        if plan.blocked:
+            await self._decide_shadow(signal_id, policy, plan, origin, "noop", DecisionState.NOOP,
+                                      f"{label}: {plan.blocked}")
+            return plan
+        how = ("would only plan (dryRun)" if plan.dry_run else
+               "would ask for approval, then apply" if policy.spec.approval == "required" else "would apply")
+        summary = "; ".join(s.summary for s in plan.steps if not s.noop)
+        await self._decide_shadow(signal_id, policy, plan, origin, "act", DecisionState.DRY_RUN,
+                                  f"{label}: {how}: {summary}; not applied")
+        return plan
+
+    async def _decide_shadow(self, signal_id: int, policy: LoadedPolicy, plan: Plan, origin: ShadowOrigin,
+                             would: str, state: DecisionState, reason: str,
+                             note: Mapping[str, Any] | None = None) -> int:
+        self._metrics.shadow_decisions.labels(policy.name, would).inc()
+        return await self._decide(signal_id, policy, plan, state, reason, executed=False,
+                                  extra={**(note or {}), "shadow": {**origin.as_dict(), "would": would}})
+
+    async def _silenced(self, policy: LoadedPolicy, signal: Signal,
+                        decision: GuardDecision) -> tuple[GuardDecision, dict[str, Any]]:
+        """Ask Alertmanager about a detector signal (alerts are silenced there already; a schedule
+        tick is not an incident): a matching silence blocks, like a guard. When the silences cannot
+        be read the decision stands and the note says so (journaled in the plan)."""
+        if self.silences is None or signal.source is not SignalSource.DETECTOR:
+            return decision, {}
+        verdict = await self.silences(target_labels(signal.labels, policy.target.model))
+        if verdict.silenced:
+            log.info("silenced", reason=verdict.reason)
+            return (GuardDecision(False, verdict.reason),
+                    {"silences": {"checked": True, "matched": describe_all(verdict.matched)}})
+        if verdict.error is not None:
+            return decision, {"silences": {"checked": False, "error": verdict.error,
+                                           "note": "acted without silences: Alertmanager did not answer"}}
+        return decision, {"silences": {"checked": True, "matched": []}}
 
     async def _resume(self, decision: Decision, policy: LoadedPolicy, signal: Signal) -> Plan:
         """Go on with a decision left `executing` by a crash, from its journaled plan and steps."""
@@ -393,9 +470,10 @@ class Executor:
         return steps
 
     async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: DecisionState, reason: str,
-                      executed: bool) -> int:
+                      executed: bool, extra: Mapping[str, Any] | None = None) -> int:
+        """Journal the decision; `extra` keys go into its journaled plan (shadow, silences)."""
         decision_id = await self._journal.record_decision(
-            signal_id, policy.name, policy.target.key, state, reason, plan.as_dict(), executed)
+            signal_id, policy.name, policy.target.key, state, reason, {**plan.as_dict(), **(extra or {})}, executed)
         if state.final:
             self._metrics.decisions.labels(policy.name, state).inc()
         log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
