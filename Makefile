@@ -8,14 +8,16 @@ STAMP := $(VENV)/.installed
 .PHONY: setup system-deps demo test lint bench eval clean image
 
 # Prometheus and Alertmanager for the lab; podman, buildah, runc and debootstrap build and run the
-# image (tests/image; runc because crun cannot start containers on these hosts, docs/image.md).
+# image (tests/image; runc because crun cannot start containers on these hosts, docs/image.md);
+# PostgreSQL for the journal's second backend (tests/support/postgres.py runs its own cluster from
+# /usr/lib/postgresql/<version>/bin).
 system-deps:
 	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null && command -v promtool >/dev/null \
 		&& command -v podman >/dev/null && command -v buildah >/dev/null && test -x /usr/sbin/runc \
-		&& test -x /usr/sbin/debootstrap || { \
-		echo "installing Prometheus, Alertmanager, podman, buildah, runc and debootstrap (Debian packages)"; \
+		&& test -x /usr/sbin/debootstrap && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "installing Prometheus, Alertmanager, podman, buildah, runc, debootstrap and PostgreSQL (Debian packages)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			prometheus prometheus-alertmanager podman buildah runc debootstrap >/dev/null; }
+			prometheus prometheus-alertmanager podman buildah runc debootstrap postgresql >/dev/null; }
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +45,8 @@ bench: setup
 	$(PY) bench/bench_tail.py
 	$(PY) bench/bench_forecast.py
 	$(PY) bench/bench_intake.py $(BENCH_INTAKE_FLAGS)
+	$(PY) bench/bench_poll_cycle.py $(BENCH_POLL_CYCLE_FLAGS)
+	$(PY) bench/bench_ttr.py $(BENCH_TTR_FLAGS)
 
 eval: setup
 	$(PY) -m evaluation.tail_eval

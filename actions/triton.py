@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import ActionError, Outcome, PermanentError
-from core.signal import Signal
+from core.signal import Signal, SignalSource
 from core.target import Target
 
 KIND = "triton.rollback"
@@ -33,6 +33,11 @@ class TritonRollbackParams(ActionParams):
     # "previous": the highest version below the one being served; or an explicit version.
     to: Literal["previous"] | int = "previous"
     load_timeout_seconds: float = Field(120.0, gt=0, alias="loadTimeoutSeconds")
+    # Act on a detector signal only when it names the version carrying the anomaly (a `version`
+    # label, as tail_excess gives per-version counters) and that version is the newest served: an
+    # anomaly on the old version, or one without attribution, is not a reason to roll back.
+    # Alert signals are the operator's own rule and are not held to this.
+    require_attribution: bool = Field(False, alias="requireAttribution")
 
 
 # ---- pure decisions -------------------------------------------------------------------------
@@ -98,9 +103,24 @@ def pinned_config(config: Mapping[str, Any], version: int) -> dict[str, Any]:
     return out
 
 
+def attribution_refusal(params: TritonRollbackParams, served: list[int],
+                        labels: Mapping[str, str] | None) -> str | None:
+    """Why a rollback that requires attribution must not run for a detector signal with these
+    labels (None: not a detector signal), or None."""
+    if not params.require_attribution or labels is None:
+        return None
+    version = labels.get("version", "")
+    if not version.isdigit():
+        return "requireAttribution: the signal names no model version (no `version` label)"
+    if not served or int(version) != max(served):
+        return (f"requireAttribution: the anomaly is on version {version}, not on the newest served "
+                f"version {max(served) if served else 'none'}")
+    return None
+
+
 def plan_rollback(
     target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
-    known_bad: frozenset[int] = frozenset(),
+    known_bad: frozenset[int] = frozenset(), signal_labels: Mapping[str, str] | None = None,
 ) -> Step:
     """Decide the rollback across every observed replica, skipping `known_bad` versions. Pure."""
     replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
@@ -114,6 +134,9 @@ def plan_rollback(
     listed = sorted({v for r in replicas.values() for v in listed_versions(r["index"], target.model)})
     pins = {tuple(pinned_versions(r["config"]) or ()) for r in replicas.values()}
     pinned = list(next(iter(pins))) if len(pins) == 1 and next(iter(pins)) else None
+    refusal = attribution_refusal(params, served, signal_labels)
+    if refusal is not None:
+        raise PermanentError(f"{target.model}: {refusal}")
     version, why = choose_version(params.to, served, listed, pinned, known_bad)
     if version is None:
         raise PermanentError(f"{target.model}: {why}")
@@ -187,7 +210,9 @@ class TritonRollback:
 
     def plan(self, target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
              signal: Signal) -> Step:
-        return plan_rollback(target, params, observed, frozenset(observed.get("known_bad", ())))
+        detector_labels = signal.labels if signal.source == SignalSource.DETECTOR else None
+        return plan_rollback(target, params, observed, frozenset(observed.get("known_bad", ())),
+                             detector_labels)
 
     async def _load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> str | None:
         client = self._client(url, timeout)

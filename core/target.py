@@ -22,6 +22,7 @@ class Target:
     namespace: str = "default"
     triton_endpoints: tuple[str, ...] = ()  # static base URLs, e.g. http://10.0.0.5:8000
     triton_service: ServiceRef | None = None
+    triton_metrics: tuple[str, ...] = ()  # /metrics URLs read by detectors with source: triton
 
     @property
     def key(self) -> str:

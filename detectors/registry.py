@@ -7,10 +7,12 @@ from typing import Mapping
 from detectors.base import Detector
 from detectors.forecast import ForecastBreachDetector
 from detectors.tail import TailAnomalyDetector
+from detectors.tail_excess import TailExcessDetector
 from detectors.threshold import ThresholdDetector
 
 DETECTORS: Mapping[str, type[Detector]] = MappingProxyType({
     TailAnomalyDetector.kind: TailAnomalyDetector,
+    TailExcessDetector.kind: TailExcessDetector,
     ThresholdDetector.kind: ThresholdDetector,
     ForecastBreachDetector.kind: ForecastBreachDetector,
 })

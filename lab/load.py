@@ -5,7 +5,8 @@ shows up as latency and queueing, the way production traffic sees it. Bounded th
 request count (rate x duration), an in-flight cap, and a per-request timeout.
 
 A `route` callable picks the model version of each request (as a mesh picks a subset by weight);
-an `on_sample` callback sees every answer as it lands, for live views of the clients' latency.
+an `on_sample` callback sees every answer as it lands, for live views of the clients' latency;
+an `inputs` callable gives each request its own input (a seeded generator makes a run repeatable).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -82,6 +83,7 @@ async def run_load(
     input_length: int = 4,
     route: Callable[[], str | None] | None = None,
     on_sample: Callable[[RequestSample], None] | None = None,
+    inputs: Callable[[], Sequence[float]] | None = None,
 ) -> LoadResult:
     """Send infer requests to `model` (no version pinned) at a fixed rate for a fixed time.
 
@@ -97,6 +99,8 @@ async def run_load(
         route: Called once per request; a version string sends it to
             ``/v2/models/<model>/versions/<v>/infer``, None leaves the choice to the server.
         on_sample: Called with each sample as soon as its request ends (on the event loop).
+        inputs: Called once per request, in send order, for its FP32 input values (their count
+            replaces `input_length`); None sends `input_length` ones every time.
 
     Returns:
         The samples, in send order.
@@ -110,13 +114,20 @@ async def run_load(
     timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
     samples: list[RequestSample | None] = [None] * total
 
-    async def one(index: int, session: aiohttp.ClientSession, start: float) -> None:
+    def request_body() -> dict[str, object]:
+        if inputs is None:
+            return body
+        values = [float(v) for v in inputs()]
+        return {"inputs": [{"name": "INPUT0", "shape": [len(values)], "datatype": "FP32", "data": values}]}
+
+    async def one(index: int, session: aiohttp.ClientSession, start: float,
+                  payload: dict[str, object]) -> None:
         sent, sent_unix = time.monotonic(), time.time()
         chosen = route() if route is not None else None
         url = f"{model_url}/versions/{chosen}/infer" if chosen else f"{model_url}/infer"
         status, version = 0, None
         try:
-            async with session.post(url, json=body) as response:
+            async with session.post(url, json=payload) as response:
                 status = response.status
                 if status == 200:
                     version = (await response.json()).get("model_version")
@@ -143,7 +154,9 @@ async def run_load(
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await slots.acquire()
-                tasks.append(asyncio.create_task(one(index, session, start)))
+                # Drawn here, in send order, so a seeded `inputs` gives request i the same values
+                # whatever order the requests finish in.
+                tasks.append(asyncio.create_task(one(index, session, start, request_body())))
             await asyncio.gather(*tasks)
         finally:
             # On cancellation, leave no request task behind the closed session.

@@ -327,12 +327,14 @@ def _target(spec: Policy) -> Target:
     triton = spec.target.triton
     service = None
     endpoints: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()
     if triton is not None:
         endpoints = tuple(u.rstrip("/") for u in triton.endpoints)
+        metrics = tuple(triton.metrics_endpoints)
         if triton.service is not None:
             s = triton.service
             service = ServiceRef(s.namespace, s.name, s.port, s.scheme)
-    return Target(spec.target.model, spec.target.namespace, endpoints, service)
+    return Target(spec.target.model, spec.target.namespace, endpoints, service, metrics)
 
 
 def _pydantic_errors(exc: ValidationError, where: str, policy: str | None, prefix: str) -> list[PolicyError]:

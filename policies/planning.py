@@ -108,7 +108,9 @@ def recovery_check(policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None
         return RecoveryCheck(render_query(verify.query, values), condition, verify.interval,
                              verify.on_not_recovered, "verify", target.model)
     bound = _signal_detector(policy, signal)
-    if bound is None:
+    # A query that is not a level (counters) or not PromQL (read from Triton) draws no line a
+    # Prometheus verify could hold: such a policy checks recovery only through its verify block.
+    if bound is None or bound.trigger.source != "prometheus" or signal.details.get("input") == "counters":
         return None
     line, drawn = _line(signal.details, "threshold"), "threshold"
     if line is None:
@@ -146,7 +148,13 @@ def _line(details: Mapping[str, Any], key: str) -> float | None:
 
 def recovery_warning(policy: LoadedPolicy) -> str | None:
     """Why some signals of `policy` get no recovery check after acting (for `tailguard validate`)."""
-    if policy.spec.verify is not None or not any(t.alert for t in policy.spec.triggers):
+    if policy.spec.verify is not None:
+        return None
+    if any(b.trigger.source != "prometheus" or getattr(b.params, "input", None) == "counters"
+           for b in policy.detectors):
+        return ("its tail_excess / source: triton signals get no recovery check after acting (no verify "
+                "block, and their query draws no line to hold)")
+    if not any(t.alert for t in policy.spec.triggers):
         return None
     if policy.detectors:
         return ("alert signals get no recovery check after acting (no verify block; only detector signals "

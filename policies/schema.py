@@ -49,6 +49,9 @@ class TritonSpec(Strict):
 
     endpoints: list[str] = Field(default_factory=list)
     service: ServiceSpec | None = None
+    # Where detectors with `source: triton` read /metrics; default: each static endpoint's host on
+    # Triton's metrics port 8002.
+    metrics_endpoints: list[str] = Field(default_factory=list, alias="metricsEndpoints")
 
     @model_validator(mode="after")
     def _one_source(self) -> "TritonSpec":
@@ -57,6 +60,9 @@ class TritonSpec(Strict):
         for url in self.endpoints:
             if not re.match(r"^https?://[^/\s]+/?$", url):
                 raise ValueError(f"endpoint {url!r} must look like http://host:port")
+        for url in self.metrics_endpoints:
+            if not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
+                raise ValueError(f"metrics endpoint {url!r} must look like http://host:8002/metrics")
         return self
 
 
@@ -87,6 +93,9 @@ class DetectorTrigger(Strict):
     interval: Seconds = 15.0
     # The series label that names the model; series of other models are ignored.
     model_label: str = Field("model", alias="modelLabel")
+    # prometheus: range queries (PromQL). triton: the target's Triton /metrics read directly at
+    # `interval` (queries are plain selectors), for when the scrape interval is the bottleneck.
+    source: Literal["prometheus", "triton"] = "prometheus"
     params: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("interval")
@@ -114,6 +123,9 @@ class Trigger(Strict):
     alert: AlertTrigger | None = None
     detector: DetectorTrigger | None = None
     schedule: ScheduleTrigger | None = None
+    # Shadow: its signals are decided and journaled as what would have been done, never applied, and
+    # never count toward the policy's cooldown or rate limit (try a trigger beside live ones).
+    shadow: bool = False
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "Trigger":
@@ -190,6 +202,15 @@ class Policy(Strict):
     # approvalTimeoutSeconds have passed, then expires unapplied.
     approval: Literal["none", "required"] = "none"
     approval_timeout_seconds: Seconds = Field(3600.0, alias="approvalTimeoutSeconds", gt=0)
+
+    @model_validator(mode="after")
+    def _triton_source_has_endpoints(self) -> "Policy":
+        reads_triton = any(t.detector is not None and t.detector.source == "triton" for t in self.triggers)
+        triton = self.target.triton
+        if reads_triton and (triton is None or not (triton.metrics_endpoints or triton.endpoints)):
+            raise ValueError("a detector with source: triton needs target.triton.metricsEndpoints "
+                             "(or static target.triton.endpoints)")
+        return self
 
     @field_validator("name")
     @classmethod

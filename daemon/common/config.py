@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -76,18 +76,42 @@ class PolicySettings(_Section):
 
 
 class JournalSettings(_Section):
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    """sqlite: one file (`path`), for a single replica; postgres: one database shared by every replica."""
     path: Path = Path(".tailguard/journal.db")
+    """The SQLite file (backend sqlite)."""
+    dsn: str | None = Field(None, pattern=r"^postgres(ql)?://")
+    """postgresql://user:password@host:5432/db?sslmode=verify-full (backend postgres); better from
+    `dsnFile` or env TAILGUARD_JOURNAL_DSN, which win over it, than with a password in this file."""
+    dsn_file: Path | None = Field(None, alias="dsnFile")
+    """File holding the DSN (a key of an existing Secret, mounted)."""
     retention_days: float = Field(30.0, ge=1, alias="retentionDays")
     """Processed signals, their decisions and steps older than this are pruned (pending ones never)."""
     prune_interval_seconds: float = Field(3600.0, gt=0, alias="pruneIntervalSeconds")
     max_pending: int = Field(100_000, ge=1, alias="maxPending")
     """Pending signals past which the webhook answers 503 + Retry-After (Alertmanager retries)."""
 
+    @model_validator(mode="after")
+    def _dsn_only_for_postgres(self) -> "JournalSettings":
+        if self.backend == "sqlite" and (self.dsn is not None or self.dsn_file is not None):
+            raise ValueError("dsn and dsnFile are for backend: postgres (backend is sqlite)")
+        return self
+
 
 class PrometheusSettings(_Section):
     url: str | None = None
     timeout_seconds: float = Field(10.0, gt=0, alias="timeoutSeconds")
     max_backoff_seconds: float = Field(120.0, gt=0, alias="maxBackoffSeconds")
+
+
+class AlertmanagerSettings(_Section):
+    """Where operators keep silences: a detector signal an active silence matches is journaled as
+    silenced and not acted on (alerts are already silenced by Alertmanager itself)."""
+
+    url: str | None = Field(None, pattern=r"^https?://")
+    """Alertmanager's base URL (API v2 under /api/v2); None: silences are not consulted."""
+    timeout_seconds: float = Field(2.0, gt=0, le=30, alias="timeoutSeconds")
+    """Longest wait for the silences before acting without them (recorded in the decision's plan)."""
 
 
 class KubernetesSettings(_Section):
@@ -176,6 +200,7 @@ class Settings(_Section):
     policies: PolicySettings = Field(default_factory=PolicySettings)
     journal: JournalSettings = Field(default_factory=JournalSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, alias="leaderElection")
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
@@ -209,6 +234,8 @@ def load_settings(path: Path | None) -> Settings:
     base = path.parent
     settings.policies.path = _resolve(base, settings.policies.path)
     settings.journal.path = _resolve(base, settings.journal.path)
+    if settings.journal.dsn_file is not None:
+        settings.journal.dsn_file = _resolve(base, settings.journal.dsn_file)
     if settings.webhook.token_file is not None:
         settings.webhook.token_file = _resolve(base, settings.webhook.token_file)
     if settings.api.tokens_file is not None:
@@ -221,6 +248,28 @@ def load_settings(path: Path | None) -> Settings:
 
 def _resolve(base: Path, p: Path) -> Path:
     return p if p.is_absolute() else (base / p)
+
+
+def journal_store(settings: JournalSettings) -> Path | str:
+    """Where the journal lives: the SQLite file, or the PostgreSQL DSN (env TAILGUARD_JOURNAL_DSN
+    first, else `dsnFile`, else `dsn`).
+
+    Raises:
+        ConfigError: backend postgres without a DSN, or a DSN file that cannot be read.
+    """
+    if settings.backend == "sqlite":
+        return settings.path
+    dsn = os.environ.get("TAILGUARD_JOURNAL_DSN", "").strip()
+    if not dsn and settings.dsn_file is not None:
+        try:
+            dsn = settings.dsn_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read journal DSN file {settings.dsn_file}: {exc}") from exc
+    dsn = dsn or (settings.dsn or "")
+    if not dsn.startswith(("postgres://", "postgresql://")):
+        raise ConfigError("journal.backend postgres needs a postgresql:// DSN: journal.dsn, journal.dsnFile "
+                          "or TAILGUARD_JOURNAL_DSN")
+    return dsn
 
 
 def webhook_token(settings: WebhookSettings) -> str | None:

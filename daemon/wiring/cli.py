@@ -44,8 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim.add_argument("payload", type=Path, help="an Alertmanager webhook body (JSON file)")
     sim.add_argument("--config", type=Path, help="settings YAML (policies, journal, Prometheus, Kubernetes)")
     sub.add_parser("schema", help="print the policy JSON Schema")
-    jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines")
-    jr.add_argument("path", type=Path, help="journal SQLite file")
+    jr = sub.add_parser("journal", help="print the journal's decisions and steps as JSON lines; "
+                                        "`journal migrate --to postgresql://...` copies it into PostgreSQL")
+    jr.add_argument("source", nargs="?", help="a journal SQLite file or postgresql:// DSN "
+                                              "(omitted: the one --config names)")
+    jr.add_argument("--config", type=Path, help="settings YAML naming the journal (journal.backend, path, dsn)")
+    jm = sub.add_parser("journal-migrate", help="copy a journal into an empty PostgreSQL database "
+                                                "(also spelled `journal migrate`)")
+    jm.add_argument("source", nargs="?", help="a journal SQLite file (omitted: the one --config names)")
+    jm.add_argument("--config", type=Path, help="settings YAML naming the journal to copy")
+    jm.add_argument("--to", required=True, help="postgresql:// DSN of the empty database to copy into")
     st = sub.add_parser("status", help="the leader's state: policies, targets (last signal and decision, "
                                        "cooldown, actions, pin, freeze), approvals, stale queries")
     _api_arguments(st)
@@ -78,7 +86,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad.add_argument("--config", type=Path, help="settings YAML (names the journal)")
     bad.add_argument("--clear", type=int, metavar="VERSION", help="clear the mark on VERSION (journaled)")
     bad.add_argument("--reason", default="cleared by tailguard bad-versions", help="recorded with --clear")
-    args = parser.parse_args(argv)
+    bt = sub.add_parser("backtest", help="replay a range of Prometheus history through the policies: when each "
+                                         "signal would have fired and each plan would have run; applies nothing")
+    bt.add_argument("--config", type=Path, help="settings YAML (policies, prometheus.url)")
+    bt.add_argument("--from", dest="start", required=True, help="ISO 8601 (2026-11-29T17:00:00Z), unix seconds, "
+                                                                "or now-2h")
+    bt.add_argument("--to", dest="end", default="now", help="as --from (default: now)")
+    bt.add_argument("--step", help="one poll cycle every STEP (15s, 1m); default: each trigger's interval")
+    bt.add_argument("--report", type=Path, help="write the report here (HTML, and its PNG beside it)")
+    bt.add_argument("--json", action="store_true", help="one JSON line per signal and decision")
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:2] == ["journal", "migrate"]:  # a subcommand of `journal` beside its optional SOURCE
+        words[:2] = ["journal-migrate"]
+    args = parser.parse_args(words)
+    if args.command == "backtest":
+        return _backtest(args.config, args.start, args.end, args.step, args.report, args.json)
     if args.command == "run":
         return _run(args.config)
     if args.command == "validate":
@@ -91,7 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(policy_json_schema(action_registry(), detector_registry()), indent=2))
         return 0
     if args.command == "journal":
-        return _journal(args.path)
+        return _journal_command(args.source, args.config, None)
+    if args.command == "journal-migrate":
+        return _journal_command(args.source, args.config, args.to)
     if args.command == "status":
         return _status(_api_from(args), args.json)
     if args.command == "freeze":
@@ -156,13 +180,60 @@ def _simulate(config: Path | None, payload: Path) -> int:
     return 0
 
 
-def _journal(path: Path) -> int:
-    from daemon.storage.journal import Journal
+def _journal_command(given: str | None, config: Path | None, to: str | None) -> int:
+    """`journal [SOURCE]` prints it; with `to` (journal migrate --to DSN) it is copied there."""
+    from daemon.common.config import journal_store
 
-    if not path.exists():
-        print(f"error: no journal at {path}", file=sys.stderr)
+    try:
+        source: Path | str = journal_store(load_settings(config).journal) if given is None else (
+            given if given.startswith(("postgres://", "postgresql://")) else Path(given))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(source, Path) and not source.exists():
+        print(f"error: no journal at {source}", file=sys.stderr)
         return 1
-    journal = Journal(path)
+    return _journal(source) if to is None else _migrate_journal(source, to)
+
+
+def _migrate_journal(source: Path | str, to: str) -> int:
+    from daemon.storage.copy import copy_journal
+    from daemon.storage.journal import Journal, JournalError
+
+    if not to.startswith(("postgres://", "postgresql://")):
+        print("error: --to takes a postgresql:// DSN", file=sys.stderr)
+        return 2
+    try:
+        src = Journal(source)
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        dst = Journal(to)
+    except JournalError as exc:
+        src.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        counts = copy_journal(src, dst)
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        src.close()
+        dst.close()
+    print(json.dumps({"from": src.describe(), "to": dst.describe(), "rows": counts}))
+    return 0
+
+
+def _journal(path: Path | str) -> int:
+    from daemon.storage.journal import Journal, JournalError
+
+    try:
+        journal = Journal(path)
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         for d in journal.decisions():
             print(json.dumps({"decision": d.id, "policy": d.policy, "target": d.target, "state": d.state,
@@ -182,6 +253,7 @@ def _target_key(target: str) -> str:
 def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> int:
     """Run an operator command on the journal the settings name: exit 2 for bad settings, 1 for
     a missing or failing journal, else the command's own code. The journal is always closed."""
+    from daemon.common.config import journal_store
     from daemon.storage.journal import Journal, JournalError
 
     try:
@@ -189,10 +261,19 @@ def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> i
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not settings.journal.path.exists():
-        print(f"error: no journal at {settings.journal.path}", file=sys.stderr)
+    try:
+        store = journal_store(settings.journal)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(store, Path) and not store.exists():
+        print(f"error: no journal at {store}", file=sys.stderr)
         return 1
-    journal = Journal(settings.journal.path)
+    try:
+        journal = Journal(store)
+    except JournalError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         return command(journal)
     except JournalError as exc:
@@ -388,6 +469,39 @@ def _bad_versions(config: Path | None, target: str, clear: int | None, reason: s
     return _with_journal(config, command)
 
 
+def _backtest(config: Path | None, start: str, end: str, step: str | None, report: Path | None,
+              as_json: bool) -> int:
+    """Exit 0 with the replay printed; 2 for bad arguments or settings; 1 when it cannot run."""
+    from core.durations import parse_duration
+    from daemon.wiring.backtest import BacktestError, backtest, json_records, parse_time, text_lines, write_report
+    from policies.loader import PolicyLoadError, load_policies
+
+    try:
+        settings = load_settings(config)
+        now = time.time()
+        span = (parse_time(start, now), parse_time(end, now))
+        every = parse_duration(step) if step else None
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("console", "warning")
+    try:
+        policies = load_policies(settings.policies.path, action_registry(), detector_registry())
+        result = asyncio.run(backtest(settings, policies, detector_registry(), span[0], span[1], every))
+    except (PolicyLoadError, BacktestError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        for record in json_records(result):
+            print(json.dumps(record, default=str))
+    else:
+        print("\n".join(text_lines(result)))
+    if report is not None:
+        written = write_report(result, report)
+        print(f"report: {', '.join(map(str, written))}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
 def _run(config: Path | None) -> int:
     try:
         settings = load_settings(config)
@@ -395,11 +509,16 @@ def _run(config: Path | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log.format, settings.log.level)
+    from daemon.storage.journal import JournalError
+
     try:
         asyncio.run(_serve(settings))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except JournalError as exc:  # the journal cannot be opened (database unreachable, newer schema)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

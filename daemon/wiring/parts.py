@@ -17,11 +17,13 @@ from actions.base import Action, ActionDeps
 from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
+from daemon.sources.alertmanager import AlertmanagerClient
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import AsyncJournal, Journal
 from daemon.workers.executor import Executor
 from daemon.workers.state import ExecutorState
 from daemon.workers.notifier import Notifier
+from daemon.workers.silences import SilenceChecker
 from policies.loader import PolicySet
 
 
@@ -37,6 +39,8 @@ class Parts:
     notifier: Notifier
     prometheus: PrometheusClient | None = None
     kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
+    alertmanager: AlertmanagerClient | None = None  # silences, when alertmanager.url is set
+    metrics: Metrics | None = None
 
     async def connect(self, *, events_as: str | None, clock: Callable[[], float] = time.time,
                       http: bool = True) -> None:
@@ -58,6 +62,13 @@ class Parts:
                                                self.settings.prometheus.timeout_seconds)
             self.deps.query = self.prometheus.query
             self.executor.query_range = self.prometheus.query_range
+        am = self.settings.alertmanager
+        if am.url:
+            self.alertmanager = AlertmanagerClient(am.url, am.timeout_seconds)
+            metrics = self.metrics
+            self.executor.silences = SilenceChecker(
+                self.alertmanager.silences, clock,
+                on_result=lambda result: metrics.silence_checks.labels(result).inc() if metrics else None)
         self.kube = await create_api_client(self.settings.kubernetes)
         if self.kube is not None:
             self.deps.kube = self.kube
@@ -80,6 +91,9 @@ class Parts:
         if self.prometheus is not None:
             self.prometheus.close()
             self.prometheus = None
+        if self.alertmanager is not None:
+            await self.alertmanager.close()
+            self.alertmanager = None
         self.journal.sync.close()
 
 
@@ -113,4 +127,4 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
                         on_recorded=on_recorded, notify=notifier.publish,
                         escalation_freeze_seconds=settings.executor.escalation_freeze_seconds,
                         blast_radius=settings.blast_radius, approval_base_url=base_url(settings))
-    return Parts(settings, async_journal, state, deps, executor, notifier)
+    return Parts(settings, async_journal, state, deps, executor, notifier, metrics=metrics)

@@ -18,7 +18,7 @@ from daemon.cluster.cluster_state import ClusterState, guard_horizon
 from daemon.cluster.control_configmap import ControlConfigMapError, clearing_manager, declared_freezes, read_control
 from daemon.cluster.kube import identity
 from daemon.cluster.leader import LeaderElector
-from daemon.common.config import ConfigError, Settings, api_tokens, webhook_token
+from daemon.common.config import ConfigError, Settings, api_tokens, journal_store, webhook_token
 from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
 from daemon.http.app import build_app
@@ -31,6 +31,7 @@ from daemon.workers.approvals import ApprovalExpiry
 from daemon.workers.backlog import Backlog
 from daemon.workers.freezes import FreezeControl
 from daemon.workers.pins import PinReconciler
+from daemon.sources.triton_metrics import TritonMetricsSource
 from daemon.workers.poller import Poller
 from daemon.workers.scheduler import run_schedules
 from detectors.base import Detector
@@ -60,7 +61,7 @@ class Service:
             raise ConfigError("an API token equals the webhook token: give Alertmanager and operators "
                               "different secrets")
         self.api_tokens = TokenSet(tokens, allow_anonymous=settings.api.allow_unauthenticated)
-        journal = Journal(settings.journal.path, max_pending=settings.journal.max_pending)
+        journal = Journal(journal_store(settings.journal), max_pending=settings.journal.max_pending)
         self.parts = build_parts(settings, actions, journal, self.metrics,
                                  may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
         self.journal, self.state = self.parts.journal, self.parts.state
@@ -350,8 +351,11 @@ class Service:
             raise ConfigError("leaderElection.enabled needs kubernetes.mode in-cluster or kubeconfig")
         await self.parts.connect(events_as=self.identity, clock=self.clock)
         if self.parts.prometheus is not None:
+            http = self.parts.deps.http
+            triton_metrics = TritonMetricsSource(http, clock=self.clock) if http is not None else None
             self.poller = Poller(self.parts.prometheus, self.journal, self.metrics, self.detectors, self.emit,
-                                 self.offload, self.settings.prometheus.max_backoff_seconds, self.clock)
+                                 self.offload, self.settings.prometheus.max_backoff_seconds, self.clock,
+                                 triton_metrics)
         if self.settings.leader_election.enabled and self.kube is not None:
             le = self.settings.leader_election
             self.cluster_state = ClusterState(
@@ -405,7 +409,7 @@ class Service:
         if self.settings.api.external_url is None:  # named in approval notifications
             self.executor.approval_base_url = self.approvals.base_url = base_url(self.settings, self.port)
         log.info("tailguard listening", host=self.settings.listen.host, port=self.port,
-                 journal=str(self.settings.journal.path), policies=str(self.settings.policies.path))
+                 journal=self.journal.sync.describe(), policies=str(self.settings.policies.path))
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         tls = self.settings.listen.tls

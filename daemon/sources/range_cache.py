@@ -1,0 +1,240 @@
+"""Incremental range queries: the lookback window of each range query is kept in memory and each
+poll cycle asks Prometheus only for the steps since the last one, so a cycle parses a step's worth
+of points per series instead of the whole window (120 points at 10 min / 5 s)."""
+from __future__ import annotations
+
+import asyncio
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+import structlog
+
+from core.query import Series
+from daemon.sources.prometheus import RangeResult
+
+log = structlog.get_logger("tailguard.range_cache")
+
+TOLERANCE_SECONDS = 1e-3
+"""Prometheus' timestamps are milliseconds; two stamps closer than this are one grid point."""
+
+
+class RangeQueries(Protocol):
+    """What the cache wraps: `PrometheusClient.query_range`."""
+
+    async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult: ...
+
+
+# (query, step seconds, lookback seconds): one cached window each.
+WindowKey = tuple[str, float, float]
+# A series' identity inside one query's answer: all its labels, the metric name included.
+SeriesKey = frozenset[tuple[str, str]]
+
+
+@dataclass
+class _Points:
+    labels: Mapping[str, str]
+    timestamps: list[float]
+    values: list[float]
+
+
+@dataclass
+class _Window:
+    """The cached lookback of one (query, step, lookback)."""
+
+    lookback: float
+    step: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one fetch-and-merge at a time per window
+    series: dict[SeriesKey, _Points] = field(default_factory=dict)  # in the order first seen
+    last_t: float | None = None  # the newest grid point answered; None: the next call is a full query
+    cycles: int = 0  # calls answered since the last full query, that one included
+    used_at: float = -math.inf  # the `end` of the last call, for sweeping windows no group asks for
+
+    def reset(self) -> None:
+        self.series.clear()
+        self.last_t = None
+        self.cycles = 0
+
+
+class RangeCache:
+    """`query_range` with the same arguments and answer as `PrometheusClient.query_range`, asking
+    Prometheus for the whole `[start, end]` only when it must:
+
+    - the first call of a (query, step, lookback), after an error, every `full_refresh_cycles`
+      calls (to heal whatever an increment may have missed), when the caller comes back after more
+      than a lookback (late), when its clock went back, or when the increment's points are off the
+      cached grid;
+    - otherwise from the newest cached grid point (`overlap_steps` grid points before the first new
+      one) to `end`, at the same step: Prometheus evaluates a range at `start + k * step`, so
+      starting on a cached point keeps every timestamp on the grid of the last full query. The
+      re-asked overlap replaces what was cached for it: a point evaluated at the edge of `now`
+      may have missed a scrape that was still being ingested, and a full query would see it later.
+
+    Points older than `start` (in whole seconds, as the client sends it) are dropped and series with no point left are forgotten, so memory
+    is at most (lookback / step + 1) points per series of each live query; windows no caller has
+    asked for in over a lookback are dropped. Errors are never cached: one clears the window and is
+    returned as it came. The answer is a new `RangeResult`; its series are in the order first seen
+    (the full query's order, new series after).
+
+    The grid stays whole only where the client can express it: `PrometheusClient` sends whole
+    seconds, so a step that is not a whole number of seconds is always a full query.
+    """
+
+    def __init__(self, client: RangeQueries, full_refresh_cycles: int = 60, overlap_steps: int = 1) -> None:
+        """Args:
+            client: answers the range queries (a `PrometheusClient`).
+            full_refresh_cycles: calls per window between full queries (1: every call is full).
+            overlap_steps: cached grid points re-asked by each increment (0: only new ones).
+        """
+        if full_refresh_cycles < 1:
+            raise ValueError("full_refresh_cycles must be at least 1")
+        if overlap_steps < 0:
+            raise ValueError("overlap_steps must not be negative")
+        self._client = client
+        self.full_refresh_cycles = full_refresh_cycles
+        self.overlap_steps = overlap_steps
+        self._windows: dict[WindowKey, _Window] = {}
+        self._shared_stamps: dict[float, tuple[float, ...]] = {}  # per step: the last whole grid (`_snapshot`)
+        self.full_queries = 0
+        self.incremental_queries = 0
+
+    def clear(self) -> None:
+        """Forget every window: the next call of each query is a full query."""
+        for window in self._windows.values():
+            window.reset()
+
+    def held_points(self) -> int:
+        """Points held over all windows (each point is a timestamp and a value)."""
+        return sum(len(p.timestamps) for w in self._windows.values() for p in w.series.values())
+
+    async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult:
+        """The range `[start, end]` of `promql` at `step_seconds`, as the client would answer it."""
+        lookback = end - start
+        key = (promql, float(step_seconds), lookback)
+        self._sweep(end)
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window(lookback, float(step_seconds))
+        async with window.lock:
+            window.used_at = end
+            try:
+                return await self._answer(window, promql, start, end)
+            except BaseException:  # cancelled or a client that raises: what is cached may be half-merged
+                window.reset()
+                raise
+
+    async def _answer(self, window: _Window, promql: str, start: float, end: float) -> RangeResult:
+        since = self._increment_start(window, end)
+        if since is not None:
+            if since > end + TOLERANCE_SECONDS:  # early: no new grid point yet
+                window.cycles += 1
+                self._trim(window, start)
+                return RangeResult(promql, self._snapshot(window))
+            self.incremental_queries += 1
+            part = await self._client.query_range(promql, since, end, window.step)
+            if part.error is not None:
+                window.reset()
+                return part
+            if self._merge(window, part.series, since):
+                window.cycles += 1
+                self._trim(window, start)
+                return RangeResult(promql, self._snapshot(window))
+            log.warning("range increment off the cached grid; asking for the whole range", query=promql,
+                        since=since, step_seconds=window.step)
+        self.full_queries += 1
+        window.reset()
+        full = await self._client.query_range(promql, start, end, window.step)
+        if full.error is not None:
+            return full
+        self._merge(window, full.series, None)
+        window.cycles = 1
+        self._trim(window, start)
+        return RangeResult(promql, self._snapshot(window))
+
+    def _increment_start(self, window: _Window, end: float) -> float | None:
+        """Where the increment starts, on the cached grid; None where a full query is due."""
+        last = window.last_t
+        if (last is None or window.cycles >= self.full_refresh_cycles or not window.step.is_integer()
+                or end < last - TOLERANCE_SECONDS or end - last > window.lookback):
+            return None
+        return last + window.step * (1 - self.overlap_steps)
+
+    def _merge(self, window: _Window, series: list[Series], since: float | None) -> bool:
+        """Adds `series` (an answer from `since`; None: the whole range into an empty window) in
+        place of what was cached from `since` on. False, merging nothing, where a point is off the
+        cached grid."""
+        if since is not None:
+            anchor, step = since, window.step
+            for s in series:
+                if s.timestamps:
+                    k = (s.timestamps[0] - anchor) / step
+                    if abs(k - round(k)) * step > TOLERANCE_SECONDS:
+                        return False
+            cut = since - TOLERANCE_SECONDS
+            for p in window.series.values():  # the overlap is replaced, also where a series has no point now
+                j = bisect_left(p.timestamps, cut)
+                if j < len(p.timestamps):
+                    del p.timestamps[j:], p.values[j:]
+        newest = window.last_t
+        for s in series:
+            if not s.timestamps:
+                continue
+            key = frozenset(s.labels.items())
+            points = window.series.get(key)
+            if points is None:
+                window.series[key] = _Points(s.labels, list(s.timestamps), list(s.values))
+            else:
+                points.timestamps.extend(s.timestamps)
+                points.values.extend(s.values)
+            if newest is None or s.timestamps[-1] > newest:
+                newest = s.timestamps[-1]
+        window.last_t = newest
+        return True
+
+    @staticmethod
+    def _trim(window: _Window, start: float) -> None:
+        """Drops points before `start`, in whole seconds as the client sends it (a full query's
+        first point), and the series left with none."""
+        cut = round(start) - TOLERANCE_SECONDS
+        gone = []
+        for key, p in window.series.items():
+            if p.timestamps and p.timestamps[0] >= cut:
+                continue
+            i = bisect_left(p.timestamps, cut)
+            del p.timestamps[:i], p.values[:i]
+            if not p.timestamps:
+                gone.append(key)
+        for key in gone:
+            del window.series[key]
+
+    def _snapshot(self, window: _Window) -> list[Series]:
+        """The window as new Series. Series with a point at every step share one timestamps tuple
+        per step (cheaper to build, and `align` converts it once): on one grid without a gap, equal
+        length, first and last stamps are equal stamps."""
+        step = window.step
+        shared = self._shared_stamps.get(step, ())
+        out = []
+        for p in window.series.values():
+            ts = p.timestamps
+            if len(ts) == len(shared) and ts[0] == shared[0] and ts[-1] == shared[-1]:
+                stamps = shared
+            else:
+                stamps = tuple(ts)
+                if ((len(stamps) > len(shared) or (len(stamps) == len(shared) and stamps[-1] > shared[-1]))
+                        and abs(stamps[-1] - stamps[0] - (len(stamps) - 1) * step) < TOLERANCE_SECONDS):
+                    shared = stamps
+            out.append(Series(p.labels, stamps, tuple(p.values)))
+        self._shared_stamps[step] = shared
+        return out
+
+    def _sweep(self, now: float) -> None:
+        """Drops windows no caller asked for in over a lookback: their points are all too old to
+        answer from, and their query may be gone with a policy reload."""
+        stale = [k for k, w in self._windows.items()
+                 if now - w.used_at > w.lookback + w.step and not w.lock.locked()]
+        for key in stale:
+            del self._windows[key]
+        if stale:
+            steps = {w.step for w in self._windows.values()}
+            self._shared_stamps = {k: v for k, v in self._shared_stamps.items() if k in steps}
