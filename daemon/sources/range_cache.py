@@ -34,9 +34,12 @@ SeriesKey = frozenset[tuple[str, str]]
 
 @dataclass
 class _Points:
+    """One series' cached points: tuples, handed out as they are (a cycle builds new ones)."""
+
     labels: Mapping[str, str]
-    timestamps: list[float]
-    values: list[float]
+    timestamps: tuple[float, ...] = ()
+    values: tuple[float, ...] = ()
+    new: Series | None = None  # this call's answer for the series, until `_update` takes it in
 
 
 @dataclass
@@ -95,7 +98,7 @@ class RangeCache:
         self.full_refresh_cycles = full_refresh_cycles
         self.overlap_steps = overlap_steps
         self._windows: dict[WindowKey, _Window] = {}
-        self._shared_stamps: dict[float, tuple[float, ...]] = {}  # per step: the last whole grid (`_snapshot`)
+        self._shared_stamps: dict[float, tuple[float, ...]] = {}  # per step: the last whole grid (`_update`)
         self.full_queries = 0
         self.incremental_queries = 0
 
@@ -129,17 +132,15 @@ class RangeCache:
         if since is not None:
             if since > end + TOLERANCE_SECONDS:  # early: no new grid point yet
                 window.cycles += 1
-                self._trim(window, start)
-                return RangeResult(promql, self._snapshot(window))
+                return RangeResult(promql, self._update(window, [], None, start))
             self.incremental_queries += 1
             part = await self._client.query_range(promql, since, end, window.step)
             if part.error is not None:
                 window.reset()
                 return part
-            if self._merge(window, part.series, since):
+            if self._on_grid(part.series, since, window.step):
                 window.cycles += 1
-                self._trim(window, start)
-                return RangeResult(promql, self._snapshot(window))
+                return RangeResult(promql, self._update(window, part.series, since, start))
             log.warning("range increment off the cached grid; asking for the whole range", query=promql,
                         since=since, step_seconds=window.step)
         self.full_queries += 1
@@ -147,10 +148,8 @@ class RangeCache:
         full = await self._client.query_range(promql, start, end, window.step)
         if full.error is not None:
             return full
-        self._merge(window, full.series, None)
         window.cycles = 1
-        self._trim(window, start)
-        return RangeResult(promql, self._snapshot(window))
+        return RangeResult(promql, self._update(window, full.series, None, start))
 
     def _increment_start(self, window: _Window, end: float) -> float | None:
         """Where the increment starts, on the cached grid; None where a full query is due."""
@@ -160,71 +159,70 @@ class RangeCache:
             return None
         return last + window.step * (1 - self.overlap_steps)
 
-    def _merge(self, window: _Window, series: list[Series], since: float | None) -> bool:
-        """Adds `series` (an answer from `since`; None: the whole range into an empty window) in
-        place of what was cached from `since` on. False, merging nothing, where a point is off the
-        cached grid."""
-        if since is not None:
-            anchor, step = since, window.step
-            for s in series:
-                if s.timestamps:
-                    k = (s.timestamps[0] - anchor) / step
-                    if abs(k - round(k)) * step > TOLERANCE_SECONDS:
-                        return False
-            cut = since - TOLERANCE_SECONDS
-            for p in window.series.values():  # the overlap is replaced, also where a series has no point now
-                j = bisect_left(p.timestamps, cut)
-                if j < len(p.timestamps):
-                    del p.timestamps[j:], p.values[j:]
-        newest = window.last_t
+    @staticmethod
+    def _on_grid(series: list[Series], since: float, step: float) -> bool:
+        """Whether an increment's points are on the cached grid (one point per series tells: a
+        range answer's points are `start + k * step`)."""
         for s in series:
+            if s.timestamps:
+                k = (s.timestamps[0] - since) / step
+                if abs(k - round(k)) * step > TOLERANCE_SECONDS:
+                    return False
+        return True
+
+    def _update(self, window: _Window, answer: list[Series], since: float | None, start: float) -> list[Series]:
+        """Takes `answer` (from `since` on; None: nothing cached is replaced) into the window in
+        place of what was cached from `since` on, drops points before `start` (in whole seconds, as
+        the client sends it: a full query's first point) and series left with none; returns the
+        window as Series.
+
+        Series with a point at every step share one timestamps tuple per step (nothing to build,
+        and `align` converts it once): on one grid without a gap, equal length, first and last
+        stamps are equal stamps."""
+        newest = window.last_t
+        for s in answer:
             if not s.timestamps:
                 continue
             key = frozenset(s.labels.items())
             points = window.series.get(key)
             if points is None:
-                window.series[key] = _Points(s.labels, list(s.timestamps), list(s.values))
-            else:
-                points.timestamps.extend(s.timestamps)
-                points.values.extend(s.values)
+                points = window.series[key] = _Points(s.labels)
+            points.new = s
             if newest is None or s.timestamps[-1] > newest:
                 newest = s.timestamps[-1]
         window.last_t = newest
-        return True
-
-    @staticmethod
-    def _trim(window: _Window, start: float) -> None:
-        """Drops points before `start`, in whole seconds as the client sends it (a full query's
-        first point), and the series left with none."""
-        cut = round(start) - TOLERANCE_SECONDS
-        gone = []
-        for key, p in window.series.items():
-            if p.timestamps and p.timestamps[0] >= cut:
-                continue
-            i = bisect_left(p.timestamps, cut)
-            del p.timestamps[:i], p.values[:i]
-            if not p.timestamps:
-                gone.append(key)
-        for key in gone:
-            del window.series[key]
-
-    def _snapshot(self, window: _Window) -> list[Series]:
-        """The window as new Series. Series with a point at every step share one timestamps tuple
-        per step (cheaper to build, and `align` converts it once): on one grid without a gap, equal
-        length, first and last stamps are equal stamps."""
+        old_cut = round(start) - TOLERANCE_SECONDS
+        new_cut = since - TOLERANCE_SECONDS if since is not None else math.inf
         step = window.step
         shared = self._shared_stamps.get(step, ())
-        out = []
-        for p in window.series.values():
-            ts = p.timestamps
-            if len(ts) == len(shared) and ts[0] == shared[0] and ts[-1] == shared[-1]:
-                stamps = shared
-            else:
-                stamps = tuple(ts)
-                if ((len(stamps) > len(shared) or (len(stamps) == len(shared) and stamps[-1] > shared[-1]))
-                        and abs(stamps[-1] - stamps[0] - (len(stamps) - 1) * step) < TOLERANCE_SECONDS):
-                    shared = stamps
-            out.append(Series(p.labels, stamps, tuple(p.values)))
+        out, gone = [], []
+        for key, p in window.series.items():
+            ts, vs = p.timestamps, p.values
+            i = bisect_left(ts, old_cut) if ts and ts[0] < old_cut else 0
+            j = bisect_left(ts, new_cut, i) if ts and ts[-1] >= new_cut else len(ts)
+            add_ts: tuple[float, ...] = ()
+            add_vs: tuple[float, ...] = ()
+            if p.new is not None:
+                add_ts, add_vs = tuple(p.new.timestamps), tuple(p.new.values)
+                p.new = None
+            n = j - i + len(add_ts)
+            if n == 0:
+                gone.append(key)
+                continue
+            if i or j < len(ts) or add_ts:
+                first = ts[i] if j > i else add_ts[0]
+                last = add_ts[-1] if add_ts else ts[j - 1]
+                if n == len(shared) and first == shared[0] and last == shared[-1]:
+                    p.timestamps = shared
+                else:
+                    p.timestamps = ts[i:j] + add_ts
+                    if ((n > len(shared) or (n == len(shared) and last > shared[-1]))
+                            and abs(last - first - (n - 1) * step) < TOLERANCE_SECONDS):
+                        shared = p.timestamps
+                p.values = vs[i:j] + add_vs
+            out.append(Series(p.labels, p.timestamps, p.values))
+        for key in gone:
+            del window.series[key]
         self._shared_stamps[step] = shared
         return out
 
