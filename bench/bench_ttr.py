@@ -106,6 +106,7 @@ class RunResult:
     naive_decision_s: float | None = None
     naive_rollback_started_s: float | None = None
     naive_polls: list[tuple[float, float | None]] = field(default_factory=list)
+    first_slow_request_sent_s: float | None = None
     first_slow_response_s: float | None = None
     slow_responses_before_t0: int = 0
     observed_seconds: float = 0.0
@@ -281,11 +282,12 @@ async def _observe(result: RunResult, scenario: Scenario, served: TritonServer, 
 
     def on_served(sample: RequestSample) -> None:
         if sample.status == 200 and sample.latency_seconds > SLOW_RESPONSE_SECONDS:
-            answered = t_start + sample.sent_at_seconds + sample.latency_seconds - t0
-            if answered < 0:
+            sent = sample.sent_at_unix - result.t0_unix
+            if sent < 0:
                 result.slow_responses_before_t0 += 1
-            elif result.first_slow_response_s is None or answered < result.first_slow_response_s:
-                result.first_slow_response_s = answered
+            elif result.first_slow_request_sent_s is None or sent < result.first_slow_request_sent_s:
+                result.first_slow_request_sent_s = sent
+                result.first_slow_response_s = sent + sample.latency_seconds
 
     def seeded_inputs() -> Callable[[], list[float]]:
         rng = np.random.default_rng(result.seed)
@@ -365,13 +367,13 @@ def print_table(results: list[RunResult]) -> None:
     window = results[0].scenario.after_t0_seconds if results else 0
     none = f"none in {window:.0f} s"
     print("\n| seed | tailguard TTR (s) | naive TTR (s) | ratio | tailguard signal / decision | "
-          "naive decision | first slow response |")
+          "naive decision | first slow request sent / answered |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
         print(f"| {r.seed} | {_fmt(r.tailguard.remediated_s, none)} | {_fmt(r.naive.remediated_s, none)} | {ratio} | "
               f"{_fmt(r.tailguard_signal_s)} / {_fmt(r.tailguard_decision_s)} | {_fmt(r.naive_decision_s)} | "
-              f"{_fmt(r.first_slow_response_s)} |")
+              f"{_fmt(r.first_slow_request_sent_s)} / {_fmt(r.first_slow_response_s)} |")
     if len(results) > 1:
         ratios = [r.ratio for r in results]
         print(f"| median | {_fmt(_median([r.tailguard.remediated_s for r in results]))} | "
@@ -438,7 +440,8 @@ def _as_json(r: RunResult) -> dict[str, Any]:
             "naive_ttr_s": r.naive.remediated_s, "ratio": r.ratio, "tailguard_signal_s": r.tailguard_signal_s,
             "tailguard_decision_s": r.tailguard_decision_s, "tailguard_decision_state": r.tailguard_decision_state,
             "tailguard_attribution": r.tailguard_attribution, "naive_decision_s": r.naive_decision_s,
-            "naive_polls": r.naive_polls, "first_slow_response_s": r.first_slow_response_s,
+            "naive_polls": r.naive_polls, "first_slow_request_sent_s": r.first_slow_request_sent_s,
+            "first_slow_response_s": r.first_slow_response_s,
             "slow_responses_before_t0": r.slow_responses_before_t0, "observed_s": r.observed_seconds,
             "index_errors": {"served": r.tailguard.index_errors, "mirror": r.naive.index_errors},
             "notes": r.notes}

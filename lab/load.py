@@ -109,7 +109,7 @@ async def run_load(
     total = int(rate_per_second * duration_seconds)
     interval = 1.0 / rate_per_second
     model_url = f"{base_url.rstrip('/')}/v2/models/{model}"
-    body = {"inputs": [{"name": "INPUT0", "shape": [input_length], "datatype": "FP32", "data": [1.0] * input_length}]}
+    body: dict[str, object] = {"inputs": [{"name": "INPUT0", "shape": [input_length], "datatype": "FP32", "data": [1.0] * input_length}]}
     slots = asyncio.Semaphore(max_in_flight)
     timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
     samples: list[RequestSample | None] = [None] * total
