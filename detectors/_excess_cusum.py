@@ -57,12 +57,25 @@ class CusumRun:
 
 def trailing_min(x: NDArray[np.float64], window: int) -> NDArray[np.float64]:
     """Min of the `window` columns before each column (the column itself excluded), NaN-skipping;
-    NaN where none of them has a value. Shifted minima: no [S x P x window] temporary."""
+    NaN where none of them has a value.
+
+    A sliding minimum by doubling: minima of 2, 4, 8 ... adjacent columns, then two overlapping
+    spans cover the window (a minimum does not mind counting a column twice): about log2(window)
+    passes over the array instead of one per column of the window, and no [S x P x window]
+    temporary. The window is padded with infinity on the left, so the first columns take the
+    minimum of what they have."""
     rows, cols = x.shape
-    filled = np.where(np.isnan(x), np.inf, x)
-    out = np.full((rows, cols), np.inf)
-    for lag in range(1, min(window, cols) + 1):
-        np.minimum(out[:, lag:], filled[:, :-lag], out=out[:, lag:])
+    width = min(window, cols)
+    if width < 1:
+        return np.full((rows, cols), np.nan)
+    padded = np.full((rows, width + cols), np.inf)
+    padded[:, width:] = np.where(np.isnan(x), np.inf, x)
+    span, spans = 1, padded  # spans[:, k]: the min of padded[:, k : k + span]
+    while 2 * span <= width:
+        spans = np.minimum(spans[:, :-span], spans[:, span:])
+        span *= 2
+    # Column j's window is padded[:, j : j + width]: the spans starting at j and at j + width - span.
+    out = np.minimum(spans[:, :cols], spans[:, width - span:width - span + cols])
     return np.where(np.isinf(out), np.nan, out)
 
 
@@ -82,20 +95,48 @@ def run_cusum(steps: Steps, terms: CusumTerms) -> CusumRun:
         units = np.where(scored, np.maximum(d_lat - d_req * allowance, 0.0) / scale, np.nan)
     llr = np.where(scored, units * terms.jump - d_req * terms.drain, 0.0)
 
-    rows, cols = d_lat.shape
-    stat = np.zeros((rows, cols))
-    s = np.zeros(rows)
-    start = np.full(rows, -1, dtype=np.int_)
-    ep_units = np.zeros(rows)
-    ep_req = np.zeros(rows)
-    for j in range(cols):
-        new = np.maximum(s + llr[:, j], 0.0)
-        opened = (new > 0) & (s == 0)
-        start = np.where(opened, j, np.where(new > 0, start, -1))
-        u = np.nan_to_num(units[:, j])
-        r = np.where(scored[:, j], d_req[:, j], 0.0)
-        ep_units = np.where(new > 0, np.where(opened, u, ep_units + u), 0.0)
-        ep_req = np.where(new > 0, np.where(opened, r, ep_req + r), 0.0)
-        s = new
-        stat[:, j] = s
+    stat = page_statistic(llr)
+    start = run_starts(stat)
+    ep_units = sum_since(np.nan_to_num(units), start)
+    ep_req = sum_since(np.where(scored, d_req, 0.0), start)
     return CusumRun(stat, units, allowance, scored, start, ep_units, ep_req)
+
+
+def page_statistic(llr: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Page's CUSUM of every row, S_j = max(0, S_(j-1) + llr_j) from S = 0, [S x P]. The recursion
+    is sequential in columns, so it runs over the columns of a transposed copy: each step reads
+    and writes contiguous memory, in place, where a column of [S x P] is strided and allocates."""
+    by_col = np.ascontiguousarray(llr.T)
+    stat = np.empty_like(by_col)
+    prev = np.zeros(by_col.shape[1])
+    for j in range(by_col.shape[0]):
+        np.add(prev, by_col[j], out=stat[j])
+        np.maximum(stat[j], 0.0, out=stat[j])
+        prev = stat[j]
+    return np.ascontiguousarray(stat.T)
+
+
+def run_starts(stat: NDArray[np.float64]) -> NDArray[np.int_]:
+    """Per row, the column where the current positive run of the statistic began (it rose from 0
+    there), -1 where the statistic ends at 0. Read off the finished statistic, not tracked per step."""
+    rows, cols = stat.shape
+    if cols == 0:
+        return np.full(rows, -1, dtype=np.int_)
+    positive = stat > 0
+    opened = positive.copy()
+    opened[:, 1:] &= ~positive[:, :-1]
+    last_opened = cols - 1 - np.argmax(opened[:, ::-1], axis=1)
+    return np.where(positive[:, -1], last_opened, -1).astype(np.int_)
+
+
+def sum_since(x: NDArray[np.float64], start: NDArray[np.int_]) -> NDArray[np.float64]:
+    """Per row, the sum of `x` from column `start` to the last (0 where start is -1), added in
+    column order: bit for bit the running sum the test used to keep per step. Over the columns of
+    a transposed copy, as `page_statistic`: a cumulative sum along rows is several times slower."""
+    rows, cols = x.shape
+    inside = (np.arange(cols) >= start[:, None]) & (start[:, None] >= 0)
+    by_col = np.ascontiguousarray(np.where(inside, x, 0.0).T)
+    sums = np.zeros(rows)
+    for column in by_col:
+        np.add(sums, column, out=sums)
+    return sums

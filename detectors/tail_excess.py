@@ -12,7 +12,9 @@ scores (docs/detectors.md).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
@@ -73,6 +75,25 @@ class TailExcessParams(DetectorParams):
 
 
 @dataclass(frozen=True)
+class RowFacts:
+    """The per-row numbers of an `ExcessBatch` as Python lists, [S] each: one `.tolist()` per array
+    for the whole batch, where reading numpy scalars row by row cost most of one Detection."""
+
+    timestamps: list[float]  # the grid, [P]
+    status: list[int]
+    fired: list[bool]
+    latest: list[int]
+    first_seen: list[int]
+    statistic: list[float]  # the CUSUM after the last column, 0.0 on an empty grid
+    last_allowance: list[float]  # the allowance at the row's last scored step, NaN if none
+    scored_steps: list[int]
+    resets: list[int]
+    episode_start: list[int]
+    episode_units: list[float]
+    episode_requests: list[float]
+
+
+@dataclass(frozen=True)
 class ExcessBatch:
     """One evaluation of S series on one grid of P timestamps."""
 
@@ -84,6 +105,29 @@ class ExcessBatch:
     first_seen: NDArray[np.int_]  # first column with both counters, -1 if none
     resets: NDArray[np.int_]  # counter resets (server restarts) seen in the lookback
 
+    @cached_property
+    def facts(self) -> RowFacts:
+        """The per-row numbers every Detection reads, computed once for all rows."""
+        run, rows = self.run, self.status.shape[0]
+        return RowFacts(
+            timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
+            latest=self.latest.tolist(), first_seen=self.first_seen.tolist(),
+            statistic=run.statistic[:, -1].tolist() if self.timestamps.size else [0.0] * rows,
+            last_allowance=_last_where(run.allowance, run.scored).tolist(),
+            scored_steps=run.scored.sum(axis=1).tolist(), resets=self.resets.tolist(),
+            episode_start=run.episode_start.tolist(), episode_units=run.episode_units.tolist(),
+            episode_requests=run.episode_requests.tolist(),
+        )
+
+
+def _last_where(x: NDArray[np.float64], mask: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Per row, `x` at the last column where `mask` holds; NaN where it holds nowhere."""
+    rows, cols = x.shape
+    if cols == 0:
+        return np.full(rows, np.nan)
+    last = cols - 1 - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), x[np.arange(rows), last], np.nan)
+
 
 def _step_seconds(grid: NDArray[np.float64]) -> float:
     return float(np.median(np.diff(grid))) if grid.size > 1 else 1.0
@@ -91,10 +135,12 @@ def _step_seconds(grid: NDArray[np.float64]) -> float:
 
 def evaluate_excess_batch(p: TailExcessParams, grid: NDArray[np.float64], latency: NDArray[np.float64],
                           requests: NDArray[np.float64], now: float) -> ExcessBatch:
-    """Decide every row of aligned counters [S x P]; pure and vectorized over series."""
-    in_lookback = grid >= now - p.lookback_seconds_
-    grid = grid[in_lookback]
-    latency, requests = latency[:, in_lookback], requests[:, in_lookback]
+    """Decide every row of aligned counters [S x P] on `grid` (ascending, as `align` makes it);
+    pure and vectorized over series."""
+    # The grid is sorted, so the lookback is its tail: sliced as views, not copied by a mask.
+    first_col = int(np.searchsorted(grid, now - p.lookback_seconds_, side="left"))
+    grid = grid[first_col:]
+    latency, requests = latency[:, first_col:], requests[:, first_col:]
     steps = counter_steps(latency, requests)
     terms = CusumTerms(
         line=p.counter_line, p0=1.0 - p.quantile, rate_ratio=p.rate_ratio, decision=p.decision_threshold,
@@ -116,31 +162,28 @@ def evaluate_excess_batch(p: TailExcessParams, grid: NDArray[np.float64], latenc
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.4g}" if np.isfinite(v) else "nan"
+    return f"{v:.4g}" if math.isfinite(v) else "nan"
 
 
 def batch_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
                     labels: Mapping[str, str]) -> Detection:
     """The Detection for one row, with a one-line reason either way and attribution details."""
-    status, latest = int(b.status[row]), int(b.latest[row])
-    ts, run = b.timestamps, b.run
-    stat = float(run.statistic[row, -1]) if ts.size else 0.0
-    allowance = run.allowance[row][run.scored[row]]
-    bulk = float(allowance[-1] / (1.0 + p.bulk_slack)) if allowance.size else float("nan")
+    f = b.facts
+    status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
+    bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)  # NaN when no step was scored
+    units, reqs = f.episode_units[row], f.episode_requests[row]
     details: dict[str, Any] = {
-        "input": "counters", "cusum": stat, "episode_slow_equivalents": float(run.episode_units[row]),
-        "episode_requests": float(run.episode_requests[row]),
-        "scored_steps": int(run.scored[row].sum()), "counter_resets": int(b.resets[row]),
+        "input": "counters", "cusum": stat, "episode_slow_equivalents": units, "episode_requests": reqs,
+        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
     }
     if "version" in labels:
         details["version"] = labels["version"]
-    first = int(b.first_seen[row])
     if first >= 0:
-        details["series_first_seen"] = float(ts[first])
+        details["series_first_seen"] = f.timestamps[first]
 
     def make(fired: bool, reason: str, **kw: Any) -> Detection:
         return Detection(detector=kind, fired=fired, reason=reason, value=stat,
-                         baseline=bulk if np.isfinite(bulk) else None,
+                         baseline=bulk if math.isfinite(bulk) else None,
                          threshold=p.decision_threshold, score=stat / p.decision_threshold,
                          details=details, **kw)
 
@@ -149,21 +192,22 @@ def batch_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
     if status == NO_COUNTS:
         return make(False, "no request counter: tail_excess needs companionQuery (the request count)")
     if status == STALE:
-        return make(False, f"stale: newest sample at {ts[latest]:.0f} is older than "
+        return make(False, f"stale: newest sample at {f.timestamps[latest]:.0f} is older than "
                            f"{p.max_staleness_seconds:g} s")
     if status == SHORT_HISTORY:
         return make(False, "too little history: no step with a bulk to compare against yet")
-    start = int(run.episode_start[row])
-    units, reqs = float(run.episode_units[row]), float(run.episode_requests[row])
+    start = f.episode_start[row]
     share = units / reqs if reqs > 0 else 0.0
     what = (f"~{units:.1f} requests' worth of latency above {_fmt(p.counter_line)} in {reqs:.0f} requests "
             f"({share:.2%} vs {1 - p.quantile:.2%} allowed); CUSUM {stat:.2f}")
-    if not b.fired[row]:
+    if not f.fired[row]:
         return make(False, f"{what} < {p.decision_threshold:g}" if start >= 0
                     else f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0")
-    onset = float(ts[start])
+    # Fired: a few dozen rows per cycle, so the evidence is read from the arrays directly.
+    onset = f.timestamps[start]
     if first >= 0:
-        details["onset_after_first_sample_s"] = onset - float(ts[first])
+        details["onset_after_first_sample_s"] = onset - f.timestamps[first]
+    ts, run = b.timestamps, b.run
     evidence_cols = np.flatnonzero(np.nan_to_num(run.units[row]) > 0)
     evidence_cols = evidence_cols[evidence_cols >= start][-20:]
     evidence = tuple((float(ts[i]), float(run.units[row, i])) for i in evidence_cols)

@@ -179,51 +179,25 @@ class RangeCache:
         Series with a point at every step share one timestamps tuple per step (nothing to build,
         and `align` converts it once): on one grid without a gap, equal length, first and last
         stamps are equal stamps."""
-        newest = window.last_t
-        for s in answer:
-            if not s.timestamps:
-                continue
-            key = frozenset(s.labels.items())
-            points = window.series.get(key)
-            if points is None:
-                points = window.series[key] = _Points(s.labels)
-            points.new = s
-            if newest is None or s.timestamps[-1] > newest:
-                newest = s.timestamps[-1]
-        window.last_t = newest
-        old_cut = round(start) - TOLERANCE_SECONDS
-        new_cut = since - TOLERANCE_SECONDS if since is not None else math.inf
-        step = window.step
-        shared = self._shared_stamps.get(step, ())
+        window.last_t = _take_in(window, answer)
+        cuts = _Cuts(old_cut=round(start) - TOLERANCE_SECONDS,
+                     new_cut=since - TOLERANCE_SECONDS if since is not None else math.inf,
+                     step=window.step, shared=self._shared_stamps.get(window.step, ()))
         out, gone = [], []
         for key, p in window.series.items():
-            ts, vs = p.timestamps, p.values
-            i = bisect_left(ts, old_cut) if ts and ts[0] < old_cut else 0
-            j = bisect_left(ts, new_cut, i) if ts and ts[-1] >= new_cut else len(ts)
-            add_ts: tuple[float, ...] = ()
-            add_vs: tuple[float, ...] = ()
-            if p.new is not None:
-                add_ts, add_vs = tuple(p.new.timestamps), tuple(p.new.values)
-                p.new = None
-            n = j - i + len(add_ts)
-            if n == 0:
+            new, p.new = p.new, None
+            add_ts, add_vs = (tuple(new.timestamps), tuple(new.values)) if new is not None else ((), ())
+            i, j, stamps = cuts.plan(p.timestamps, add_ts)
+            if stamps is None:
                 gone.append(key)
                 continue
-            if i or j < len(ts) or add_ts:
-                first = ts[i] if j > i else add_ts[0]
-                last = add_ts[-1] if add_ts else ts[j - 1]
-                if n == len(shared) and first == shared[0] and last == shared[-1]:
-                    p.timestamps = shared
-                else:
-                    p.timestamps = ts[i:j] + add_ts
-                    if ((n > len(shared) or (n == len(shared) and last > shared[-1]))
-                            and abs(last - first - (n - 1) * step) < TOLERANCE_SECONDS):
-                        shared = p.timestamps
-                p.values = vs[i:j] + add_vs
+            if i or j < len(p.timestamps) or add_ts:
+                p.timestamps = stamps
+                p.values = p.values[i:j] + add_vs
             out.append(Series(p.labels, p.timestamps, p.values))
         for key in gone:
             del window.series[key]
-        self._shared_stamps[step] = shared
+        self._shared_stamps[window.step] = cuts.shared
         return out
 
     def _sweep(self, now: float) -> None:
@@ -236,3 +210,73 @@ class RangeCache:
         if stale:
             steps = {w.step for w in self._windows.values()}
             self._shared_stamps = {k: v for k, v in self._shared_stamps.items() if k in steps}
+
+
+def _take_in(window: _Window, answer: list[Series]) -> float | None:
+    """Hands each series of `answer` to its cached points (`_Points.new`, new series added last);
+    returns the window's newest grid point.
+
+    An answer lists its series in the same order every time (Prometheus sorts them), so each is
+    first compared with the cached series in its position: equal labels are the same series,
+    found without building its frozenset key (most of this loop's cost when built per series)."""
+    newest = window.last_t
+    cached = list(window.series.values())
+    for pos, s in enumerate(answer):
+        if not s.timestamps:
+            continue
+        points = cached[pos] if pos < len(cached) else None
+        if points is None or points.labels != s.labels:
+            key = frozenset(s.labels.items())
+            points = window.series.get(key)
+            if points is None:
+                points = window.series[key] = _Points(s.labels)
+        points.new = s
+        if newest is None or s.timestamps[-1] > newest:
+            newest = s.timestamps[-1]
+    return newest
+
+
+# A plan of `_Cuts`: the cached and the new timestamps it is for (held, so that their ids stay
+# theirs while the plan is kept), the cached points kept [i, j), and the joined timestamps (None:
+# no point left).
+_Plan = tuple[tuple[float, ...], tuple[float, ...], int, int, tuple[float, ...] | None]
+
+
+@dataclass
+class _Cuts:
+    """One `_update`'s cut and join of timestamps. The series of one grid share their cached
+    timestamps tuple and (from `PrometheusClient`) their new one, so the bisects and comparisons
+    run once per pair of tuples instead of once per series."""
+
+    old_cut: float  # points before it are dropped
+    new_cut: float  # cached points from it on are replaced by the new ones
+    step: float
+    shared: tuple[float, ...]  # the longest whole grid so far: series equal to it share it
+    plans: dict[tuple[int, int], _Plan] = field(default_factory=dict)
+
+    def plan(self, ts: tuple[float, ...], add_ts: tuple[float, ...]) -> tuple[int, int, tuple[float, ...] | None]:
+        """The cached points kept, [i, j), and the timestamps once `add_ts` is appended (None
+        where no point is left; `ts` itself where nothing changes)."""
+        hit = self.plans.get((id(ts), id(add_ts)))
+        if hit is None:
+            hit = self.plans[id(ts), id(add_ts)] = (ts, add_ts, *self._join(ts, add_ts))
+        return hit[2], hit[3], hit[4]
+
+    def _join(self, ts: tuple[float, ...], add_ts: tuple[float, ...]) -> tuple[int, int, tuple[float, ...] | None]:
+        i = bisect_left(ts, self.old_cut) if ts and ts[0] < self.old_cut else 0
+        j = bisect_left(ts, self.new_cut, i) if ts and ts[-1] >= self.new_cut else len(ts)
+        n = j - i + len(add_ts)
+        if n == 0:
+            return i, j, None
+        if not (i or j < len(ts) or add_ts):
+            return i, j, ts
+        first = ts[i] if j > i else add_ts[0]
+        last = add_ts[-1] if add_ts else ts[j - 1]
+        shared = self.shared
+        if n == len(shared) and first == shared[0] and last == shared[-1]:
+            return i, j, shared
+        joined = ts[i:j] + add_ts
+        if ((n > len(shared) or (n == len(shared) and last > shared[-1]))
+                and abs(last - first - (n - 1) * self.step) < TOLERANCE_SECONDS):
+            self.shared = joined
+        return i, j, joined
