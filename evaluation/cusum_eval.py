@@ -8,16 +8,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from detectors.value_cusum import ValueCusumParams, evaluate_value_cusum
+from evaluation import streaming
 from evaluation.nab_data import NabSeries, load_series, nab_dir
 from evaluation.nab_score import PROFILES, CorpusScore, FileScore, score_corpus, score_file
 
-# As in tail_eval: each NAB record is placed on a 5 s grid, so every window holds as many points as
-# it would at tailguard's scrape interval, whatever the file's real step.
-GRID_STEP_SECONDS = 5.0
-CHUNK_ROWS = 4096  # cycles per vectorized call: bounds memory at ~10 MB per array
 
 # The one parameter set for all 17 series: the production defaults except `direction`. NAB's
 # anomalies go both ways (speed and taxi demand fall), latency incidents only up, so production
@@ -32,24 +28,12 @@ def stream_onsets(params: ValueCusumParams, values: np.ndarray) -> tuple[np.ndar
         (fired per record, onset per record): an onset is a firing cycle whose episode start
         differs from the last firing cycle's, which is what the daemon acts on after dedup.
     """
-    points = int(round(params.lookback_seconds / GRID_STEP_SECONDS))
-    grid = np.arange(points) * GRID_STEP_SECONDS
-    now = float(grid[-1])
-    padded = np.concatenate([np.full(points - 1, np.nan), values])
-    views = sliding_window_view(padded, points)  # row i = the lookback ending at record i
-    fired = np.zeros(values.size, dtype=bool)
-    start_abs = np.full(values.size, -1, dtype=np.int64)
-    for lo in range(0, values.size, CHUNK_ROWS):
-        batch = evaluate_value_cusum(params, grid, views[lo:lo + CHUNK_ROWS], now)
-        rows = np.arange(lo, lo + batch.fired.size)
-        fired[rows] = batch.fired
-        start_abs[rows] = np.where(batch.fired, rows - (points - 1) + batch.episode_start, -1)
-    idx = np.where(fired, np.arange(values.size), -1)
-    last_fired = np.maximum.accumulate(idx)
-    prev_last = np.concatenate([[-1], last_fired[:-1]])
-    prev_start = np.where(prev_last >= 0, start_abs[np.maximum(prev_last, 0)], -1)
-    onset = fired & (start_abs != prev_start)
-    return fired, onset
+
+    def decide(grid: np.ndarray, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        batch = evaluate_value_cusum(params, grid, rows, now)
+        return batch.fired, batch.episode_start
+
+    return streaming.stream_onsets(decide, params.lookback_seconds, values)
 
 
 def evaluate(series: Sequence[NabSeries], params: ValueCusumParams, profile_name: str) -> CorpusScore:

@@ -8,17 +8,12 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from detectors.tail import TailAnomalyParams, evaluate_tail_batch
+from evaluation import streaming
 from evaluation.nab_data import NabSeries, load_series, nab_dir
 from evaluation.nab_score import PROFILES, CorpusScore, FileScore, score_corpus, score_file
 
-# NAB records are 5-30 min apart, tailguard's scrapes 5 s. The detector's windows are in seconds,
-# so each record is placed on a 5 s grid: the detector then sees as many points per window as it
-# would in production (240 points of lookback), whatever the file's real step.
-GRID_STEP_SECONDS = 5.0
-CHUNK_ROWS = 4096  # cycles evaluated per vectorized call; bounds memory at ~10 MB per array
 
 # The only parameter that carries a unit; NAB files have no common unit, so it is off (0) here and
 # the relative floor and robust score decide. Everything else is the detector's default.
@@ -32,27 +27,13 @@ def stream_detections(params: TailAnomalyParams, values: np.ndarray) -> tuple[np
         (fired per record, episode onset per record): an onset is the first firing cycle of an
         episode (new `episode_start`), which is what tailguard acts on after dedup.
     """
-    points = int(round((params.baseline_window_seconds + params.evaluation_window_seconds)
-                       / GRID_STEP_SECONDS))
-    grid = np.arange(points) * GRID_STEP_SECONDS
-    now = float(grid[-1])
-    padded = np.concatenate([np.full(points - 1, np.nan), values])
-    views = sliding_window_view(padded, points)  # row i = the lookback ending at record i
-    fired = np.zeros(values.size, dtype=bool)
-    start_abs = np.full(values.size, -1, dtype=np.int64)
-    for lo in range(0, values.size, CHUNK_ROWS):
-        batch = evaluate_tail_batch(params, grid, views[lo:lo + CHUNK_ROWS], now)
-        rows = np.arange(lo, lo + batch.fired.size)
-        fired[rows] = batch.fired
-        start_abs[rows] = np.where(batch.fired, rows - (points - 1) + batch.episode_start, -1)
-    # Dedup as the daemon does: a cycle is a new event only if its episode_start differs from
-    # the one of the last cycle that fired (whether or not the cycle just before fired).
-    idx = np.where(fired, np.arange(values.size), -1)
-    last_fired = np.maximum.accumulate(idx)
-    prev_last = np.concatenate([[-1], last_fired[:-1]])
-    prev_start = np.where(prev_last >= 0, start_abs[np.maximum(prev_last, 0)], -1)
-    onset = fired & (start_abs != prev_start)
-    return fired, onset
+
+    def decide(grid: np.ndarray, rows: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
+        batch = evaluate_tail_batch(params, grid, rows, now)
+        return batch.fired, batch.episode_start
+
+    lookback = params.baseline_window_seconds + params.evaluation_window_seconds
+    return streaming.stream_onsets(decide, lookback, values)
 
 
 def evaluate(series: Sequence[NabSeries], params: TailAnomalyParams, profile_name: str,
