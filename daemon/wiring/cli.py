@@ -198,51 +198,29 @@ def _journal_command(given: str | None, config: Path | None, to: str | None) -> 
 
 def _migrate_journal(source: Path | str, to: str) -> int:
     from daemon.storage.copy import copy_journal
-    from daemon.storage.journal import Journal, JournalError
 
     if not to.startswith(("postgres://", "postgresql://")):
         print("error: --to takes a postgresql:// DSN", file=sys.stderr)
         return 2
-    try:
-        src = Journal(source)
-    except JournalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        dst = Journal(to)
-    except JournalError as exc:
-        src.close()
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
+
+    def copy(src: "Journal", dst: "Journal") -> int:
         counts = copy_journal(src, dst)
-    except JournalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        src.close()
-        dst.close()
-    print(json.dumps({"from": src.describe(), "to": dst.describe(), "rows": counts}))
-    return 0
+        print(json.dumps({"from": src.describe(), "to": dst.describe(), "rows": counts}))
+        return 0
+
+    return _on_journal(source, lambda src: _on_journal(to, lambda dst: copy(src, dst)))
 
 
-def _journal(path: Path | str) -> int:
-    from daemon.storage.journal import Journal, JournalError
-
-    try:
-        journal = Journal(path)
-    except JournalError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
+def _journal(store: Path | str) -> int:
+    def show(journal: "Journal") -> int:
         for d in journal.decisions():
             print(json.dumps({"decision": d.id, "policy": d.policy, "target": d.target, "state": d.state,
                               "reason": d.reason, "plan": d.plan,
                               "steps": [{k: s[k] for k in ("action", "phase", "status", "message")}
                                         for s in journal.steps(d.id)]}))
-    finally:
-        journal.close()
-    return 0
+        return 0
+
+    return _on_journal(store, show)
 
 
 def _target_key(target: str) -> str:
@@ -254,7 +232,6 @@ def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> i
     """Run an operator command on the journal the settings name: exit 2 for bad settings, 1 for
     a missing or failing journal, else the command's own code. The journal is always closed."""
     from daemon.common.config import journal_store
-    from daemon.storage.journal import Journal, JournalError
 
     try:
         settings = load_settings(config)
@@ -269,6 +246,14 @@ def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> i
     if isinstance(store, Path) and not store.exists():
         print(f"error: no journal at {store}", file=sys.stderr)
         return 1
+    return _on_journal(store, command)
+
+
+def _on_journal(store: Path | str, command: Callable[["Journal"], int]) -> int:
+    """Open the journal at `store`, run `command` on it and close it: exit 1 with one line for a
+    journal that cannot be opened or fails, else the command's own code."""
+    from daemon.storage.journal import Journal, JournalError
+
     try:
         journal = Journal(store)
     except JournalError as exc:
