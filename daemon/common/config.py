@@ -90,6 +90,9 @@ class JournalSettings(_Section):
     prune_interval_seconds: float = Field(3600.0, gt=0, alias="pruneIntervalSeconds")
     max_pending: int = Field(100_000, ge=1, alias="maxPending")
     """Pending signals past which the webhook answers 503 + Retry-After (Alertmanager retries)."""
+    shared_poll_seconds: float = Field(1.0, gt=0, le=60, alias="sharedPollSeconds")
+    """PostgreSQL: how often the leader looks for signals other replicas journaled (their delay to
+    action, at most), and every replica recounts the shared backlog for backpressure."""
 
     @model_validator(mode="after")
     def _dsn_only_for_postgres(self) -> "JournalSettings":
@@ -182,7 +185,11 @@ NOTIFICATION_EVENTS: tuple[NotificationEvent, ...] = ("acted", "recovered", "not
 class NotificationSettings(_Section):
     """One receiver of outcome notifications (chat webhook, pager bridge)."""
 
-    url: str = Field(pattern=r"^https?://")
+    url: str | None = Field(None, pattern=r"^https?://")
+    """The receiver's URL; exactly one of url and urlFile."""
+    url_file: Path | None = Field(None, alias="urlFile")
+    """File holding the URL (a key of an existing Secret, mounted: chat webhook URLs are secrets);
+    read when the daemon starts."""
     format: Literal["json", "slack"] = "json"
     """json: the event as a JSON object; slack: `{"text": ...}` for a Slack-compatible incoming webhook."""
     events: list[NotificationEvent] = Field(default_factory=lambda: list(NOTIFICATION_EVENTS))
@@ -190,6 +197,12 @@ class NotificationSettings(_Section):
     timeout_seconds: float = Field(5.0, gt=0, alias="timeoutSeconds")
     max_attempts: int = Field(4, ge=1, le=20, alias="maxAttempts")
     """Tries per event: 5xx answers and network errors are retried with backoff (1 s, 2 s, 4 s ...)."""
+
+    @model_validator(mode="after")
+    def _one_url(self) -> "NotificationSettings":
+        if (self.url is None) == (self.url_file is None):
+            raise ValueError("set exactly one of url and urlFile")
+        return self
 
 
 class Settings(_Section):
@@ -243,6 +256,9 @@ def load_settings(path: Path | None) -> Settings:
     if settings.listen.tls is not None:
         settings.listen.tls.cert_file = _resolve(base, settings.listen.tls.cert_file)
         settings.listen.tls.key_file = _resolve(base, settings.listen.tls.key_file)
+    for sink in settings.notifications:
+        if sink.url_file is not None:
+            sink.url_file = _resolve(base, sink.url_file)
     return settings
 
 

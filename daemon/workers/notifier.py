@@ -9,18 +9,22 @@ A receiver that is down delays notifications, never a remediation. Each POST car
 
 Events (`event` in the JSON): acted, recovered, not_recovered (verdict not_recovered or unknown),
 escalated, failed.
+
+A receiver's `urlFile` (a mounted Secret key: chat webhook URLs are secrets) is read once, when the
+notifier is built; such a URL is never logged, the file's path is named instead.
 """
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import structlog
 
 from actions.base import IDEMPOTENCY_HEADER
-from daemon.common.config import NotificationSettings
+from daemon.common.config import ConfigError, NotificationSettings
 from daemon.common.metrics import Metrics
 
 log = structlog.get_logger("tailguard.notifier")
@@ -34,6 +38,34 @@ def slack_text(event: Mapping[str, Any]) -> str:
     return f"tailguard {event.get('event', '?')}: {where}: {event.get('message', '')}".rstrip(": ")
 
 
+def read_url_file(path: Path) -> str:
+    """The receiver URL held in `path` (surrounding whitespace dropped).
+
+    Raises:
+        ConfigError: the file cannot be read or does not hold an http(s):// URL (one line; the
+            content is never quoted, it is a secret).
+    """
+    try:
+        url = path.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read notification URL file {path}: {exc}") from exc
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        raise ConfigError(f"notification URL file {path} does not hold one http:// or https:// URL")
+    return url
+
+
+def _resolved(sink: NotificationSettings) -> NotificationSettings:
+    """`sink` with `url` filled in from `urlFile` (unchanged when it has a url)."""
+    if sink.url_file is None:
+        return sink
+    return sink.model_copy(update={"url": read_url_file(sink.url_file)})
+
+
+def _where(sink: NotificationSettings) -> str:
+    """How a receiver is named in logs: its URL, or for a secret URL the file holding it."""
+    return f"<{sink.url_file}>" if sink.url_file is not None else str(sink.url)
+
+
 class Notifier:
     """Sends outcome events to the configured receivers, in the background.
 
@@ -43,11 +75,14 @@ class Notifier:
         queue_size: Events waiting at most; past it the oldest is dropped.
         sleep: Waits between retries (tests pass a fast one).
         backoff_seconds: The first retry's delay; each next one doubles it.
+
+    Raises:
+        ConfigError: a receiver's urlFile cannot be read or holds no URL.
     """
 
     def __init__(self, sinks: Sequence[NotificationSettings], metrics: Metrics, queue_size: int = 1000,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, backoff_seconds: float = 1.0) -> None:
-        self._sinks = tuple(sinks)
+        self._sinks = tuple(_resolved(sink) for sink in sinks)
         self._metrics = metrics
         self._size = queue_size
         self._sleep = sleep
@@ -116,7 +151,7 @@ class Notifier:
             try:
                 if self._http is None or self._http.closed:
                     self._http = aiohttp.ClientSession()
-                async with self._http.post(sink.url, json=body, headers=headers,
+                async with self._http.post(str(sink.url), json=body, headers=headers,
                                            timeout=aiohttp.ClientTimeout(total=sink.timeout_seconds)) as resp:
                     if resp.status < 300:
                         self.delivered += 1
@@ -131,5 +166,7 @@ class Notifier:
             await self._sleep(self._backoff * 2 ** (attempt - 1))
         self.given_up += 1
         self._metrics.faults.labels(FAULT).inc()
-        log.warning("notification not delivered", url=sink.url, notification=event.get("event"),
+        if sink.url_file is not None and sink.url:
+            why = why.replace(sink.url, _where(sink))  # an error may quote the secret URL
+        log.warning("notification not delivered", url=_where(sink), notification=event.get("event"),
                     decision=event.get("decision"), attempts=attempt, error=why)

@@ -72,6 +72,18 @@ CASES: dict[str, dict[str, Any]] = {
         "actions": {"istio": {"enabled": False}},
         "podDisruptionBudget": {"enabled": False},
     },
+    "sqlite-emptydir": {"journal": {"persistence": {"enabled": False}}},
+    # Several replicas on one PostgreSQL journal, with every optional dependency the daemon can reach.
+    "postgres-ha": {
+        "replicas": 3,
+        "journal": {"backend": "postgres", "postgres": {"existingSecret": "tailguard-pg-app"}},
+        "alertmanager": {"url": "http://alertmanager-operated.monitoring:9093", "timeoutSeconds": 1.5},
+        "notifications": [
+            {"existingSecret": "tailguard-slack", "format": "slack", "events": ["escalated", "failed"]},
+            {"existingSecret": "tailguard-pager", "secretKey": "webhook", "timeoutSeconds": 2, "maxAttempts": 6},
+        ],
+        "networkPolicy": {"enabled": True},
+    },
 }
 
 
@@ -98,7 +110,7 @@ def _merged(values: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("kube_version", hr.KUBE_VERSIONS)
-@pytest.mark.parametrize("case", ["defaults", "everything-on"])
+@pytest.mark.parametrize("case", ["defaults", "everything-on", "postgres-ha"])
 def test_chart_lints_without_warnings(case: str, kube_version: str) -> None:
     """`helm lint --strict` finds nothing at warning level or above, on the oldest and newest Kubernetes."""
     report = hr.lint(CASES[case], kube_version=kube_version)
@@ -125,10 +137,11 @@ def test_custom_resources_match_crd_schemas(rendered) -> None:
 
 
 def test_optional_objects_are_off_by_default(rendered) -> None:
-    """The default install renders no NetworkPolicy, monitoring CRs, dashboard, PVC or ClusterRole."""
+    """The default install renders no NetworkPolicy, monitoring CRs, dashboard or ClusterRole; the
+    journal's PVC is on by default (SQLite, one replica)."""
     kinds = {o["kind"] for o in rendered["defaults"]}
-    assert kinds == {"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding",
-                     "Secret", "Service", "ServiceAccount"}
+    assert kinds == {"ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Secret", "Service", "ServiceAccount"}
 
 
 # ---- pod security and wiring ---------------------------------------------------------------
@@ -321,6 +334,21 @@ def test_policies_render_one_file_each_and_parse() -> None:
     assert yaml.safe_load(data["ranker-tail.yaml"]) == EXAMPLE_POLICY
     for text in data.values():
         Policy.model_validate(yaml.safe_load(text))
+
+
+def test_policy_verify_and_approval_pass_the_schema() -> None:
+    """Every top-level field of the daemon's Policy (verify, approval, approvalTimeoutSeconds too) is
+    accepted by values.schema.json and rendered as given."""
+    from policies.schema import Policy
+
+    policy = EXAMPLE_POLICY | {"verify": {"query": 'max(nv_inference_request_summary_us{model="$model"})',
+                                          "below": 500000, "for": "60s", "within": "3m"},
+                               "approval": "required", "approvalTimeoutSeconds": "1h"}
+    data = hr.one(hr.render({"policies": [policy]}), "ConfigMap", f"{SA}-policies")["data"]
+    assert yaml.safe_load(data["ranker-tail.yaml"]) == policy
+    Policy.model_validate(policy)
+    schema_fields = set(hr.chart().schema["properties"]["policies"]["items"]["properties"])
+    assert schema_fields == {f.alias or n for n, f in Policy.model_fields.items()}
 
 
 def test_existing_secret_and_policies_are_used(rendered) -> None:
@@ -602,7 +630,6 @@ def test_schema_rejects_bad_values_with_the_field_path(values: dict[str, Any], m
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"replicas": 2, "journal": {"persistence": {"enabled": True}}}, "journal.persistence.enabled needs replicas: 1"),
     ({"policies": [EXAMPLE_POLICY], "existingPoliciesConfigMap": "x"}, "not both"),
     ({"policies": [EXAMPLE_POLICY, EXAMPLE_POLICY]}, 'name "ranker-tail" is used twice'),
     ({"actions": {"configmap": {"enabled": True}}}, "needs actions.configmap.names"),

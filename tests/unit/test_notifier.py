@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
+import yaml
 from aiohttp import web
 
-from daemon.common.config import NotificationSettings, Settings
+from daemon.common.config import ConfigError, NotificationSettings, Settings, load_settings
 from daemon.common.metrics import Metrics
 from daemon.workers.notifier import Notifier
 from lab.ports import free_port
@@ -177,3 +179,54 @@ def test_publish_outside_an_event_loop_does_not_raise():
     metrics = Metrics()
     Notifier([_sink("http://127.0.0.1:1/hook")], metrics).publish(_event())
     assert _faults(metrics) == 1
+
+
+async def test_url_file_is_read_at_start_and_its_url_never_logged(receiver: Receiver, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]):
+    """A receiver's URL from urlFile (a mounted Secret key, relative paths resolved against the config's
+    folder): the notifier reads it when built and posts there; a delivery given up names the file, not
+    the secret URL."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "hook").write_text(receiver.url + "\n")
+    dead = f"http://127.0.0.1:{free_port()}/hook/T000/SECRET"
+    (secrets / "dead").write_text(dead)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"notifications": [
+        {"urlFile": "secrets/hook", "format": "slack"}, {"url_file": "secrets/dead", "maxAttempts": 1}]}))
+    sinks = load_settings(tmp_path / "config.yaml").notifications
+    assert [s.url_file for s in sinks] == [secrets / "hook", secrets / "dead"] and sinks[0].url is None
+    notifier = Notifier(sinks, Metrics())
+    notifier.publish(_event())
+    await notifier.flush()
+    await notifier.close()
+    assert receiver.bodies == [{"text": "tailguard escalated: ranker-tail on default/ranker: P99.9 did not recover"}]
+    assert notifier.delivered == 1 and notifier.given_up == 1
+    logged = "".join(capsys.readouterr())
+    assert f"<{secrets / 'dead'}>" in logged and "SECRET" not in logged
+
+
+def test_url_file_missing_or_without_a_url_is_a_config_error_at_start(tmp_path: Path):
+    """An unreadable urlFile, or one that holds no http(s) URL, stops the start with one line naming
+    the file (never its content)."""
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match=f"^cannot read notification URL file {missing}: ") as excinfo:
+        Notifier([NotificationSettings.model_validate({"urlFile": missing})], Metrics())
+    assert "\n" not in str(excinfo.value)
+    bad = tmp_path / "bad"
+    bad.write_text("hooks.example.com/T000/SECRET")
+    with pytest.raises(ConfigError, match="does not hold one http:// or https:// URL") as excinfo:
+        Notifier([NotificationSettings.model_validate({"urlFile": bad})], Metrics())
+    assert "SECRET" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("receiver_settings", [
+    {"url": "https://x/hook", "urlFile": "/var/run/secrets/hook"},
+    {"format": "slack"},
+], ids=["both", "neither"])
+def test_exactly_one_of_url_and_url_file(receiver_settings: dict[str, Any], tmp_path: Path):
+    """url and urlFile together (or neither) are refused by the settings, as load_settings reports it."""
+    with pytest.raises(ValueError, match="exactly one of url and urlFile"):
+        NotificationSettings.model_validate(receiver_settings)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"notifications": [receiver_settings]}))
+    with pytest.raises(ConfigError, match="notifications.0: Value error, set exactly one of url and urlFile"):
+        load_settings(tmp_path / "config.yaml")

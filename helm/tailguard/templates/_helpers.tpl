@@ -70,6 +70,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" .Values.tls.enabled) (include "tailguard.fullname" .) .Release.Namespace .Values.service.port }}
 {{- end }}
 
+{{/* Where the journal lives: postgres, sqlite-pvc or sqlite-emptydir. */}}
+{{- define "tailguard.journalMode" -}}
+{{- if eq .Values.journal.backend "postgres" }}postgres
+{{- else if .Values.journal.persistence.enabled }}sqlite-pvc
+{{- else }}sqlite-emptydir
+{{- end }}
+{{- end }}
+
+{{/* Mount points of the Secrets the config names as files. */}}
+{{- define "tailguard.journalDsnDir" -}}/var/run/secrets/tailguard-journal{{- end }}
+{{- define "tailguard.notificationsDir" -}}/var/run/secrets/tailguard-notifications{{- end }}
+
 {{- define "tailguard.policiesConfigMapName" -}}
 {{- default (printf "%s-policies" (include "tailguard.fullname" .)) .Values.existingPoliciesConfigMap }}
 {{- end }}
@@ -155,11 +167,21 @@ policies:
   path: /etc/tailguard/policies
   reloadIntervalSeconds: {{ .Values.policyReloadIntervalSeconds }}
 journal:
+  backend: {{ .Values.journal.backend }}
+  {{- if eq .Values.journal.backend "postgres" }}
+  dsnFile: {{ include "tailguard.journalDsnDir" . }}/dsn
+  {{- else }}
   path: /var/lib/tailguard/journal.db
+  {{- end }}
   maxPending: {{ .Values.journal.maxPending | toJson }}
 prometheus:
   url: {{ .Values.prometheus.url | quote }}
   timeoutSeconds: {{ .Values.prometheus.timeoutSeconds }}
+{{- if .Values.alertmanager.url }}
+alertmanager:
+  url: {{ .Values.alertmanager.url | quote }}
+  timeoutSeconds: {{ .Values.alertmanager.timeoutSeconds | toJson }}
+{{- end }}
 kubernetes:
   mode: in-cluster
 leaderElection:
@@ -183,6 +205,24 @@ blastRadius:
   commonCauseShare: {{ .Values.blastRadius.commonCauseShare | toJson }}
   commonCauseSpanSeconds: {{ .Values.blastRadius.commonCauseSpanSeconds | toJson }}
 freeze: {{ .Values.freeze }}
+{{- with .Values.notifications }}
+notifications:
+  {{- range $i, $n := . }}
+  - urlFile: {{ include "tailguard.notificationsDir" $ }}/receiver-{{ $i }}
+    {{- with $n.format }}
+    format: {{ . }}
+    {{- end }}
+    {{- with $n.events }}
+    events: {{ . | toJson }}
+    {{- end }}
+    {{- with $n.timeoutSeconds }}
+    timeoutSeconds: {{ . | toJson }}
+    {{- end }}
+    {{- with $n.maxAttempts }}
+    maxAttempts: {{ . | toJson }}
+    {{- end }}
+  {{- end }}
+{{- end }}
 log:
   format: {{ .Values.log.format }}
   level: {{ .Values.log.level }}
@@ -193,9 +233,7 @@ Checks across values that JSON Schema cannot express readably. Included by
 every workload template so `helm template` fails before anything renders.
 */}}
 {{- define "tailguard.validate" -}}
-{{- if and .Values.journal.persistence.enabled (gt (int .Values.replicas) 1) }}
-{{- fail "journal.persistence.enabled needs replicas: 1 - the journal is one SQLite file and cannot be shared between pods" }}
-{{- end }}
+{{- /* replicas > 1 with sqlite, and postgres without journal.postgres.existingSecret, are refused by values.schema.json. */}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt and tls.key" }}
 {{- end }}
