@@ -77,6 +77,7 @@ class LeaderElector:
         self._observed = _Observed()
         self._last_renew = -math.inf
         self.is_leader = False
+        self.transitions: int | None = None  # the Lease's leaseTransitions as this replica last wrote it
 
     # ---- state --------------------------------------------------------------------------------
 
@@ -150,22 +151,29 @@ class LeaderElector:
         if holder not in (None, self.identity) and now < self._observed.at + duration:
             return False  # held by another replica that renewed within its lease duration
         taking_over = holder != self.identity
-        transitions = (spec.lease_transitions or 0) + (1 if taking_over and holder is not None else 0)
+        # As client-go: every change of holder counts, a takeover of a released Lease included.
+        transitions = (spec.lease_transitions or 0) + (1 if taking_over else 0)
         stamp = _micro_time(self._wall())
         acquire = stamp if taking_over or spec.acquire_time is None else _micro_time(spec.acquire_time.timestamp())
         metadata = {"resourceVersion": rv, "labels": dict(lease.metadata.labels or {})}
-        return await self._write(
+        landed = await self._write(
             self._api.replace_namespaced_lease(s.lease_name, s.lease_namespace,
                                                self._body(metadata, acquire, stamp, transitions)),
             "update", taking_over=taking_over)  # 409: someone else wrote first; decide again next round
+        if landed:
+            self.transitions = transitions
+        return landed
 
     async def _create(self) -> bool:
         stamp = _micro_time(self._wall())
         metadata = {"labels": {"app.kubernetes.io/managed-by": "tailguard"}}
-        return await self._write(  # 409 AlreadyExists: another replica created it first
+        landed = await self._write(  # 409 AlreadyExists: another replica created it first
             self._api.create_namespaced_lease(self.settings.lease_namespace,
                                               self._body(metadata, stamp, stamp, 0)),
             "create")
+        if landed:
+            self.transitions = 0
+        return landed
 
     def _body(self, metadata: dict[str, Any], acquire: str, renew: str, transitions: int) -> dict[str, Any]:
         s = self.settings

@@ -1,9 +1,11 @@
 """The operator API: status, runtime freeze and unfreeze, approvals, unpin; and its OpenAPI document.
 
 Every call but the OpenAPI document needs a named token (`api.tokensFile`): `read` for status and
-approvals, `write` for freeze, unfreeze, approve and unpin. Each replica has its own journal and only
-the leader acts, so these calls are answered by the leader; a follower answers 503 (Retry-After)
-with the leader's name (the Lease holder, the leader pod's name) instead of its own, stale view.
+approvals, `write` for freeze, unfreeze, approve and unpin. Only the leader acts. On a journal the
+replicas share (PostgreSQL) any replica answers status, approvals, freeze, unfreeze and unpin from
+and into that journal, where the leader reads them; approve runs the plan, so only the leader takes
+it. With a journal per replica (SQLite) a follower's view is its own and stale: it answers 503
+(Retry-After) with the leader's name (the Lease holder, the leader pod's name).
 Bad input gets a 4xx with a one-line reason, never a 500.
 """
 from __future__ import annotations
@@ -67,8 +69,10 @@ OPERATOR: web.AppKey[Operator] = web.AppKey("operator")
 # ---- gates ---------------------------------------------------------------------------------------
 
 
-async def _admit(request: web.Request, scope: str) -> Caller | web.Response:
-    """The caller when its token has `scope` and this replica answers for the leader; else the answer."""
+async def _admit(request: web.Request, scope: str, *, leader_only: bool = False) -> Caller | web.Response:
+    """The caller when its token has `scope` and this replica answers for the leader (it is the
+    leader, or the call only reads or writes a journal the leader shares and is not `leader_only`);
+    else the answer."""
     svc = request.app[OPERATOR]
     caller = svc.api_tokens.authenticate(request.headers.get("Authorization"))
     if caller is None:
@@ -77,7 +81,7 @@ async def _admit(request: web.Request, scope: str) -> Caller | web.Response:
         return await answer_and_close(request, error(401, why, **{"WWW-Authenticate": "Bearer"}))
     if scope not in caller.scopes:
         return await answer_and_close(request, error(403, f"token {caller.name!r} lacks the {scope!r} scope"))
-    if not svc.may_act():
+    if not svc.may_act() and (leader_only or not svc.journal.shared):
         leader = await svc.leader_identity()
         here = svc.identity
         if leader == here:
@@ -212,7 +216,7 @@ async def post_unfreeze(request: web.Request) -> web.StreamResponse:
 
 
 async def post_approve(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE)
+    caller = await _admit(request, WRITE, leader_only=True)  # applying the plan is acting
     if isinstance(caller, web.Response):
         return caller
     text = request.match_info["approval"]

@@ -92,7 +92,8 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def receive_alerts(request: web.Request) -> web.Response:
     """POST /api/v1/alerts. 2xx only once every alert is journaled; 4xx for bad input (Alertmanager
-    does not retry those); 503 when the alert must come again (journal down, not the leader, busy)."""
+    does not retry those); 503 when the alert must come again (journal down, busy, or a follower
+    with a journal of its own)."""
     svc = request.app[SERVICE]
     try:
         response = await _receive(request, svc)
@@ -128,7 +129,7 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
 
 async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
     settings = svc.settings.webhook
-    if not svc.may_act():
+    if not svc.may_act() and not svc.journal.shared:  # a shared journal takes webhooks on any replica
         return await answer_and_close(
             request, error(503, "this replica is not the leader; retry", **{"Retry-After": "5"}))
     if request.content_length is not None and request.content_length > settings.max_body_bytes:

@@ -47,6 +47,8 @@ class Backend(Protocol):
     """A failed statement spoils the whole transaction (PostgreSQL): isolate it in a savepoint."""
     json_ids: str
     """A subquery yielding the integers of a JSON array given as its one `?` parameter."""
+    share_lock: str
+    """Appended to a SELECT of one row inside a transaction: hold it against updates until commit."""
 
     def json_text(self, column: str, key: str) -> str:
         """SQL for the text of `key` in the JSON object stored as text in `column`."""

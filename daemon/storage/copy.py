@@ -7,7 +7,7 @@ from daemon.storage.journal import Journal, JournalError
 
 # Parents before children (foreign keys); schema_migrations is each journal's own.
 TABLES = ("signals", "decisions", "steps", "approvals", "evaluations", "pins", "pin_history", "bad_versions",
-          "guard_marks", "freezes")
+          "guard_marks", "freezes", "leadership")
 _CHUNK = 5_000  # rows per executemany: bounded memory on the target side
 
 

@@ -119,6 +119,21 @@ class JournalValueError(JournalError):
     """A value cannot be stored (text with a lone surrogate): the same value will fail again."""
 
 
+class JournalFenced(JournalError):
+    """A write of the acting path from a replica whose term another replica has since taken (it
+    lost the Lease, maybe without noticing yet): refused, so two replicas never act on one signal."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """The fencing token of the replica that acts: handed out by the journal on each takeover."""
+
+    term: int
+    holder: str
+    since: float
+    lease_transitions: int | None = None
+
+
 class JournalBackpressure(JournalError):
     """Too many signals are pending: the caller should come back later (HTTP 503 + Retry-After)
     instead of the backlog growing without bound."""
@@ -231,11 +246,20 @@ class Journal:
                 raise JournalError(f"journal {self._db.describe()}: {type(exc).__name__}: {exc}") from exc
             raise
         self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_signal_batches, "journal-writer")
+        # This process's term once it took one (take_term); every fenced write checks it is still
+        # the journal's. Kept after leadership is lost: an in-flight write must still be checked.
+        self._fence: Term | None = None
 
     @property
     def backend(self) -> str:
         """sqlite | postgres"""
         return self._db.name
+
+    @property
+    def shared(self) -> bool:
+        """Whether several replicas may write this journal at once (PostgreSQL): each accepts
+        webhooks into it, and the one that acts must look for signals the others journaled."""
+        return self._db.name == "postgres"
 
     def describe(self) -> str:
         """Where the journal lives (a file, or the DSN without its password)."""
@@ -246,16 +270,20 @@ class Journal:
         with self._lock:
             self._db.close()
 
-    def _tx(self, fn: Callable[[], T], after_commit: Callable[[T], None] | None = None) -> T:
+    def _tx(self, fn: Callable[[], T], after_commit: Callable[[T], None] | None = None, *,
+            fenced: bool = False) -> T:
         """Run `fn` in one transaction. Whatever it raises rolls the transaction back: an Exception
         comes out as JournalError (JournalValueError for text the database cannot store), anything
         else (cancellation, KeyboardInterrupt) unchanged. `after_commit` runs with the result once
-        committed, still under the lock."""
+        committed, still under the lock. `fenced`: a write of the acting path, refused
+        (JournalFenced) when this process holds a term and another has taken a newer one."""
         with self._lock:
             try:
                 if self._db.in_transaction:  # a rollback that failed earlier: never build on it
                     self._db.rollback()
                 self._db.begin()
+                if fenced:
+                    self._check_fence()
                 result = fn()
                 self._db.commit()
             except BaseException as exc:
@@ -270,6 +298,52 @@ class Journal:
 
     def _rollback(self) -> None:
         self._db.rollback()  # never raises: the next _tx rolls back again before it begins
+
+    # ---- leadership terms (fencing) ---------------------------------------------------------
+
+    def take_term(self, holder: str, lease_transitions: int | None = None) -> Term:
+        """Take the next term for `holder` (the replica that just acquired the Lease): from now on
+        fenced writes of any process holding an older term are refused. Returns the new term."""
+        _checked(holder=holder)
+        now = time.time()
+
+        def run() -> Term:
+            row = self._db.execute(
+                "INSERT INTO leadership(id, term, holder, lease_transitions, since) VALUES (1, 1, ?, ?, ?)"
+                " ON CONFLICT(id) DO UPDATE SET term=leadership.term + 1, holder=excluded.holder,"
+                " lease_transitions=excluded.lease_transitions, since=excluded.since RETURNING term",
+                (holder, lease_transitions, now)).fetchone()
+            return Term(int(row["term"]), holder, now, lease_transitions)
+
+        def held(term: Term) -> None:
+            self._fence = term
+
+        return self._tx(run, after_commit=held)
+
+    @property
+    def fence(self) -> Term | None:
+        """The term this process took last (None: it never acted under leader election)."""
+        return self._fence
+
+    def current_term(self) -> Term | None:
+        """The journal's term now: the replica that took over last."""
+        rows = self._read("SELECT term, holder, since, lease_transitions FROM leadership WHERE id=1")
+        if not rows:
+            return None
+        r = rows[0]
+        transitions = r["lease_transitions"]
+        return Term(int(r["term"]), str(r["holder"]), float(r["since"]),
+                    None if transitions is None else int(transitions))
+
+    def _check_fence(self) -> None:
+        fence = self._fence
+        if fence is None:
+            return
+        row = self._db.execute("SELECT term, holder FROM leadership WHERE id=1" + self._db.share_lock).fetchone()
+        if row is None or int(row["term"]) != fence.term:
+            now = "none" if row is None else f"{row['term']} ({row['holder']})"
+            raise JournalFenced(f"term {fence.term} of {fence.holder} was replaced by term {now}: "
+                                "this replica no longer acts; write refused")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         if self._db.concurrent_reads:
@@ -410,10 +484,19 @@ class Journal:
         return self._tx(lambda: self._db.execute(
             "UPDATE signals SET state='processed', processed_at=? WHERE state='pending'"
             f" AND id IN ({self._db.json_ids})", (time.time(), ids)).rowcount,
-            after_commit=self._processed)
+            after_commit=self._processed, fenced=True)
 
     def _processed(self, count: int) -> None:
-        self._pending -= count
+        self._pending = max(0, self._pending - count)
+
+    def refresh_pending(self) -> int:
+        """Count the pending signals again from the database. On a journal several replicas share,
+        the count kept by this process misses the others' writes (their intake, the leader's marks):
+        the service refreshes it periodically, so backpressure follows the shared backlog."""
+        count = int(self._read("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"])
+        with self._lock:
+            self._pending = count
+        return count
 
     def signals(self) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM signals ORDER BY id")
@@ -441,17 +524,21 @@ class Journal:
         _checked(policy=policy, target=target, state=state, reason=reason)
 
         def run() -> int:
+            # The claim: which replica, in which term, decided (a new leader resuming it claims it anew).
+            fence = self._fence
+            holder, term = (None, None) if fence is None else (fence.holder, fence.term)
             row = self._db.execute(
-                "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed, holder, term)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT(signal_id, policy) DO UPDATE SET state=excluded.state,"
                 " reason=excluded.reason, plan=excluded.plan, executed=CASE WHEN excluded.executed > decisions.executed"
-                " THEN excluded.executed ELSE decisions.executed END RETURNING id",
-                (signal_id, policy, target, time.time(), state, reason, json.dumps(plan), int(executed)),
+                " THEN excluded.executed ELSE decisions.executed END, holder=excluded.holder, term=excluded.term"
+                " RETURNING id",
+                (signal_id, policy, target, time.time(), state, reason, json.dumps(plan), int(executed), holder, term),
             ).fetchone()
             return int(row["id"])
 
-        return self._tx(run)
+        return self._tx(run, fenced=True)
 
     def finish_decision(self, decision_id: int, state: DecisionState, reason: str,
                         recovery: tuple[str, dict[str, Any]] | None = None) -> None:
@@ -464,11 +551,12 @@ class Journal:
             if recovery is not None:
                 self._insert_step(decision_id, -1, RECOVERY, RECOVERY, "pending", recovery[0], recovery[1], None)
 
-        self._tx(run)
+        self._tx(run, fenced=True)
 
     def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
                     message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
-        self._tx(lambda: self._insert_step(decision_id, idx, action, phase, status, message, data, duration_seconds))
+        self._tx(lambda: self._insert_step(decision_id, idx, action, phase, status, message, data, duration_seconds),
+                 fenced=True)
 
     def _insert_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
                      message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
@@ -492,7 +580,7 @@ class Journal:
                 return None
             return self._insert_freeze(freeze[0], freeze[1], freeze[2], decision_id)
 
-        return self._tx(run)
+        return self._tx(run, fenced=True)
 
     def open_recoveries(self) -> list[OpenRecovery]:
         """Decisions whose recovery is unsettled (what a restart resumes), oldest first: the last
@@ -650,7 +738,7 @@ class Journal:
                              (f"awaiting approval {approval_id} until {_iso(deadline)}", decision_id))
             return Approval(approval_id, decision_id, policy, target, now, deadline, "pending")
 
-        return self._tx(run)
+        return self._tx(run, fenced=True)
 
     def approval(self, approval_id: int) -> Approval | None:
         rows = self._read("SELECT * FROM approvals WHERE id=?", (approval_id,))
@@ -701,7 +789,7 @@ class Journal:
                                  (f"approval {a.id} expired at {_iso(a.deadline)}; not applied", a.decision_id))
             return expired
 
-        return self._tx(run)
+        return self._tx(run, fenced=True)
 
     # ---- detector evaluations and pins -------------------------------------------------------
 
@@ -764,7 +852,7 @@ class Journal:
                                + (f" ({signal})" if signal else "") + (f": {reason}" if reason else ""),
                                decision_id, now)
 
-        self._tx(run)
+        self._tx(run, fenced=True)
 
     def end_pin(self, target: str, reason: str, *, unmark_decision: bool = False) -> dict[str, Any] | None:
         """End the live pin of `target`: moved to pin_history with `reason`. Returns the ended pin,
@@ -814,7 +902,7 @@ class Journal:
     def mark_bad(self, target: str, version: int, reason: str, decision_id: int | None = None) -> None:
         """Mark `version` bad for `target` (kept once while not cleared)."""
         _checked(target=target, reason=reason)
-        self._tx(lambda: self._mark_bad(target, int(version), reason, decision_id, time.time()))
+        self._tx(lambda: self._mark_bad(target, int(version), reason, decision_id, time.time()), fenced=True)
 
     def bad_versions(self, target: str, include_cleared: bool = False) -> list[dict[str, Any]]:
         """The bad-version marks of `target` (only those in force unless `include_cleared`), oldest first."""
@@ -985,6 +1073,10 @@ class AsyncJournal:
         self.sync = journal
         self._listener: tuple[asyncio.AbstractEventLoop, OnCommit] | None = None
 
+    @property
+    def shared(self) -> bool:
+        return self.sync.shared
+
     def on_signals(self, listener: OnCommit | None) -> None:
         """Call `listener` on this event loop with the (id, signal) of the new signals of every
         record_signals call, in commit order, once committed and before that call returns; None
@@ -1049,6 +1141,9 @@ class AsyncJournal:
     clear_bad = _in_thread(Journal.clear_bad)
     shared_state = _in_thread(Journal.shared_state)
     merge_cluster_state = _in_thread(Journal.merge_cluster_state)
+    take_term = _in_thread(Journal.take_term)
+    current_term = _in_thread(Journal.current_term)
+    refresh_pending = _in_thread(Journal.refresh_pending)
 
 
 def _iso(unix: float) -> str:

@@ -136,9 +136,22 @@ CREATE TABLE IF NOT EXISTS approvals (
 CREATE INDEX IF NOT EXISTS approvals_status ON approvals(status, policy, target);
 """
 
+FENCING = """
+CREATE TABLE IF NOT EXISTS leadership (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    term BIGINT NOT NULL,
+    holder TEXT NOT NULL,
+    lease_transitions BIGINT,
+    since DOUBLE PRECISION NOT NULL
+);
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS holder TEXT;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS term BIGINT;
+"""
+
 # Every schema change is a new entry here and the same change in sqlite_backend.MIGRATIONS.
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA),
+    Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
 )
 
 # pg_advisory_xact_lock key of schema migrations ("tailjrnl" as a 64-bit integer).
@@ -198,6 +211,9 @@ class PostgresBackend:
     concurrent_reads = True
     errors_abort_transaction = True
     json_ids = "SELECT jsonb_array_elements_text(?::jsonb)::bigint"
+    # A fenced write holds the leadership row shared until it commits: a takeover (which updates
+    # the row) waits for it, and every write after the takeover sees the new term.
+    share_lock = " FOR SHARE"
 
     def __init__(self, dsn: str, pool_size: int = 4, connect_timeout_seconds: float = 10.0) -> None:
         self.dsn = dsn

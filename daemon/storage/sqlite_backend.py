@@ -153,10 +153,25 @@ def _add_columns(backend: Backend) -> None:
                 backend.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
 
+# Version 2: the writer's fencing token. `leadership` holds the term handed to the replica that
+# last became leader; each decision records the holder and term that claimed it.
+FENCING = """
+CREATE TABLE IF NOT EXISTS leadership (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    term INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    lease_transitions INTEGER,
+    since REAL NOT NULL
+);
+ALTER TABLE decisions ADD COLUMN holder TEXT;
+ALTER TABLE decisions ADD COLUMN term INTEGER;
+"""
+
 # Every schema change is a new entry here and the same change in postgres_backend.MIGRATIONS
 # (tests/unit/test_journal_backends.py compares the two schemas).
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA, _add_columns),
+    Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
 )
 
 
@@ -167,6 +182,7 @@ class SqliteBackend:
     concurrent_reads = False
     errors_abort_transaction = False
     json_ids = "SELECT value FROM json_each(?)"
+    share_lock = ""  # BEGIN IMMEDIATE already serializes every write transaction
 
     def __init__(self, path: Path | str, busy_timeout_seconds: float = 5.0) -> None:
         self.path = Path(path)

@@ -68,6 +68,10 @@ class Service:
         self.deps, self.executor = self.parts.deps, self.parts.executor
         self.metrics.frozen.set(int(settings.freeze))
         self.is_leader = not settings.leader_election.enabled
+        # Under leader election a replica acts only once the journal handed it a term (its fencing
+        # token): the writes of a leader that was replaced meanwhile are refused by the journal.
+        self.term_held = not settings.leader_election.enabled
+        self._term_task: asyncio.Task[None] | None = None
         self._was_acting = False  # may_act() as last seen: a takeover resumes open recovery checks
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
@@ -110,9 +114,9 @@ class Service:
     # ---- state queries ----------------------------------------------------------------------
 
     def may_act(self) -> bool:
-        # A new leader first imports the cluster state: acting before would forget the old
-        # leader's cooldowns and pins.
-        return self.is_leader and (self.cluster_state is None or self.cluster_state.imported)
+        # A new leader first takes a term and (with a journal per replica) imports the cluster
+        # state: acting before would forget the old leader's cooldowns and pins.
+        return self.is_leader and self.term_held and (self.cluster_state is None or self.cluster_state.imported)
 
     def _may_take_signals(self) -> bool:
         """Whether the backlog may hand pending signals to the executor (or mark them processed):
@@ -125,8 +129,31 @@ class Service:
             log.info("leadership changed", leader=leader)
             if self.cluster_state is not None:
                 self.cluster_state.leadership_changed(leader)
+            if self._term_task is not None:
+                self._term_task.cancel()
+                self._term_task = None
+            self.term_held = False
+            if leader and not self._stop.is_set():
+                self._term_task = asyncio.create_task(self._take_term(), name="take-term")
         self.is_leader = leader
         self._acting_changed()
+
+    async def _take_term(self) -> None:
+        """Take the journal's next term for this replica (retried while the journal fails and this
+        replica still leads), then act."""
+        transitions = self.elector.transitions if self.elector is not None else None
+        while self.is_leader and not self._stop.is_set():
+            try:
+                term = await self.journal.take_term(self.identity, transitions)
+            except JournalError as exc:
+                self.metrics.faults.labels("journal").inc()
+                log.error("could not take a leadership term in the journal; retrying", error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            log.info("leadership term taken", term=term.term, lease_transitions=transitions)
+            self.term_held = True
+            self._acting_changed()
+            return
 
     def _acting_changed(self) -> None:
         """may_act() may have flipped (leadership, the shared state imported)."""
@@ -150,11 +177,14 @@ class Service:
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
         # Followers are ready too: a rolling update waits for readiness, and a follower must be
-        # able to take over. Webhooks that reach a follower get 503 and Alertmanager retries.
+        # able to take over. Webhooks that reach a follower are journaled when the journal is
+        # shared; with a journal per replica they get 503 and Alertmanager retries.
         ready = self.policies_loaded
         view = self.freezes.last
+        fence = self.journal.sync.fence
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
-                "acting": self.may_act(),
+                "acting": self.may_act(), "journal": self.journal.sync.backend,
+                "term": fence.term if fence is not None and self.term_held else None,
                 "policies": len(self.state.policies.policies), "frozen": view.frozen,
                 "freeze": view.as_dict(self.clock()), "frozen_targets": sorted(view.targets),
                 "stale_queries": stale, "last_reload_error": self.last_reload_error}
@@ -331,6 +361,24 @@ class Service:
             except asyncio.TimeoutError:
                 pass
 
+    async def _shared_journal_loop(self) -> None:
+        """On a journal the replicas share: recount the backlog (every replica, for backpressure) and,
+        on the leader, take the signals other replicas journaled. A failed read is recorded and
+        tried again next round."""
+        interval = self.settings.journal.shared_poll_seconds
+        while not self._stop.is_set():
+            try:
+                pending = await self.journal.refresh_pending()
+                if self.backlog.look_again(pending):
+                    log.debug("signals journaled by other replicas; reading the pending set", pending=pending)
+            except JournalError as exc:
+                self.metrics.faults.labels("journal").inc()
+                log.warning("could not count pending signals in the shared journal", error=str(exc))
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=interval)
+            except asyncio.TimeoutError:
+                pass
+
     async def drain(self) -> None:
         """Wait until every signal journaled so far is processed (tests, demo, simulate)."""
         await self.backlog.drain()
@@ -356,7 +404,9 @@ class Service:
             self.poller = Poller(self.parts.prometheus, self.journal, self.metrics, self.detectors, self.emit,
                                  self.offload, self.settings.prometheus.max_backoff_seconds, self.clock,
                                  triton_metrics)
-        if self.settings.leader_election.enabled and self.kube is not None:
+        if self.settings.leader_election.enabled and self.kube is not None and not self.journal.shared:
+            # A journal per replica: pins, guard marks and freezes cross a failover through a ConfigMap.
+            # A shared journal already holds them for the next leader.
             le = self.settings.leader_election
             self.cluster_state = ClusterState(
                 self.kube, le.lease_namespace, le.state_config_map_name, self.journal, self.metrics,
@@ -364,6 +414,7 @@ class Service:
                 on_change=self._acting_changed, clock=self.clock,
                 retry_seconds=le.retry_period_seconds, request_timeout_seconds=le.renew_deadline_seconds)
             self._tasks.append(asyncio.create_task(self.cluster_state.run(self._stop), name="cluster-state"))
+        if self.settings.leader_election.enabled and self.kube is not None:
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
                                          self.set_leader)
             self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader-election")
@@ -381,6 +432,8 @@ class Service:
         self._tasks.append(asyncio.create_task(self.backlog.mark_unmatched(), name="backlog-unmatched"))
         self._tasks.append(asyncio.create_task(self._reload_loop(), name="policy-reload"))
         self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
+        if self.journal.shared:
+            self._tasks.append(asyncio.create_task(self._shared_journal_loop(), name="shared-journal"))
         self._tasks.append(asyncio.create_task(
             run_schedules(lambda: self.state.policies, self.emit, self._stop, self.clock), name="scheduler"))
         if self.poller is not None:
@@ -426,6 +479,8 @@ class Service:
         self._stop.set()
         if self._runner is not None:
             await self._runner.cleanup()  # stop taking webhooks first
+        if self._term_task is not None:
+            self._tasks.append(self._term_task)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

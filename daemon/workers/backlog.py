@@ -107,6 +107,18 @@ class Backlog:
         self._overflow, self._resume = [True, True], [0, 0]
         self._wake()
 
+    def look_again(self, pending_in_journal: int) -> bool:
+        """On a journal several replicas share, signals another replica journaled never reach this
+        one's listener: when the journal holds more pending signals than this backlog knows of, read
+        the pending set again from the start (ids need not commit in order across processes, so a
+        read from where the last one ended could skip one). Returns whether a read was started."""
+        if not self._may_take() or any(self._overflow):
+            return False  # nothing may be taken, or a read is due anyway
+        if pending_in_journal <= len(self._known) + len(self._failed):
+            return False
+        self.policies_changed()
+        return True
+
     def acting_changed(self) -> None:
         """`may_take` may have flipped. Now false: the signals held go back to the journal (nothing
         is taken until it is true again, and then the pending set is read from the start); what a

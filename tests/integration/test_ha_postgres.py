@@ -1,0 +1,224 @@
+"""Two real daemons on one PostgreSQL journal and one Lease (the Kubernetes API emulator).
+
+Both accept webhooks into the shared journal; only the Lease holder, with the journal's current
+term, acts. A burst of distinct alerts is sent round-robin to both, as Alertmanager's retries would
+land; the leader is SIGKILLed mid-burst (by PID), its webhooks are resent to the survivor, which
+takes the Lease and a new term and finishes the pending signals. Then every acknowledged alert was
+acted on (one notify message per alert, by Idempotency-Key) and none twice: each signal has one
+decision, and decisions were claimed in both terms.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from daemon.storage.journal import Journal
+from lab.kube.emulator import KubeEmulator
+from lab.ports import free_port
+from lab.process import ManagedProcess
+from tests.support.helpers import TOKEN, sample_payload, wait_for
+from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
+from tests.support.kube_helpers import kube_settings, write_kubeconfig
+from tests.support.paths import REPO
+
+NS = "tailguard"
+LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": NS, "leaseDurationSeconds": 2,
+         "renewDeadlineSeconds": 1.5, "retryPeriodSeconds": 0.3}
+POLICY = """
+name: ranker-notify
+target: {model: ranker}
+triggers:
+  - alert: {name: TritonTailLatencyHigh}
+actions:
+  - type: notify
+    url: URL
+guards: {cooldown: 0s, maxActions: 100000}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
+"""
+WEBHOOKS, ALERTS_PER_WEBHOOK = 40, 5
+KILL_AFTER = 12  # webhooks acknowledged before the leader is killed
+WAIT_SECONDS = 90.0
+
+
+class Sink:
+    """The notify receiver: every POST with its Idempotency-Key and the signal it is about."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, str]] = []  # (idempotency key, signal dedup key)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.posts.append((request.headers.get("Idempotency-Key", ""), body["signal"]["dedup_key"]))
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}/hook"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class Replica:
+    """`tailguard run` in a subprocess as pod `name`; only this process is ever signalled, by PID."""
+
+    def __init__(self, root: Path, name: str, dsn: str, kubeconfig: Path, policies: Path) -> None:
+        self.name = f"tailguard-{name}"
+        self.port = free_port()
+        self.config = root / f"{name}.yaml"
+        self.config.write_text(yaml.safe_dump({
+            "listen": {"host": "127.0.0.1", "port": self.port},
+            "policies": {"path": str(policies), "reloadIntervalSeconds": 60},
+            "journal": {"backend": "postgres", "sharedPollSeconds": 0.2},
+            "kubernetes": kube_settings(kubeconfig), "leaderElection": LEASE,
+            "executor": {"workers": 2, "pinReconcileIntervalSeconds": 3600},
+            "log": {"format": "json", "level": "info"},
+        }))
+        self.process = ManagedProcess(
+            [sys.executable, "-m", "daemon.wiring.cli", "run", "--config", str(self.config)],
+            root / f"{name}.log", cwd=REPO,
+            env={**os.environ, "TAILGUARD_WEBHOOK_TOKEN": TOKEN, "TAILGUARD_JOURNAL_DSN": dsn,
+                 "POD_NAME": self.name, "PYTHONUNBUFFERED": "1"})
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.process.start()
+        await asyncio.to_thread(self.process.wait_ready, f"{self.url}/readyz", 60)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+
+
+def _webhook(n: int) -> dict[str, Any]:
+    """Webhook n: ALERTS_PER_WEBHOOK firing alerts with fingerprints of their own."""
+    body = copy.deepcopy(sample_payload())
+    template = body["alerts"][0]
+    body["alerts"] = []
+    for i in range(ALERTS_PER_WEBHOOK):
+        alert = copy.deepcopy(template)
+        alert["fingerprint"] = f"ha{n:03d}x{i}"
+        body["alerts"].append(alert)
+    return body
+
+
+def _holder(emulator: KubeEmulator) -> str | None:
+    try:
+        return emulator.get("leases", NS, "tailguard")["spec"].get("holderIdentity")
+    except KeyError:
+        return None
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    s = Sink()
+    await s.start()
+    yield s
+    await s.stop()
+
+
+async def test_two_daemons_share_the_journal_and_a_killed_leader_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink) -> None:  # noqa: F811
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "p.yaml").write_text(POLICY.replace("URL", sink.url))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    replicas = {r.name: r for r in (Replica(tmp_path, n, postgres_dsn, kubeconfig, policies) for n in "ab")}
+    try:
+        await asyncio.gather(*(r.start() for r in replicas.values()))
+        await wait_for(lambda: _holder(kube_emulator) in replicas, timeout=20)
+        leader = replicas[str(_holder(kube_emulator))]
+        survivor = next(r for r in replicas.values() if r is not leader)
+
+        answered: collections.Counter[tuple[str, int]] = collections.Counter()  # (replica, status)
+        acknowledged: set[int] = set()
+        killed = asyncio.Event()
+
+        async def send(http: aiohttp.ClientSession, n: int) -> None:
+            """Webhook n to a replica chosen round-robin, then to the other until one journals it
+            (as Alertmanager resends); bounded."""
+            order = list(replicas.values())
+            for attempt in range(200):
+                replica = order[(n + attempt) % 2]
+                if replica is leader and killed.is_set():
+                    continue
+                try:
+                    async with http.post(f"{replica.url}/api/v1/alerts", json=_webhook(n),
+                                         headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+                        answered[(replica.name, resp.status)] += 1
+                        if resp.status == 200:
+                            acknowledged.add(n)
+                            return
+                except aiohttp.ClientError:
+                    answered[(replica.name, -1)] += 1
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"webhook {n} was never acknowledged: {answered}")
+
+        async with aiohttp.ClientSession() as http:
+            for n in range(KILL_AFTER):
+                await send(http, n)
+            leader.kill()  # mid-burst: the leader is still working through what it acknowledged
+            killed.set()
+            await asyncio.gather(*(send(http, n) for n in range(KILL_AFTER, WEBHOOKS)))
+        assert acknowledged == set(range(WEBHOOKS))
+        # Both replicas journaled webhooks before the kill (no 503 from the follower).
+        assert answered[(survivor.name, 200)] >= KILL_AFTER // 2 and answered[(leader.name, 200)] >= 1
+        assert not any(status == 503 for (_, status) in answered), answered
+
+        expected = {f"ha{n:03d}x{i}" for n in range(WEBHOOKS) for i in range(ALERTS_PER_WEBHOOK)}
+
+        def notified() -> set[str]:
+            return {dedup.split(":")[1] for _, dedup in sink.posts}
+
+        await wait_for(lambda: notified() >= expected, timeout=WAIT_SECONDS)
+        await wait_for(lambda: _holder(kube_emulator) == survivor.name, timeout=10)
+    finally:
+        for r in replicas.values():
+            await asyncio.to_thread(r.process.stop)
+
+    # Acted on once: one Idempotency-Key per alert (a second action would be a second decision,
+    # with a key of its own); a message re-sent after the crash carries the key it had.
+    keys_per_alert: dict[str, set[str]] = collections.defaultdict(set)
+    for key, dedup in sink.posts:
+        keys_per_alert[dedup.split(":")[1]].add(key)
+    assert set(keys_per_alert) == expected
+    assert {a: k for a, k in keys_per_alert.items() if len(k) != 1} == {}
+
+    journal = Journal(postgres_dsn)
+    try:
+        signals = journal.signals()
+        decisions = journal.decisions()
+        claims = journal._read("SELECT holder, term, COUNT(*) AS n FROM decisions GROUP BY holder, term")
+        term = journal.current_term()
+    finally:
+        journal.close()
+    assert len(signals) == len(expected) and {s["state"] for s in signals} == {"processed"}
+    assert len({d.signal_id for d in decisions}) == len(decisions) == len(expected)
+    assert {d.state for d in decisions} == {"succeeded"}, collections.Counter(d.state for d in decisions)
+    by_holder = {r["holder"]: (int(r["term"]), int(r["n"])) for r in claims}
+    # The killed leader claimed some in its term, the survivor the rest in a later one.
+    assert set(by_holder) == {leader.name, survivor.name}, by_holder
+    assert by_holder[leader.name][0] < by_holder[survivor.name][0], by_holder
+    assert term is not None and term.holder == survivor.name and term.term == by_holder[survivor.name][0]
