@@ -24,10 +24,12 @@ import yaml
 from aiohttp import web
 
 from daemon.storage.journal import Journal
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.wiring.service import Service
 from lab.kube.emulator import KubeEmulator
 from lab.ports import free_port
 from lab.process import ManagedProcess
-from tests.support.helpers import TOKEN, sample_payload, wait_for
+from tests.support.helpers import TOKEN, local_settings, payload_with, sample_payload, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 from tests.support.paths import REPO
@@ -222,3 +224,76 @@ async def test_two_daemons_share_the_journal_and_a_killed_leader_loses_nothing_a
     assert set(by_holder) == {leader.name, survivor.name}, by_holder
     assert by_holder[leader.name][0] < by_holder[survivor.name][0], by_holder
     assert term is not None and term.holder == survivor.name and term.term == by_holder[survivor.name][0]
+
+
+# ---- the operator API on a follower -----------------------------------------------------------
+
+READER, OPERATOR = "reader-token-5a1e9c0b", "operator-token-77d2f1aa"
+TOKENS = f"""
+- {{name: dashboards, token: {READER}, scopes: [read]}}
+- {{name: alice, token: {OPERATOR}, scopes: [read, write]}}
+"""
+
+
+async def _service(tmp_path: Path, name: str, dsn: str, kubeconfig: Path, sink_url: str) -> Service:
+    pol = tmp_path / name / "policies"
+    pol.mkdir(parents=True)
+    (pol / "p.yaml").write_text(POLICY.replace("URL", sink_url))
+    settings = local_settings(tmp_path / name, pol, kubernetes=kube_settings(kubeconfig), leaderElection=LEASE,
+                              journal={"backend": "postgres", "dsn": dsn, "sharedPollSeconds": 0.2})
+    svc = Service(settings, action_registry(), detector_registry())
+    svc.identity = f"tailguard-{name}"
+    await svc.__aenter__()
+    return svc
+
+
+async def _call(svc: Service, method: str, path: str, token: str = OPERATOR, body: Any = None) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, f"http://127.0.0.1:{svc.port}{path}", json=body,
+                                headers={"Authorization": f"Bearer {token}"}) as resp:
+            return resp.status, await resp.json()
+
+
+async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_the_leader(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status, freeze and unfreeze sent to the follower read and write the journal the leader acts
+    on; a webhook the follower journals is decided by the leader; approve stays with the leader."""
+    monkeypatch.setenv("TAILGUARD_API_TOKENS", TOKENS)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    services = [await _service(tmp_path, n, postgres_dsn, kubeconfig, sink.url) for n in "ab"]
+    try:
+        await wait_for(lambda: any(s.may_act() for s in services), timeout=10)
+        leader = next(s for s in services if s.may_act())
+        follower = next(s for s in services if s is not leader)
+
+        status, frozen = await _call(follower, "POST", "/api/v1/freeze",
+                                     body={"target": "default/ranker", "reason": "maintenance"})
+        assert status == 201, frozen
+        status, body = await _call(follower, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"),
+                                   token=TOKEN)
+        assert status == 200, body
+        await wait_for(lambda: len(leader.journal.sync.decisions()) == 1, timeout=10)
+        (blocked,) = leader.journal.sync.decisions()
+        assert blocked.state == "blocked" and "target frozen: maintenance" in blocked.reason, blocked
+        assert sink.posts == []
+
+        status, lifted = await _call(follower, "POST", "/api/v1/unfreeze", body={"target": "default/ranker"})
+        assert status == 200 and len(lifted["lifted"]) == 1, lifted
+        status, body = await _call(follower, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f2"),
+                                   token=TOKEN)
+        assert status == 200, body
+        await wait_for(lambda: len(sink.posts) == 1, timeout=10)
+
+        await wait_for(lambda: leader.journal.sync.decisions()[-1].state.final, timeout=10)
+        status, doc = await _call(follower, "GET", "/api/v1/status", token=READER)
+        assert status == 200 and doc["role"] == "follower" and doc["replica"] == follower.identity
+        (target,) = doc["targets"]
+        assert target["lastDecision"]["state"] == "succeeded" and target["freeze"] is None, target
+        assert target["policies"][0]["actionsInWindow"] == 1
+
+        status, refused = await _call(follower, "POST", "/api/v1/approvals/1/approve", body={})
+        assert status == 503 and refused["leader"] == leader.identity, refused
+    finally:
+        for svc in services:
+            await svc.stop()
