@@ -297,3 +297,32 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
     finally:
         for svc in services:
             await svc.stop()
+
+
+async def test_a_pending_approval_survives_failover_and_the_new_leader_applies_it(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan waiting for approval is a journal row: after the leader stops, the new leader
+    approves it from the shared journal and applies it once."""
+    monkeypatch.setenv("TAILGUARD_API_TOKENS", TOKENS)
+    monkeypatch.setattr(sys.modules[__name__], "POLICY", POLICY + "approval: required\napprovalTimeoutSeconds: 600\n")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    services = [await _service(tmp_path, n, postgres_dsn, kubeconfig, sink.url) for n in "ab"]
+    try:
+        await wait_for(lambda: any(s.may_act() for s in services), timeout=10)
+        old = next(s for s in services if s.may_act())
+        new = next(s for s in services if s is not old)
+        status, body = await _call(old, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"), token=TOKEN)
+        assert status == 200, body
+        await wait_for(lambda: [a.id for a in old.journal.sync.approvals("pending")] == [1], timeout=10)
+        await old.stop()  # hands the Lease back
+        services.remove(old)
+        await wait_for(new.may_act, timeout=10)
+        status, approved = await _call(new, "POST", "/api/v1/approvals/1/approve", body={"reason": "looked at it"})
+        assert status == 202, approved
+        await wait_for(lambda: len(sink.posts) == 1, timeout=10)
+        await wait_for(lambda: new.journal.sync.decisions()[0].state == "succeeded", timeout=10)
+        assert len(new.journal.sync.decisions()) == 1
+    finally:
+        for svc in services:
+            await svc.stop()
