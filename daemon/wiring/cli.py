@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import http.client
 import json
 import os
 import signal as os_signal
@@ -78,8 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unp = sub.add_parser("unpin", help="end the rollback pin of a target (journaled); the reconciler "
                                        "stops re-applying it")
     unp.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
-    unp.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    unp.add_argument("--config", type=Path, help="without --url: settings YAML (names the journal)")
     unp.add_argument("--reason", default="ended by tailguard unpin", help="recorded with the end")
+    _api_arguments(unp, url_default=None)
     bad = sub.add_parser("bad-versions", help="list the versions of a target marked bad (rolled back from), "
                                               "which `to: previous` skips; --clear VERSION clears a mark")
     bad.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
@@ -128,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _unfreeze_api(api, args.target, args.reason)
         return _unfreeze(args.config, args.target, args.reason)
     if args.command == "unpin":
+        api = _api_from(args)
+        if api is not None:
+            return _unpin_api(api, args.target, args.reason)
         return _unpin(args.config, args.target, args.reason)
     if args.command == "bad-versions":
         return _bad_versions(args.config, args.target, args.clear, args.reason)
@@ -166,7 +171,7 @@ def _describe(trigger: Trigger) -> str:
 
 def _simulate(config: Path | None, payload: Path) -> int:
     from daemon.http.intake import PayloadError
-    from daemon.wiring.simulate import simulate
+    from daemon.wiring.simulate import simulate, summary
     from policies.loader import PolicyLoadError
 
     try:
@@ -177,6 +182,7 @@ def _simulate(config: Path | None, payload: Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(results, indent=2))
+    print(summary(results), file=sys.stderr)
     return 0
 
 
@@ -315,7 +321,7 @@ def _freeze(config: Path | None, api: "_Api | None", target: str | None, reason:
         if seconds is not None:
             body["durationSeconds"] = seconds
         code, doc = api.call("POST", "/api/v1/freeze", body)
-        if code >= 300:
+        if not 200 <= code < 300:  # 0: not reached
             return _refused(code, doc)
         frozen = doc["frozen"]
         print(f"frozen: {'the daemon' if frozen['scope'] == DAEMON_SCOPE else frozen['scope']}"
@@ -338,7 +344,7 @@ def _unfreeze_api(api: "_Api", target: str | None, reason: str) -> int:
     if target is not None:
         body["target"] = target
     code, doc = api.call("POST", "/api/v1/unfreeze", body)
-    if code >= 300:
+    if not 200 <= code < 300:  # 0: not reached
         return _refused(code, doc)
     for f in doc["lifted"]:
         print(f"unfrozen: {'the daemon' if f['scope'] == '*' else f['scope']} (freeze {f['id']}: {f['reason']})")
@@ -350,7 +356,7 @@ def _status(api: "_Api | None", as_json: bool) -> int:
 
     assert api is not None  # status always has a URL (default or given)
     code, doc = api.call("GET", "/api/v1/status")
-    if code >= 300:
+    if not 200 <= code < 300:  # 0: not reached
         return _refused(code, doc)
     print(json.dumps(doc, indent=2) if as_json else render_table(doc), end="\n" if as_json else "")
     return 0
@@ -359,14 +365,15 @@ def _status(api: "_Api | None", as_json: bool) -> int:
 def _approve(api: "_Api | None", approval: int, reason: str) -> int:
     assert api is not None
     code, doc = api.call("POST", f"/api/v1/approvals/{approval}/approve", {"reason": reason})
-    if code >= 300:
+    if not 200 <= code < 300:  # 0: not reached
         return _refused(code, doc)
     print(doc["message"])
     return 0
 
 
 def _refused(code: int, doc: dict[str, Any]) -> int:
-    print(f"error: {code}: {doc.get('error') or doc}", file=sys.stderr)
+    """One line on stderr, exit 1: the HTTP status and the reason (no status: not reached)."""
+    print(f"error: {f'{code}: ' if code else ''}{doc.get('error') or doc}", file=sys.stderr)
     return 1
 
 
@@ -377,7 +384,9 @@ def _api_arguments(parser: argparse.ArgumentParser, url_default: str | None = DE
     parser.add_argument("--url", default=os.environ.get("TAILGUARD_URL", url_default) if url_default else None,
                         help="the daemon's API (env TAILGUARD_URL" + (f", default {url_default})" if url_default else ")"))
     parser.add_argument("--token-file", type=Path, help="a file holding an API token (else env TAILGUARD_API_TOKEN)")
-    parser.add_argument("--cacert", type=Path, help="CA bundle to verify the daemon's TLS certificate")
+    parser.add_argument("--cacert", type=Path, default=os.environ.get("TAILGUARD_API_CACERT") or None,
+                        help="CA bundle (PEM) to verify the daemon's TLS certificate (env TAILGUARD_API_CACERT; "
+                             "default: the system's CAs)")
 
 
 class _Api:
@@ -403,7 +412,7 @@ class _Api:
                 return exc.code, json.loads(exc.read() or b"{}")
             except ValueError:
                 return exc.code, {"error": exc.reason}
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             return 0, {"error": f"cannot reach {self.url}: {getattr(exc, 'reason', exc)}"}
 
 
@@ -416,7 +425,10 @@ def _api_from(args: argparse.Namespace) -> "_Api | None":
             token = args.token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise SystemExit(f"error: --token-file: {exc}")
-    return _Api(args.url, token, args.cacert)
+    try:
+        return _Api(args.url, token, args.cacert)
+    except (OSError, ssl.SSLError) as exc:  # a missing or unreadable file, not PEM
+        raise SystemExit(f"error: --cacert {args.cacert}: {exc}")
 
 
 def _unpin(config: Path | None, target: str, reason: str) -> int:
@@ -434,6 +446,17 @@ def _unpin(config: Path | None, target: str, reason: str) -> int:
         return 0
 
     return _with_journal(config, command)
+
+
+def _unpin_api(api: "_Api", target: str, reason: str) -> int:
+    code, doc = api.call("POST", "/api/v1/unpin", {"target": target, "reason": reason})
+    if not 200 <= code < 300:  # 0: not reached
+        return _refused(code, doc)
+    ended = doc["unpinned"]
+    print(f"unpinned: {ended['target']} (was pinned to version {ended['version']}"
+          + (f" from {ended['fromVersion']}" if ended.get("fromVersion") is not None else "")
+          + (f" by decision {ended['decision']}" if ended.get("decision") is not None else "") + ")")
+    return 0
 
 
 def _bad_versions(config: Path | None, target: str, clear: int | None, reason: str) -> int:

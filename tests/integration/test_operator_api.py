@@ -38,6 +38,8 @@ actions:
   - type: notify
     url: {url}
 guards: {{cooldown: {cooldown}, maxActions: 10, maxActionsWindow: 1h}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 
@@ -254,6 +256,41 @@ async def test_unpin_via_api(svc: Service) -> None:
     assert await svc.journal.pins() == []
     assert (await call(svc, "POST", "/api/v1/unpin", body={"target": "ranker"}))[0] == 409
     assert (await call(svc, "POST", "/api/v1/unpin", READER, {"target": "ranker"}))[0] == 403
+
+
+async def test_unpin_via_cli_calls_the_api(tmp_path: Path, svc: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tailguard unpin ranker --url` ends the running daemon's pin through the API (journaled with the
+    token's name), not a local journal file: no --config is given and none exists. A second unpin finds
+    no pin (exit 1, one line); a read token is refused (403, exit 1); TAILGUARD_API_TOKEN works too."""
+    token_file = tmp_path / "token"
+    token_file.write_text(OPERATOR + "\n")
+    url = ["--url", f"http://127.0.0.1:{svc.port}"]
+    await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2, decision_id=None)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["unpin", "ranker", "--reason", "v3 is fixed", *url,
+                                          "--token-file", str(token_file)]) == 0
+    assert "unpinned: default/ranker (was pinned to version 1 from 2)" in capsys.readouterr().out.splitlines()
+    assert await svc.journal.pins() == []
+    (ended,) = svc.journal.sync.ended_pins("default/ranker")
+    assert ended["ended_reason"] == "v3 is fixed (by alice via api)"
+    assert await asyncio.to_thread(main, ["unpin", "default/ranker", *url, "--token-file", str(token_file)]) == 1
+    assert capsys.readouterr().err == "error: 409: no pin on default/ranker\n"
+
+    await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2)
+    token_file.write_text(READER)
+    assert await asyncio.to_thread(main, ["unpin", "ranker", *url, "--token-file", str(token_file)]) == 1
+    assert "403: token 'dashboards' lacks the 'write' scope" in capsys.readouterr().err
+    assert len(await svc.journal.pins()) == 1
+    os.environ["TAILGUARD_API_TOKEN"] = OPERATOR
+    try:
+        assert await asyncio.to_thread(main, ["unpin", "ranker", *url]) == 0
+    finally:
+        os.environ.pop("TAILGUARD_API_TOKEN")
+    assert await svc.journal.pins() == []
+    # A daemon that cannot be reached: one line, exit 1.
+    assert await asyncio.to_thread(main, ["unpin", "ranker", "--url", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach http://127.0.0.1:9") and err.count("\n") == 1
 
 
 # ---- hostile input --------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ triggers:
 actions:
   - type: triton.rollback
 guards: {{cooldown: 10m}}
+verify: {{query: 'max(p999_us{{model="$model"}})', below: 500000, for: 60s, within: 3m}}
 """
 
 
@@ -77,3 +78,75 @@ def test_simulate_rejects_a_bad_payload(tmp_path: Path, capsys: pytest.CaptureFi
     bad.write_text(json.dumps({"version": "3", "alerts": []}))
     assert main(["simulate", str(bad), "--config", str(cfg)]) == 1
     assert "unsupported webhook version" in capsys.readouterr().err
+
+
+SHADOW_POLICIES = """
+name: ranker-watch
+target: {{model: ranker}}
+triggers:
+  - alert: {{name: TritonTailLatencyHigh}}
+    shadow: true
+actions:
+  - type: notify
+    url: {url}
+guards: {{cooldown: 10m}}
+---
+name: ranker-live
+target: {{model: ranker}}
+triggers:
+  - alert: {{name: TritonTailLatencyHigh}}
+actions:
+  - type: notify
+    url: {url}
+guards: {{cooldown: 10m}}
+verify: {{query: 'max(p999_us{{model="$model"}})', below: 500000, for: 60s, within: 3m}}
+"""
+
+
+def test_simulate_shows_a_shadow_trigger_as_would_act_shadow_never_executed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """A policy whose only matching trigger is `shadow: true` is shown as `would act (shadow)`, not
+    executed, with the shadow trigger named (as the live daemon journals it: would "act"); the live
+    policy beside it is the only one counted as acting, in the JSON and the summary line."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(SHADOW_POLICIES.format(url="http://127.0.0.1:9/hook"))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("policies: {path: policies}\njournal: {path: journal.db}\n")
+    assert main(["simulate", str(SAMPLES / "alertmanager_webhook_v4.json"), "--config", str(cfg)]) == 0
+    out, err = capsys.readouterr()
+    (result,) = json.loads(out)
+    plans = {p["policy"]: p for p in result["plans"]}
+    watch, live = plans["ranker-watch"], plans["ranker-live"]
+    assert watch["outcome"] == "would act (shadow)" and watch["executed"] is False
+    assert watch["shadow"] == {"trigger": 0, "kind": "alert TritonTailLatencyHigh", "would": "act"}
+    assert watch["blocked"] is None and watch["steps"]  # the plan is still shown, for what it would do
+    assert live["outcome"] == "would act" and live["executed"] is True and live["shadow"] is None
+    assert "2 plan(s): 1 would act, 1 shadow (never applied), 0 would not act" in err
+    assert not (tmp_path / "journal.db").exists()
+
+
+def test_simulate_shows_a_blocked_shadow_trigger_as_blocked_shadow(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Inside the cooldown a live executed decision left, the shadow policy reads `would be blocked
+    (shadow)` (its would: "blocked") and nothing is counted as acting."""
+    from datetime import datetime, timezone
+
+    from core.signal import Signal, SignalSource
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(SHADOW_POLICIES.format(url="http://127.0.0.1:9/hook"))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("policies: {path: policies}\njournal: {path: journal.db}\n")
+    journal = Journal(tmp_path / "journal.db")
+    ((sid, _),), _ = journal.record_signals(
+        [Signal(SignalSource.ALERT, "TritonTailLatencyHigh", {}, datetime.now(timezone.utc), "k")])
+    for policy in ("ranker-watch", "ranker-live"):
+        journal.record_decision(sid, policy, "default/ranker", "succeeded", "", {}, executed=True)
+    journal.close()
+    assert main(["simulate", str(SAMPLES / "alertmanager_webhook_v4.json"), "--config", str(cfg)]) == 0
+    out, err = capsys.readouterr()
+    plans = {p["policy"]: p for p in json.loads(out)[0]["plans"]}
+    assert plans["ranker-watch"]["outcome"] == "would be blocked (shadow)"
+    assert plans["ranker-watch"]["shadow"]["would"] == "blocked" and not plans["ranker-watch"]["executed"]
+    assert plans["ranker-live"]["outcome"] == "would be blocked" and not plans["ranker-live"]["executed"]
+    assert "0 would act, 1 shadow (never applied), 1 would not act" in err
