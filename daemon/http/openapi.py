@@ -23,7 +23,8 @@ def _answers(ok: int, ok_text: str, *codes: int) -> dict[str, Any]:
              403: "the token lacks the scope", 404: "no such approval", 408: "body not received in time",
              409: "conflicts with the current state (not frozen, held by the ConfigMap, not pending ...)",
              413: "body too large", 422: "invalid field (named in the reason)",
-             503: "this replica is a follower (the `leader` field names the leader), or the journal is unavailable"}
+             503: "this replica may not answer it (a follower with a journal of its own, or approve on a follower; "
+                  "the `leader` field names the leader), or the journal is unavailable"}
     out: dict[str, Any] = {str(ok): {"description": ok_text, "content": {"application/json": {"schema": {"type": "object"}}}}}
     for code in codes:
         out[str(code)] = {"description": texts[code], "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -39,8 +40,10 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "tailguard operator API", "version": "1",
                  "description": "Status, runtime freezes, approvals and pins of a tailguard daemon. Every call "
                                 "but this document needs `Authorization: Bearer <token>` of a named API token "
-                                "(scopes read, write); the Alertmanager webhook token is not one. Calls are "
-                                "answered by the leader; a follower answers 503 naming it. Errors are "
+                                "(scopes read, write); the Alertmanager webhook token is not one. Only the "
+                                "leader acts: on a journal the replicas share (PostgreSQL) any replica "
+                                "answers all but approve; otherwise a follower answers 503 naming the "
+                                "leader. Errors are "
                                 "`{\"error\": \"<one line>\"}`."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
