@@ -1,18 +1,28 @@
 """Webhook intake under load, on loopback, each figure against a baseline measured in the same run:
 
 1. intake: 2xx webhooks per second (10 alerts each, all new, none matching a policy) from 16
-   keep-alive clients for a fixed time: tailguard (durable journal, committed before the 2xx)
-   against a bare aiohttp handler (read, parse JSON, 200);
+   keep-alive clients for a fixed time: tailguard (durable journal, committed before the 2xx) on
+   each journal backend chosen (`--backends`, default both: SQLite, and PostgreSQL started here)
+   against a bare aiohttp handler (read, parse JSON, 200), with the journal's write transactions
+   per webhook (on PostgreSQL also as the server counts them: commit records in the WAL,
+   pg_stat_database.xact_commit, transaction ids);
 2. time to action: from the 2xx of a matching alert to its action (the notify call arriving
    here), sent right behind 50,000 alerts that match no policy (sent live; and left pending in the
    journal before a start), against the same on an idle daemon;
 3. memory: resident set of the daemon through a burst of 100,000 matching alerts (each needs the
    executor, which cannot keep up), against the same daemon idle.
+2 and 3 run on the SQLite journal (they read it directly), when sqlite is among the backends.
+
+PostgreSQL: the Debian package's server, started by tests/support/postgres.py (initdb in a temp
+dir, a free loopback port, stopped by PID), then restarted on the same data directory with its
+defaults fsync=on and full_page_writes=on (the tests turn both off) so that a commit is as durable
+as SQLite's synchronous=FULL; `--pg-fsync off` keeps the tests' settings. One fresh database per run.
 
 Every server runs in a subprocess started here and stopped by its PID; the clients speak raw
 HTTP/1.1 over asyncio streams so that the load generator costs little next to the server. Every
 loop is bounded (a deadline, a request count, retries per request, timeouts).
-Prints a table; not a test. Run: python bench/bench_intake.py [--quick]  (make bench BENCH_INTAKE_FLAGS=--quick)
+Prints a table; not a test. Run: python bench/bench_intake.py [--quick] [--backends sqlite,postgres]
+[--pg-fsync on|off]  (make bench BENCH_INTAKE_FLAGS=--quick)
 The daemon measured is this checkout's, or the source tree named by TAILGUARD_SRC (a before/after).
 """
 from __future__ import annotations
@@ -20,18 +30,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from aiohttp import web
 
@@ -48,7 +61,8 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_RETRIES = 600  # per request, on 503, each after min(Retry-After, RETRY_PAUSE_SECONDS)
 RETRY_PAUSE_SECONDS = 0.1
 ACTION_TIMEOUT_SECONDS = 120.0
-
+BACKENDS = ("sqlite", "postgres")
+PG_IDLE_TIMEOUT_SECONDS = 20.0  # for the daemon's connections to end once it stopped (stats flushed)
 
 
 # ---- the servers (run in subprocesses) -----------------------------------------------------
@@ -67,7 +81,7 @@ def _bare_app() -> web.Application:
     return app
 
 
-async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str) -> None:
+async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str, backend: str) -> None:
     from daemon.common.config import Settings
     from daemon.common.logs import configure_logging
     from daemon.wiring.registries import action_registry, detector_registry
@@ -76,15 +90,19 @@ async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str) 
     policies = work / "policies"
     policies.mkdir(parents=True, exist_ok=True)
     # One policy (JSON is YAML): notify `sink_url` on TritonTailLatencyHigh about model ranker.
+    # An alert-only policy needs a verify block; with no Prometheus configured it settles at once
+    # as unknown, and onNotRecovered none keeps that from freezing the target.
     policy = {"name": "ranker-notify", "target": {"model": "ranker"},
               "triggers": [{"alert": {"name": "TritonTailLatencyHigh"}}],
               "actions": [{"type": "notify", "url": sink_url}],
-              "guards": {"cooldown": cooldown, "maxActions": 1_000_000}}
+              "guards": {"cooldown": cooldown, "maxActions": 1_000_000},
+              "verify": {"query": "vector(0)", "below": 1, "onNotRecovered": "none"}}
     (policies / "p.yaml").write_text(json.dumps(policy))
     configure_logging("json", "info")  # the daemon's default level, into its log file
+    # backend postgres: the DSN comes from env TAILGUARD_JOURNAL_DSN, as in a deployment.
     settings = Settings.model_validate({"listen": {"host": LOOPBACK, "port": port},
                                         "policies": {"path": str(policies)},
-                                        "journal": {"path": str(work / "journal.db")}})
+                                        "journal": {"backend": backend, "path": str(work / "journal.db")}})
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with Service(settings, action_registry(), detector_registry()) as svc:
@@ -122,16 +140,21 @@ class Server:
 
 @contextmanager
 def server(kind: str, root: Path, sink_url: str = "http://127.0.0.1:9/hook", cooldown: str = "0s",
-           pending: int = 0) -> Iterator[Server]:
+           pending: int = 0, dsn: str | None = None) -> Iterator[Server]:
     """A server subprocess started here, ready for webhooks; stopped by its PID on exit.
-    `pending`: unmatched alerts journaled before the start (acknowledged before a restart)."""
+    `pending`: unmatched alerts journaled before the start (acknowledged before a restart);
+    `dsn`: tailguard journals into this PostgreSQL database instead of a SQLite file."""
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
     if pending:
         _journal_unmatched(work / "journal.db", pending)
     argv = [sys.executable, str(Path(__file__).resolve()), "serve", kind, "--port", str(port),
-            "--work", str(work), "--sink-url", sink_url, "--cooldown", cooldown]
+            "--work", str(work), "--sink-url", sink_url, "--cooldown", cooldown,
+            "--backend", "sqlite" if dsn is None else "postgres"]
     env = dict(os.environ, TAILGUARD_WEBHOOK_TOKEN=TOKEN, PYTHONPATH=str(SRC))
+    env.pop("TAILGUARD_JOURNAL_DSN", None)
+    if dsn is not None:
+        env["TAILGUARD_JOURNAL_DSN"] = dsn
     process = ManagedProcess(argv=argv, log_path=work / "server.log", env=env)
     process.start()
     try:
@@ -151,6 +174,122 @@ def _journal_unmatched(path: Path, count: int) -> None:
             journal.record_signals(alert_signals(parse_payload(json.loads(alerts.body("other", 1_000)))))
     finally:
         journal.close()
+
+
+# ---- PostgreSQL (started here for the postgres backend) --------------------------------------
+
+def _pg_support() -> Any:
+    """tests/support/postgres.py of this checkout (not of TAILGUARD_SRC), loaded as it is."""
+    name = "_bench_tests_support_postgres"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "tests" / "support" / "postgres.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look themselves up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def postgres_installed() -> bool:
+    return _pg_support().postgres_bin() is not None
+
+
+def _restart_durable(pg: Any, old: Any, attempts: int = 3) -> Any:
+    """Stop the tests' server (fsync=off, full_page_writes=off) and start the same cluster again
+    with PostgreSQL's defaults for both, as the tests' starter does otherwise (same user, socket
+    dir, max_connections, loopback only, a free port, bounded readiness wait)."""
+    pg.stop_postgres(old)
+    bin_dir, ids, root = pg.postgres_bin(), pg._run_as(), old.root
+    user_args: dict[str, Any] = {} if ids is None else {"user": ids[0], "group": ids[1], "extra_groups": []}
+    log = root / "postgres.log"
+    for attempt in range(attempts):
+        port = pg._free_port()
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                [str(bin_dir / "postgres"), "-D", str(root / "data"), "-p", str(port), "-h", LOOPBACK,
+                 "-k", str(root / "sockets"), "-c", "max_connections=200"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=root, **user_args)
+        server = pg.PostgresServer(port, old.superuser, process, root)
+        try:
+            pg._ready(server, log, time.monotonic() + 30)
+            return server
+        except RuntimeError:
+            pg.stop_postgres(server)
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def postgres(fsync: bool) -> Iterator[Any]:
+    """A PostgreSQL cluster in its own temp dir (the server may run as another user, so not under
+    the bench's root-only dir), stopped by PID and removed on exit."""
+    pg = _pg_support()
+    root = Path(tempfile.mkdtemp(prefix="bench-intake-pg-"))
+    server = None
+    try:
+        server = pg.start_postgres(root)
+        if fsync:
+            server = _restart_durable(pg, server)
+        yield server
+    finally:
+        if server is not None:
+            pg.stop_postgres(server)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _pg_row(cursor: Any) -> Any:
+    row = cursor.fetchone()
+    assert row is not None
+    return row
+
+
+def _pg_query(server: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+    import psycopg
+
+    with psycopg.connect(server.dsn(), autocommit=True, connect_timeout=10) as conn:
+        return _pg_row(conn.execute(sql, params))
+
+
+def pg_counters(server: Any, dsn: str) -> dict[str, Any]:
+    """Once nothing is connected to the database of `dsn` (a stopped daemon's backends flush their
+    statistics as they exit): its committed transactions (reads included: each pool checkout is
+    one), the cluster's transaction-id counter (advanced by writing transactions and by savepoints
+    that write; this call takes one id itself), and the WAL position."""
+    import psycopg
+
+    database = dsn.rsplit("/", 1)[1]
+    with psycopg.connect(server.dsn(), autocommit=True, connect_timeout=10) as conn:
+        deadline = time.monotonic() + PG_IDLE_TIMEOUT_SECONDS
+        while _pg_row(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (database,)))[0]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"connections to {database} still open {PG_IDLE_TIMEOUT_SECONDS:g} s "
+                                   "after the daemon stopped")
+            time.sleep(0.05)
+        time.sleep(0.5)  # the last backend's exit hooks (statistics flush) run as it leaves
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        commits = _pg_row(conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)))[0]
+        xid = _pg_row(conn.execute("SELECT pg_current_xact_id()::text::bigint"))[0]
+        lsn = _pg_row(conn.execute("SELECT pg_current_wal_lsn()::text"))[0]
+    return {"xact_commit": int(commits), "xid": int(xid), "lsn": str(lsn)}
+
+
+def wal_commits(server: Any, start: str, end: str) -> int | None:
+    """Commit records in the WAL between two positions: one per transaction that wrote (read-only
+    ones write none; a savepoint's is its parent's). pg_waldump's record statistics; None where it
+    cannot tell."""
+    waldump = _pg_support().postgres_bin() / "pg_waldump"
+    try:
+        done = subprocess.run([str(waldump), "-p", str(server.root / "data" / "pg_wal"), "-s", start, "-e", end,
+                               "--stats=record"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 1 and fields[0] == "Transaction/COMMIT":
+            return int(fields[1])
+    return 0 if done.returncode == 0 else None
 
 
 # ---- the clients ---------------------------------------------------------------------------
@@ -304,20 +443,42 @@ class Sink:
 
 # ---- the measurements ----------------------------------------------------------------------
 
-async def intake(root: Path, seconds: float) -> dict[str, Any]:
+async def intake(root: Path, seconds: float, backends: Sequence[str], pg_fsync: bool) -> dict[str, Any]:
+    """The bare handler, then tailguard on each backend, one after another under the same load.
+    Per variant: rate (2xx/s), errors (not 2xx), and for tailguard the journal's committed write
+    transactions per accepted webhook (warm-up included, over the daemon's whole life); on
+    PostgreSQL also the server's own counts over the same span."""
     alerts = Alerts()
-    rates: dict[str, float] = {}
-    errors: dict[str, int] = {}
-    for kind in ("bare", "tailguard"):
-        with server(kind, root) as srv:
-            warm = await load_for(srv.port, min(1.0, seconds / 3), lambda: alerts.body("other"))
-            statuses = await load_for(srv.port, seconds, lambda: alerts.body("other"))
-            rates[kind] = statuses[200] / seconds
-            errors[kind] = sum(statuses.values()) - statuses[200]
-        accepted = warm[200] + statuses[200]
-    commits = srv.commits()  # the tailguard one, stopped
-    return {"rates": rates, "errors": errors, "ratio": rates["tailguard"] / rates["bare"],
-            "tx_per_webhook": None if commits is None else commits / accepted}
+    out: dict[str, dict[str, Any]] = {}
+    with ExitStack() as stack:
+        pg = stack.enter_context(postgres(pg_fsync)) if "postgres" in backends else None
+        for variant in ("bare", *backends):
+            dsn = pg.create_database() if variant == "postgres" and pg is not None else None
+            before = pg_counters(pg, dsn) if dsn is not None else None
+            with server("bare" if variant == "bare" else "tailguard", root, dsn=dsn) as srv:
+                warm = await load_for(srv.port, min(1.0, seconds / 3), lambda: alerts.body("other"))
+                statuses = await load_for(srv.port, seconds, lambda: alerts.body("other"))
+            accepted = warm[200] + statuses[200]
+            result: dict[str, Any] = {"rate": statuses[200] / seconds,
+                                      "errors": sum(statuses.values()) - statuses[200], "accepted": accepted}
+            if variant != "bare":
+                commits = srv.commits()  # stopped: it wrote its count on the way out
+                result["tx_per_webhook"] = None if commits is None else commits / accepted
+            if dsn is not None and before is not None:
+                after = pg_counters(pg, dsn)
+                result["pg_xids_per_webhook"] = (after["xid"] - before["xid"] - 1) / accepted
+                result["pg_commits_per_webhook"] = (after["xact_commit"] - before["xact_commit"]) / accepted
+                wal = wal_commits(pg, before["lsn"], after["lsn"])
+                result["pg_wal_commits_per_webhook"] = None if wal is None else wal / accepted
+                version, fsync, fpw, sync_commit = _pg_query(
+                    pg, "SELECT current_setting('server_version'), current_setting('fsync'), "
+                        "current_setting('full_page_writes'), current_setting('synchronous_commit')")
+                result["pg"] = (f"PostgreSQL {version}, fsync={fsync}, full_page_writes={fpw}, "
+                                f"synchronous_commit={sync_commit}")
+            out[variant] = result
+    for variant in backends:
+        out[variant]["ratio"] = out[variant]["rate"] / out["bare"]["rate"]
+    return out
 
 
 async def behind(root: Path, backlog_alerts: int) -> dict[str, Any]:
@@ -377,20 +538,30 @@ async def burst(root: Path, burst_alerts: int) -> dict[str, Any]:
             "refused": sum(refused.values()), "seconds": seconds, "pending": pending}
 
 
-async def main(quick: bool) -> None:
+JOURNALS = {"sqlite": "SQLite journal", "postgres": "PostgreSQL journal"}
+
+
+async def main(quick: bool, backends: Sequence[str], pg_fsync: bool) -> None:
     seconds, backlog, burst_size = (1.5, 5_000, 10_000) if quick else (5.0, 50_000, 100_000)
+    sqlite_rows = "sqlite" in backends
     with tempfile.TemporaryDirectory(prefix="bench-intake-") as tmp:
         root = Path(tmp)
         print(f"loopback, {CLIENTS} keep-alive clients, {ALERTS_PER_REQUEST} alerts per webhook; "
-              f"daemon from {SRC}\n")
-        i = await intake(root, seconds)
-        b = await behind(root, backlog)
-        m = await burst(root, burst_size)
+              f"daemon from {SRC}; journal backends: {', '.join(backends)}\n")
+        i = await intake(root, seconds, backends, pg_fsync)
+        if sqlite_rows:
+            b = await behind(root, backlog)
+            m = await burst(root, burst_size)
     print("| measure | tailguard | baseline (same run) | ratio |")
     print("|---|---|---|---|")
-    print(f"| intake, {seconds:g} s, 2xx webhooks/s | {i['rates']['tailguard']:,.0f} "
-          f"({i['rates']['tailguard'] * ALERTS_PER_REQUEST:,.0f} alerts/s, {i['errors']['tailguard']} not 2xx) "
-          f"| bare aiohttp {i['rates']['bare']:,.0f} | {i['ratio']:.3f} |")
+    for backend in backends:
+        r = i[backend]
+        print(f"| intake, {seconds:g} s, 2xx webhooks/s, {JOURNALS[backend]} | {r['rate']:,.0f} "
+              f"({r['rate'] * ALERTS_PER_REQUEST:,.0f} alerts/s, {r['errors']} not 2xx) "
+              f"| bare aiohttp {i['bare']['rate']:,.0f} | {r['ratio']:.3f} |")
+    if not sqlite_rows:
+        _footer(i, backends)
+        return
     print(f"| 2xx to action, right behind {backlog:,} unmatched alerts sent live | {1000 * b['live']:,.1f} ms "
           f"({b['live_pending']:,} of them still pending when it was sent) "
           f"| idle daemon {1000 * b['idle']:,.1f} ms | {b['live'] / b['idle']:.1f} |")
@@ -400,16 +571,48 @@ async def main(quick: bool) -> None:
     print(f"| RSS through a {burst_size:,}-alert matching burst | peak {m['peak']:,.0f} MiB, "
           f"end {m['end']:,.0f} MiB ({m['pending']:,} pending in journal) | idle {m['idle']:,.0f} MiB "
           f"| {m['ratio']:.2f} |")
-    if i["tx_per_webhook"] is not None:
-        print(f"\njournal write transactions per accepted webhook (marking processed included): "
-              f"{i['tx_per_webhook']:.2f}")
+    _footer(i, backends)
     print(f"backlog of {backlog:,} taken in {b['intake_seconds']:.1f} s ({b['refused']} answered 503 and retried); "
           f"burst taken in {m['seconds']:.1f} s ({m['refused']} answered 503 and retried)")
+
+
+def _footer(i: dict[str, Any], backends: Sequence[str]) -> None:
+    print()
+    if "sqlite" in backends and "postgres" in backends:
+        print(f"PostgreSQL journal / SQLite journal intake: {i['postgres']['rate'] / i['sqlite']['rate']:.3f}")
+    for backend in backends:
+        r = i[backend]
+        if r.get("tx_per_webhook") is not None:
+            print(f"{JOURNALS[backend]}: write transactions per accepted webhook (the journal's count, "
+                  f"marking processed included): {r['tx_per_webhook']:.2f}")
+    if "postgres" in backends:
+        r = i["postgres"]
+        wal = r["pg_wal_commits_per_webhook"]
+        print(f"PostgreSQL's own count per accepted webhook, over {r['accepted']:,} webhooks: "
+              f"{'?' if wal is None else f'{wal:.2f}'} commit records in the WAL (transactions that wrote), "
+              f"{r['pg_commits_per_webhook']:.2f} in pg_stat_database.xact_commit (reads included), "
+              f"{r['pg_xids_per_webhook']:.2f} transaction ids (savepoints that wrote included)")
+        print(r["pg"])
+
+
+def _backends(text: str) -> list[str]:
+    chosen = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = sorted(set(chosen) - set(BACKENDS))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(BACKENDS)} (comma-separated), not {text!r}")
+    return [b for b in BACKENDS if b in chosen]
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter run, smaller backlog and burst")
+    parser.add_argument("--backends", type=_backends, default=None,
+                        help="journal backends for the intake, comma-separated: sqlite,postgres (default: both; "
+                             "postgres left out, with a note, where PostgreSQL is not installed). Time to "
+                             "action and memory run on sqlite only, when it is chosen")
+    parser.add_argument("--pg-fsync", choices=["on", "off"], default="on",
+                        help="PostgreSQL with fsync and full_page_writes on (default, as durable as SQLite's "
+                             "synchronous=FULL) or off (the tests' settings)")
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="(internal) run one server")
     serve.add_argument("kind", choices=["bare", "tailguard"])
@@ -417,11 +620,18 @@ if __name__ == "__main__":
     serve.add_argument("--work", type=Path, required=True)
     serve.add_argument("--sink-url", required=True)
     serve.add_argument("--cooldown", required=True)
+    serve.add_argument("--backend", choices=BACKENDS, default="sqlite")
     args = parser.parse_args()
     if args.command == "serve":
         if args.kind == "bare":
             web.run_app(_bare_app(), host=LOOPBACK, port=args.port, print=None, access_log=None)
         else:
-            asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown))
+            asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown, args.backend))
     else:
-        asyncio.run(main(args.quick))
+        backends = args.backends
+        if backends is None:
+            backends = list(BACKENDS)
+            if not postgres_installed():
+                print("PostgreSQL is not installed (make system-deps): intake on the SQLite journal only\n")
+                backends.remove("postgres")
+        asyncio.run(main(args.quick, backends, args.pg_fsync == "on"))
