@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from daemon.common.config import Settings
 from daemon.http.auth import Caller, TokenSet
-from daemon.http.bodies import ApproveRequest, Body, FreezeRequest, UnfreezeRequest, UnpinRequest
+from daemon.http.bodies import (ApproveRequest, Body, ClearBadVersionRequest, FreezeRequest, UnfreezeRequest,
+                                UnpinRequest)
 from daemon.http.intake import BodyError, decode_body, field_path
 from daemon.http.openapi import openapi_document
 from daemon.http.responses import answer_and_close, error
@@ -237,6 +238,49 @@ async def post_approve(request: web.Request) -> web.StreamResponse:
                              status=status)
 
 
+def _bad_version_view(mark: Any) -> dict[str, Any]:
+    return {"version": mark["version"], "reason": mark["reason"], "decision": mark["decision_id"], "at": mark["at"],
+            "clearedAt": mark.get("cleared_at"), "clearedReason": mark.get("cleared_reason")}
+
+
+async def get_bad_versions(request: web.Request) -> web.StreamResponse:
+    """The versions of `?target=` marked bad (rolled back from), which `to: previous` skips."""
+    caller = await _admit(request, READ)
+    if isinstance(caller, web.Response):
+        return caller
+    svc = request.app[OPERATOR]
+    try:
+        key = _scope(svc, request.query.get("target") or "", must_be_known=False)
+        marks = await svc.journal.bad_versions(key, include_cleared="all" in request.query)
+    except FreezeError as exc:
+        return error(exc.status, str(exc))
+    except JournalError as exc:
+        return _journal_failed(exc)
+    return web.json_response({"target": key, "badVersions": [_bad_version_view(m) for m in marks]})
+
+
+async def post_clear_bad_version(request: web.Request) -> web.StreamResponse:
+    caller = await _admit(request, WRITE)
+    if isinstance(caller, web.Response):
+        return caller
+    body = await _json_body(request, ClearBadVersionRequest)
+    if isinstance(body, web.Response):
+        return body
+    svc = request.app[OPERATOR]
+    try:
+        key = _scope(svc, body.target, must_be_known=False)
+        cleared = await svc.journal.clear_bad(key, body.version, f"{body.reason} (by {caller.name} via api)")
+    except FreezeError as exc:
+        return error(exc.status, str(exc))
+    except JournalError as exc:
+        return _journal_failed(exc)
+    if not cleared:
+        return error(409, f"version {body.version} of {key} is not marked bad")
+    svc.state_recorded()
+    log.warning("bad-version mark cleared", target=key, version=body.version, by=caller.name, reason=body.reason)
+    return web.json_response({"cleared": {"target": key, "version": body.version}})
+
+
 async def post_unpin(request: web.Request) -> web.StreamResponse:
     caller = await _admit(request, WRITE)
     if isinstance(caller, web.Response):
@@ -274,4 +318,6 @@ def add_routes(app: web.Application, operator: Operator, expect_handler: Any) ->
     app.router.add_post("/api/v1/unfreeze", post_unfreeze, expect_handler=expect_handler)
     app.router.add_post("/api/v1/approvals/{approval}/approve", post_approve, expect_handler=expect_handler)
     app.router.add_post("/api/v1/unpin", post_unpin, expect_handler=expect_handler)
+    app.router.add_get("/api/v1/bad-versions", get_bad_versions, expect_handler=expect_handler)
+    app.router.add_post("/api/v1/bad-versions/clear", post_clear_bad_version, expect_handler=expect_handler)
     app.router.add_get("/api/v1/openapi.json", get_openapi, expect_handler=expect_handler)

@@ -27,6 +27,12 @@ class ApproveRequest(Body):
     reason: str = Field("approved", min_length=1, max_length=1000)
 
 
+class ClearBadVersionRequest(Body):
+    target: str = Field(min_length=1, max_length=300)
+    version: int = Field(ge=0, le=2**53)
+    reason: str = Field("cleared by the API", min_length=1, max_length=1000)
+
+
 class UnpinRequest(Body):
     target: str = Field(min_length=1, max_length=300)
     reason: str = Field("ended by the API", min_length=1, max_length=1000)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from daemon.http.bodies import ApproveRequest, FreezeRequest, UnfreezeRequest, UnpinRequest
+from daemon.http.bodies import ApproveRequest, ClearBadVersionRequest, FreezeRequest, UnfreezeRequest, UnpinRequest
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 
@@ -77,6 +77,19 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "End a target's rollback pin (the reconciler stops re-applying it).",
                 "operationId": "unpin", "security": write, "requestBody": _body(UnpinRequest),
                 "responses": _answers(200, "{unpinned: {...}}", *body_errors)}},
+            "/api/v1/bad-versions": {"get": {
+                "summary": "The versions of a target marked bad (rolled back from), which `to: previous` skips; "
+                           "`&all` includes cleared marks.",
+                "operationId": "badVersions", "security": read,
+                "parameters": [{"name": "target", "in": "query", "required": True, "schema": {"type": "string"},
+                                "description": "namespace/model (a bare model means default/model)"},
+                               {"name": "all", "in": "query", "required": False,
+                                "schema": {"type": "string"}, "description": "present: cleared marks too"}],
+                "responses": _answers(200, "{target, badVersions: [...]}", 401, 403, 422, 503)}},
+            "/api/v1/bad-versions/clear": {"post": {
+                "summary": "Clear a version's bad mark (journaled), so `to: previous` may choose it again.",
+                "operationId": "clearBadVersion", "security": write, "requestBody": _body(ClearBadVersionRequest),
+                "responses": _answers(200, "{cleared: {target, version}}", *body_errors)}},
             "/api/v1/openapi.json": {"get": {
                 "summary": "This document.", "operationId": "openapi", "security": [],
                 "responses": {"200": {"description": "OpenAPI 3.1"}}}},

@@ -16,6 +16,7 @@ import os
 import signal as os_signal
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 import sys
 import time
@@ -85,9 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = sub.add_parser("bad-versions", help="list the versions of a target marked bad (rolled back from), "
                                               "which `to: previous` skips; --clear VERSION clears a mark")
     bad.add_argument("target", help="the target: namespace/model (a bare model means default/model)")
-    bad.add_argument("--config", type=Path, help="settings YAML (names the journal)")
+    bad.add_argument("--config", type=Path, help="without --url: settings YAML (names the journal)")
     bad.add_argument("--clear", type=int, metavar="VERSION", help="clear the mark on VERSION (journaled)")
     bad.add_argument("--reason", default="cleared by tailguard bad-versions", help="recorded with --clear")
+    _api_arguments(bad, url_default=None)
     bt = sub.add_parser("backtest", help="replay a range of Prometheus history through the policies: when each "
                                          "signal would have fired and each plan would have run; applies nothing")
     bt.add_argument("--config", type=Path, help="settings YAML (policies, prometheus.url)")
@@ -135,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _unpin_api(api, args.target, args.reason)
         return _unpin(args.config, args.target, args.reason)
     if args.command == "bad-versions":
+        api = _api_from(args)
+        if api is not None:
+            return _bad_versions_api(api, args.target, args.clear, args.reason)
         return _bad_versions(args.config, args.target, args.clear, args.reason)
     return 2
 
@@ -456,6 +461,22 @@ def _unpin_api(api: "_Api", target: str, reason: str) -> int:
     print(f"unpinned: {ended['target']} (was pinned to version {ended['version']}"
           + (f" from {ended['fromVersion']}" if ended.get("fromVersion") is not None else "")
           + (f" by decision {ended['decision']}" if ended.get("decision") is not None else "") + ")")
+    return 0
+
+
+def _bad_versions_api(api: "_Api", target: str, clear: int | None, reason: str) -> int:
+    if clear is not None:
+        code, doc = api.call("POST", "/api/v1/bad-versions/clear", {"target": target, "version": clear, "reason": reason})
+        if not 200 <= code < 300:  # 0: not reached
+            return _refused(code, doc)
+        print(f"cleared: version {doc['cleared']['version']} of {doc['cleared']['target']}")
+        return 0
+    code, doc = api.call("GET", "/api/v1/bad-versions?" + urllib.parse.urlencode({"target": target}))
+    if not 200 <= code < 300:
+        return _refused(code, doc)
+    for mark in doc["badVersions"]:
+        print(json.dumps({"target": doc["target"], "version": mark["version"], "reason": mark["reason"],
+                          "decision": mark["decision"], "at": mark["at"]}))
     return 0
 
 

@@ -293,6 +293,46 @@ async def test_unpin_via_cli_calls_the_api(tmp_path: Path, svc: Service, capsys:
     assert err.startswith("error: cannot reach http://127.0.0.1:9") and err.count("\n") == 1
 
 
+async def test_bad_versions_via_cli_list_and_clear_through_the_api(
+        tmp_path: Path, svc: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tailguard bad-versions --url` lists the running daemon's marks and clears one through the API
+    (journaled with the token's name); clearing a version not marked is exit 1 with one line, a read
+    token cannot clear, and bad input to the endpoints is a 4xx, never a 500."""
+    token_file = tmp_path / "token"
+    token_file.write_text(OPERATOR)
+    api = ["--url", f"http://127.0.0.1:{svc.port}", "--token-file", str(token_file)]
+    await svc.journal.mark_bad("default/ranker", 2, "rolled back by decision 7", decision_id=7)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["bad-versions", "ranker", *api]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    listed = json.loads(line)
+    assert (listed["target"], listed["version"], listed["decision"]) == ("default/ranker", 2, 7)
+
+    token_file.write_text(READER)
+    assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", *api]) == 1
+    assert "403: token 'dashboards' lacks the 'write' scope" in capsys.readouterr().err
+    token_file.write_text(OPERATOR)
+    assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", "--reason", "v2 was fine",
+                                          *api]) == 0
+    assert "cleared: version 2 of default/ranker" in capsys.readouterr().out.splitlines()
+    assert await svc.journal.known_bad("default/ranker") == frozenset()
+    (mark,) = await svc.journal.bad_versions("default/ranker", include_cleared=True)
+    assert mark["cleared_reason"] == "v2 was fine (by alice via api)"
+    assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", *api]) == 1
+    assert capsys.readouterr().err == "error: 409: version 2 of default/ranker is not marked bad\n"
+
+    for path in ["/api/v1/bad-versions", "/api/v1/bad-versions?target=a%20b", "/api/v1/bad-versions?target=a/b/c"]:
+        status, body = await call(svc, "GET", path, READER)
+        assert status == 422 and "\n" not in body["error"], (path, body)
+    # Undecodable bytes in the query arrive as U+FFFD: a target no policy names, with no marks.
+    assert await call(svc, "GET", "/api/v1/bad-versions?target=%ff", READER) == (
+        200, {"target": "default/\ufffd", "badVersions": []})
+    for bad in [{"target": "ranker"}, {"target": "ranker", "version": -1}, {"target": "ranker", "version": "x"},
+                {"target": "ranker", "version": 10**30}, {"version": 2}]:
+        status, body = await call(svc, "POST", "/api/v1/bad-versions/clear", OPERATOR, bad)
+        assert status == 422, (bad, body)
+
+
 # ---- hostile input --------------------------------------------------------------------------------
 
 BAD_BODIES = [
