@@ -154,6 +154,18 @@ MIGRATIONS = (
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
 )
 
+# The server ends a session that holds a transaction open this long without a statement: a replica
+# frozen mid-transaction (a long GC pause, a stopped VM) would otherwise keep its row locks, the
+# leadership row among them, and block the next leader's takeover until its TCP connection died.
+# The journal's transactions never wait on anything outside the database, so seconds are plenty.
+IDLE_IN_TRANSACTION_TIMEOUT = "5s"
+
+
+def _configure_session(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+    conn.commit()
+
+
 # pg_advisory_xact_lock key of schema migrations ("tailjrnl" as a 64-bit integer).
 _SCHEMA_LOCK = int.from_bytes(b"tailjrnl", "big") - (1 << 63)
 
@@ -218,7 +230,8 @@ class PostgresBackend:
     def __init__(self, dsn: str, pool_size: int = 4, connect_timeout_seconds: float = 10.0) -> None:
         self.dsn = dsn
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), timeout=connect_timeout_seconds,
-                                    kwargs={"row_factory": dict_row}, open=False, name="tailguard-journal")
+                                    kwargs={"row_factory": dict_row}, configure=_configure_session, open=False,
+                                    name="tailguard-journal")
         try:
             self._pool.open(wait=True, timeout=connect_timeout_seconds)
         except BaseException:

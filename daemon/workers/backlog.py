@@ -11,7 +11,7 @@ import structlog
 from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import AsyncJournal, JournalError
+from daemon.storage.journal import AsyncJournal, JournalError, JournalFenced
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.matching import matching_policies
@@ -236,6 +236,10 @@ class Backlog:
                     await self._expire(signal_id, signal, age)
                 else:
                     await self._process(signal_id, signal)
+            except JournalFenced as exc:  # another replica took over: the signal is its to finish
+                self._metrics.faults.labels("journal").inc()
+                log.warning("replaced as leader while processing; signal left to the new leader",
+                            signal=signal.dedup_key, error=str(exc))
             except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
                 self._failed.add(signal_id)
                 self._metrics.faults.labels("executor").inc()

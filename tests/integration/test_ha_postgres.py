@@ -57,14 +57,16 @@ WAIT_SECONDS = 90.0
 class Sink:
     """The notify receiver: every POST with its Idempotency-Key and the signal it is about."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_seconds: float = 0.0) -> None:
         self.posts: list[tuple[str, str]] = []  # (idempotency key, signal dedup key)
+        self.delay_seconds = delay_seconds
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> None:
         async def hook(request: web.Request) -> web.Response:
             body = await request.json()
+            await asyncio.sleep(self.delay_seconds)
             self.posts.append((request.headers.get("Idempotency-Key", ""), body["signal"]["dedup_key"]))
             return web.json_response({"ok": True})
 
@@ -141,89 +143,168 @@ async def sink() -> AsyncIterator[Sink]:
     await s.stop()
 
 
-async def test_two_daemons_share_the_journal_and_a_killed_leader_loses_nothing_and_repeats_nothing(
-        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink) -> None:  # noqa: F811
+@pytest.fixture
+async def slow_sink() -> AsyncIterator[Sink]:
+    """A receiver that takes 30 ms per message: the leader is mostly inside a step's call."""
+    s = Sink(delay_seconds=0.03)
+    await s.start()
+    yield s
+    await s.stop()
+
+
+class Burst:
+    """Webhooks to the replicas round-robin; one that fails or is unavailable is resent to the other
+    until a replica journals it (as Alertmanager resends); bounded."""
+
+    def __init__(self, replicas: dict[str, Replica]) -> None:
+        self.replicas = list(replicas.values())
+        self.answered: collections.Counter[tuple[str, int]] = collections.Counter()  # (replica, status)
+        self.acknowledged: set[int] = set()
+        self.unavailable: set[str] = set()  # replicas a sender would time out on (killed, paused)
+
+    async def send(self, http: aiohttp.ClientSession, n: int) -> None:
+        for attempt in range(400):
+            replica = self.replicas[(n + attempt) % 2]
+            if replica.name in self.unavailable:
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                async with http.post(f"{replica.url}/api/v1/alerts", json=_webhook(n),
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+                    self.answered[(replica.name, resp.status)] += 1
+                    if resp.status == 200:
+                        self.acknowledged.add(n)
+                        return
+            except aiohttp.ClientError:
+                self.answered[(replica.name, -1)] += 1
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"webhook {n} was never acknowledged: {self.answered}")
+
+    async def run(self, numbers: range) -> None:
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(self.send(http, n) for n in numbers))
+
+
+EXPECTED = {f"ha{n:03d}x{i}" for n in range(WEBHOOKS) for i in range(ALERTS_PER_WEBHOOK)}
+
+
+def _notified(sink: Sink) -> set[str]:
+    return {dedup.split(":")[1] for _, dedup in sink.posts}
+
+
+async def _wait_acted_on_all(sink: Sink, dsn: str) -> None:
+    """Until every alert was notified and its signal is no longer pending (the decision finished)."""
+    await wait_for(lambda: _notified(sink) >= EXPECTED, timeout=WAIT_SECONDS)
+    journal = Journal(dsn)
+    try:
+        await wait_for(lambda: journal.refresh_pending() == 0, timeout=WAIT_SECONDS, interval=0.2)
+    finally:
+        journal.close()
+
+
+async def _start_pair(tmp_path: Path, dsn: str, emulator: KubeEmulator,
+                      sink: Sink) -> tuple[dict[str, Replica], Replica, Replica]:
+    """Two started replicas: (all by name, the Lease holder, the other)."""
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "p.yaml").write_text(POLICY.replace("URL", sink.url))
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
-    replicas = {r.name: r for r in (Replica(tmp_path, n, postgres_dsn, kubeconfig, policies) for n in "ab")}
-    try:
-        await asyncio.gather(*(r.start() for r in replicas.values()))
-        await wait_for(lambda: _holder(kube_emulator) in replicas, timeout=20)
-        leader = replicas[str(_holder(kube_emulator))]
-        survivor = next(r for r in replicas.values() if r is not leader)
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", emulator)
+    replicas = {r.name: r for r in (Replica(tmp_path, n, dsn, kubeconfig, policies) for n in "ab")}
+    await asyncio.gather(*(r.start() for r in replicas.values()))
+    await wait_for(lambda: _holder(emulator) in replicas, timeout=20)
+    leader = replicas[str(_holder(emulator))]
+    return replicas, leader, next(r for r in replicas.values() if r is not leader)
 
-        answered: collections.Counter[tuple[str, int]] = collections.Counter()  # (replica, status)
-        acknowledged: set[int] = set()
-        killed = asyncio.Event()
 
-        async def send(http: aiohttp.ClientSession, n: int) -> None:
-            """Webhook n to a replica chosen round-robin, then to the other until one journals it
-            (as Alertmanager resends); bounded."""
-            order = list(replicas.values())
-            for attempt in range(200):
-                replica = order[(n + attempt) % 2]
-                if replica is leader and killed.is_set():
-                    continue
-                try:
-                    async with http.post(f"{replica.url}/api/v1/alerts", json=_webhook(n),
-                                         headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
-                        answered[(replica.name, resp.status)] += 1
-                        if resp.status == 200:
-                            acknowledged.add(n)
-                            return
-                except aiohttp.ClientError:
-                    answered[(replica.name, -1)] += 1
-                await asyncio.sleep(0.05)
-            raise AssertionError(f"webhook {n} was never acknowledged: {answered}")
-
-        async with aiohttp.ClientSession() as http:
-            for n in range(KILL_AFTER):
-                await send(http, n)
-            leader.kill()  # mid-burst: the leader is still working through what it acknowledged
-            killed.set()
-            await asyncio.gather(*(send(http, n) for n in range(KILL_AFTER, WEBHOOKS)))
-        assert acknowledged == set(range(WEBHOOKS))
-        # Both replicas journaled webhooks before the kill (no 503 from the follower).
-        assert answered[(survivor.name, 200)] >= KILL_AFTER // 2 and answered[(leader.name, 200)] >= 1
-        assert not any(status == 503 for (_, status) in answered), answered
-
-        expected = {f"ha{n:03d}x{i}" for n in range(WEBHOOKS) for i in range(ALERTS_PER_WEBHOOK)}
-
-        def notified() -> set[str]:
-            return {dedup.split(":")[1] for _, dedup in sink.posts}
-
-        await wait_for(lambda: notified() >= expected, timeout=WAIT_SECONDS)
-        await wait_for(lambda: _holder(kube_emulator) == survivor.name, timeout=10)
-    finally:
-        for r in replicas.values():
-            await asyncio.to_thread(r.process.stop)
-
-    # Acted on once: one Idempotency-Key per alert (a second action would be a second decision,
-    # with a key of its own); a message re-sent after the crash carries the key it had.
+def _assert_each_alert_acted_on_once(sink: Sink, dsn: str, first: Replica, second: Replica) -> None:
+    """One Idempotency-Key per alert (a second action would be a second decision, with a key of its
+    own; a message re-sent after a crash or by a new leader carries the key it had), every signal
+    processed with one succeeded decision, decisions claimed by `first` in an earlier term than by
+    `second`, which holds the journal's term now (a decision `first` had in hand when it died or
+    froze is claimed anew by `second` when it resumes it)."""
     keys_per_alert: dict[str, set[str]] = collections.defaultdict(set)
     for key, dedup in sink.posts:
         keys_per_alert[dedup.split(":")[1]].add(key)
-    assert set(keys_per_alert) == expected
+    assert set(keys_per_alert) == EXPECTED
     assert {a: k for a, k in keys_per_alert.items() if len(k) != 1} == {}
 
-    journal = Journal(postgres_dsn)
+    journal = Journal(dsn)
     try:
         signals = journal.signals()
         decisions = journal.decisions()
-        claims = journal._read("SELECT holder, term, COUNT(*) AS n FROM decisions GROUP BY holder, term")
+        claims = journal._read("SELECT holder, MAX(term) AS term, COUNT(*) AS n FROM decisions GROUP BY holder")
         term = journal.current_term()
     finally:
         journal.close()
-    assert len(signals) == len(expected) and {s["state"] for s in signals} == {"processed"}
-    assert len({d.signal_id for d in decisions}) == len(decisions) == len(expected)
+    assert len(signals) == len(EXPECTED) and {s["state"] for s in signals} == {"processed"}
+    assert len({d.signal_id for d in decisions}) == len(decisions) == len(EXPECTED)
     assert {d.state for d in decisions} == {"succeeded"}, collections.Counter(d.state for d in decisions)
     by_holder = {r["holder"]: (int(r["term"]), int(r["n"])) for r in claims}
-    # The killed leader claimed some in its term, the survivor the rest in a later one.
-    assert set(by_holder) == {leader.name, survivor.name}, by_holder
-    assert by_holder[leader.name][0] < by_holder[survivor.name][0], by_holder
-    assert term is not None and term.holder == survivor.name and term.term == by_holder[survivor.name][0]
+    assert term is not None and term.holder == second.name and term.term == by_holder[second.name][0]
+    assert set(by_holder) == {first.name, second.name}, by_holder
+    assert by_holder[first.name][0] < by_holder[second.name][0], by_holder
+
+
+async def test_two_daemons_share_the_journal_and_a_killed_leader_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink) -> None:  # noqa: F811
+    replicas, leader, survivor = await _start_pair(tmp_path, postgres_dsn, kube_emulator, sink)
+    try:
+        burst = Burst(replicas)
+        await burst.run(range(KILL_AFTER))
+        await wait_for(lambda: len(sink.posts) >= 5, timeout=WAIT_SECONDS)
+        leader.kill()  # mid-burst: the leader is still working through what it acknowledged
+        burst.unavailable.add(leader.name)
+        await burst.run(range(KILL_AFTER, WEBHOOKS))
+        assert burst.acknowledged == set(range(WEBHOOKS))
+        # Both replicas journaled webhooks before the kill (no 503 from the follower).
+        assert burst.answered[(survivor.name, 200)] >= 1 and burst.answered[(leader.name, 200)] >= 1
+        assert not any(status == 503 for (_, status) in burst.answered), burst.answered
+        await _wait_acted_on_all(sink, postgres_dsn)
+        assert _holder(kube_emulator) == survivor.name
+    finally:
+        for r in replicas.values():
+            await asyncio.to_thread(r.process.stop)
+    _assert_each_alert_acted_on_once(sink, postgres_dsn, leader, survivor)
+
+
+async def test_a_paused_leader_that_wakes_after_a_takeover_is_fenced_off(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, slow_sink: Sink) -> None:  # noqa: F811
+    """SIGSTOP the leader mid-burst (a GC pause, a frozen node) for longer than the Lease: the other
+    replica takes the Lease and a new term and goes on. On SIGCONT the old leader still believes it
+    leads for a moment, with signals and a step in hand; the journal refuses its writes (its term is
+    gone), so it never acts on a signal the new leader owns, and it falls back to follower."""
+    sink = slow_sink
+    replicas, leader, other = await _start_pair(tmp_path, postgres_dsn, kube_emulator, sink)
+    try:
+        burst = Burst(replicas)
+        await burst.run(range(KILL_AFTER))
+        await wait_for(lambda: len(sink.posts) >= 5, timeout=WAIT_SECONDS)
+        os.kill(leader.process.pid, signal.SIGSTOP)
+        burst.unavailable.add(leader.name)
+        try:
+            await burst.run(range(KILL_AFTER, 2 * KILL_AFTER))
+            await wait_for(lambda: _holder(kube_emulator) == other.name, timeout=10)
+            await wait_for(lambda: len(sink.posts) > 0 and sink.posts[-1][1].split(":")[1] >= f"ha{KILL_AFTER:03d}",
+                           timeout=WAIT_SECONDS)  # the new leader acts
+        finally:
+            os.kill(leader.process.pid, signal.SIGCONT)
+        burst.unavailable.clear()
+        await burst.run(range(2 * KILL_AFTER, WEBHOOKS))  # to both again: the woken one is a follower
+        assert burst.acknowledged == set(range(WEBHOOKS))
+        await _wait_acted_on_all(sink, postgres_dsn)
+        assert _holder(kube_emulator) == other.name
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{leader.url}/readyz") as resp:
+                ready = await resp.json()
+        assert ready["acting"] is False and ready["leader"] is False, ready
+        # It woke with a signal in hand and tried to go on: the journal refused (logged, not retried).
+        assert "replaced as leader while processing" in leader.process.log_tail(200_000), leader.process.log_tail()
+    finally:
+        for r in (leader, other):  # the woken one first: stopping the holder hands it the Lease back
+            if r.process.running:
+                os.kill(r.process.pid, signal.SIGCONT)
+            await asyncio.to_thread(r.process.stop)
+    _assert_each_alert_acted_on_once(sink, postgres_dsn, leader, other)
 
 
 # ---- the operator API on a follower -----------------------------------------------------------

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from core.signal import Signal, SignalSource
-from daemon.storage.journal import JournalFenced
+from daemon.storage.journal import Journal, JournalError, JournalFenced
 from tests.support.journal_backends import OpenJournal
 
 
@@ -100,3 +100,42 @@ def test_a_takeover_waits_for_a_fenced_write_in_flight(open_journal: OpenJournal
     assert taken == [2]
     row = b._read("SELECT holder, term FROM decisions WHERE signal_id=?", (sid,))[0]
     assert (row["holder"], row["term"]) == ("tailguard-a", 1)
+
+
+def test_a_leader_frozen_inside_a_transaction_does_not_block_the_takeover(postgres_dsn: str):
+    """PostgreSQL: a replica frozen between its fence check and its commit (a long pause, a stopped
+    VM) holds the term row; the server ends its session after the idle-in-transaction timeout, so the
+    next leader's takeover goes through, and the frozen write, when it wakes, fails instead of landing."""
+    a, b = Journal(postgres_dsn), Journal(postgres_dsn)
+    try:
+        a.take_term("tailguard-a")
+        (sid, _), = a.record_signals([_signal("s")])[0]
+        checked, release = threading.Event(), threading.Event()
+        original = a._check_fence
+
+        def frozen_check() -> None:
+            original()
+            checked.set()
+            release.wait(30)
+
+        a._check_fence = frozen_check  # type: ignore[method-assign]
+        failed: list[Exception] = []
+
+        def write() -> None:
+            try:
+                a.record_decision(sid, "p", "ns/m", "executing", "", {}, True)
+            except JournalError as exc:
+                failed.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert checked.wait(10)
+        assert b.take_term("tailguard-b").term == 2  # waits out the server's timeout, not the frozen writer
+        release.set()
+        writer.join(10)
+        assert len(failed) == 1
+        assert b.decisions() == []
+    finally:
+        release.set()
+        a.close()
+        b.close()
