@@ -158,7 +158,8 @@ def test_postgres_with_three_replicas(tmp_path: Path) -> None:
     mount = _mounts(objects)["journal-dsn"]
     assert mount["readOnly"] is True
     config = _config(objects)
-    assert config["journal"] == {"backend": "postgres", "dsnFile": f"{mount['mountPath']}/dsn", "maxPending": 100000}
+    assert config["journal"] == {"backend": "postgres", "dsnFile": f"{mount['mountPath']}/dsn", "sharedPollSeconds": 1,
+                                 "maxPending": 100000}
     assert config["leaderElection"]["enabled"] is True
     assert hr.one(objects, "Role", f"{SA}-leader-election")
     settings = daemon_settings(objects, tmp_path)
@@ -171,6 +172,16 @@ def test_postgres_secret_key_is_configurable() -> None:
     objects = hr.render({**POSTGRES, "journal": {**POSTGRES["journal"],
                                                  "postgres": {"existingSecret": "db", "secretKey": "dsn.txt"}}})
     assert _volumes(objects)["journal-dsn"]["secret"]["items"] == [{"key": "dsn.txt", "path": "dsn"}]
+
+
+def test_postgres_poll_interval_reaches_the_daemon(tmp_path: Path) -> None:
+    """journal.postgres.pollIntervalSeconds becomes the daemon's journal.sharedPollSeconds; 0 is refused."""
+    values = {**POSTGRES, "journal": {**POSTGRES["journal"],
+                                      "postgres": {"existingSecret": "tailguard-pg-app", "pollIntervalSeconds": 0.5}}}
+    assert daemon_settings(hr.render(values), tmp_path).journal.shared_poll_seconds == 0.5
+    values["journal"]["postgres"]["pollIntervalSeconds"] = 0
+    with pytest.raises(helm.HelmValuesError, match="at '/journal/postgres/pollIntervalSeconds'"):
+        hr.render(values)
 
 
 @pytest.mark.parametrize(("values", "says", "not_says"), [

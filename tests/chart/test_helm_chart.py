@@ -43,6 +43,8 @@ EXAMPLE_POLICY = {
          "sink": {"kind": "istio", "virtualService": {"namespace": "serving", "name": "ranker"}}},
     ],
     "guards": {"cooldown": "10m", "dryRun": False},
+    # alert-only: the daemon's loader requires a verify block
+    "verify": {"query": 'max(nv_inference_request_summary_us{model="$model", quantile="0.999"})', "below": 500000},
 }
 
 # Values sets that together switch every template and branch on at least once.

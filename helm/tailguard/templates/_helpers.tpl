@@ -170,6 +170,7 @@ journal:
   backend: {{ .Values.journal.backend }}
   {{- if eq .Values.journal.backend "postgres" }}
   dsnFile: {{ include "tailguard.journalDsnDir" . }}/dsn
+  sharedPollSeconds: {{ .Values.journal.postgres.pollIntervalSeconds | toJson }}
   {{- else }}
   path: /var/lib/tailguard/journal.db
   {{- end }}
