@@ -11,7 +11,8 @@ Bad input gets a 4xx with a one-line reason, never a 500.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+import functools
+from typing import Any, Awaitable, Callable, Protocol
 
 import aiohttp
 import structlog
@@ -154,83 +155,73 @@ def _journal_failed(exc: JournalError) -> web.Response:
 
 # ---- handlers ------------------------------------------------------------------------------------
 
-
-async def get_status(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, READ)
-    if isinstance(caller, web.Response):
-        return caller
-    try:
-        inputs = await request.app[OPERATOR].status_inputs()
-    except JournalError as exc:
-        return _journal_failed(exc)
-    return web.json_response(build_status(inputs))
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Call = Callable[[web.Request, Operator, Caller, Any], Awaitable[web.StreamResponse]]
 
 
-async def get_approvals(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, READ)
-    if isinstance(caller, web.Response):
-        return caller
-    svc = request.app[OPERATOR]
-    try:
-        inputs = await svc.status_inputs()
-    except JournalError as exc:
-        return _journal_failed(exc)
+def operator_call(scope: str, body: type[Body] | None = None, *, leader_only: bool = False) -> Callable[[Call], Handler]:
+    """A handler from a call's own work: the token, its scope and whether this replica may answer
+    checked first (`_admit`), the JSON body parsed as `body` (None: the call reads it itself), and a
+    FreezeError or JournalError the call raises answered as such. The call gets (request, service,
+    caller, body)."""
+    def wrap(call: Call) -> Handler:
+        @functools.wraps(call)
+        async def handler(request: web.Request) -> web.StreamResponse:
+            caller = await _admit(request, scope, leader_only=leader_only)
+            if isinstance(caller, web.Response):
+                return caller
+            parsed = None
+            if body is not None:
+                parsed = await _json_body(request, body)
+                if isinstance(parsed, web.Response):
+                    return parsed
+            try:
+                return await call(request, request.app[OPERATOR], caller, parsed)
+            except FreezeError as exc:
+                return error(exc.status, str(exc))
+            except JournalError as exc:
+                return _journal_failed(exc)
+        return handler
+    return wrap
+
+
+@operator_call(READ)
+async def get_status(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
+    return web.json_response(build_status(await svc.status_inputs()))
+
+
+@operator_call(READ)
+async def get_approvals(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
+    inputs = await svc.status_inputs()
     return web.json_response({"approvals": [approval_view(a, inputs.now) for a in inputs.approvals]})
 
 
-async def post_freeze(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE)
-    if isinstance(caller, web.Response):
-        return caller
-    body = await _json_body(request, FreezeRequest)
-    if isinstance(body, web.Response):
-        return body
-    svc = request.app[OPERATOR]
-    try:
-        scope = _scope(svc, body.target, must_be_known=True)
-        until = FOREVER if body.duration_seconds is None else svc.freezes.now() + body.duration_seconds
-        freeze = await svc.freezes.freeze(scope, body.reason, caller.name, "api", until)
-    except FreezeError as exc:
-        return error(exc.status, str(exc))
-    except JournalError as exc:
-        return _journal_failed(exc)
+@operator_call(WRITE, FreezeRequest)
+async def post_freeze(request: web.Request, svc: Operator, caller: Caller, body: FreezeRequest) -> web.StreamResponse:
+    scope = _scope(svc, body.target, must_be_known=True)
+    until = FOREVER if body.duration_seconds is None else svc.freezes.now() + body.duration_seconds
+    freeze = await svc.freezes.freeze(scope, body.reason, caller.name, "api", until)
     return web.json_response({"frozen": freeze_as_dict(freeze, svc.freezes.now())}, status=201)
 
 
-async def post_unfreeze(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE)
-    if isinstance(caller, web.Response):
-        return caller
-    body = await _json_body(request, UnfreezeRequest)
-    if isinstance(body, web.Response):
-        return body
-    svc = request.app[OPERATOR]
-    try:
-        scope = _scope(svc, body.target, must_be_known=False)
-        lifted = await svc.freezes.unfreeze(scope, body.reason, caller.name, "api")
-    except FreezeError as exc:
-        return error(exc.status, str(exc))
-    except JournalError as exc:
-        return _journal_failed(exc)
+@operator_call(WRITE, UnfreezeRequest)
+async def post_unfreeze(request: web.Request, svc: Operator, caller: Caller,
+                        body: UnfreezeRequest) -> web.StreamResponse:
+    scope = _scope(svc, body.target, must_be_known=False)
+    lifted = await svc.freezes.unfreeze(scope, body.reason, caller.name, "api")
     now = svc.freezes.now()
     return web.json_response({"lifted": [freeze_as_dict(f, now) for f in lifted]})
 
 
-async def post_approve(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE, leader_only=True)  # applying the plan is acting
-    if isinstance(caller, web.Response):
-        return caller
+@operator_call(WRITE, leader_only=True)  # applying the plan is acting
+async def post_approve(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
     text = request.match_info["approval"]
     if not text.isascii() or not text.isdigit() or len(text) > 18:
         return await answer_and_close(request, error(404, f"no approval {text[:40]!r}"))
     body = await _json_body(request, ApproveRequest)
     if isinstance(body, web.Response):
         return body
-    svc = request.app[OPERATOR]
-    try:
-        status, message, approval = await svc.approve(int(text), caller.name, body.reason)
-    except JournalError as exc:
-        return _journal_failed(exc)
+    status, message, approval = await svc.approve(int(text), caller.name, body.reason)
     if status >= 400:
         return error(status, message)
     assert approval is not None
@@ -243,61 +234,31 @@ def _bad_version_view(mark: Any) -> dict[str, Any]:
             "clearedAt": mark.get("cleared_at"), "clearedReason": mark.get("cleared_reason")}
 
 
-async def get_bad_versions(request: web.Request) -> web.StreamResponse:
+@operator_call(READ)
+async def get_bad_versions(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
     """The versions of `?target=` marked bad (rolled back from), which `to: previous` skips."""
-    caller = await _admit(request, READ)
-    if isinstance(caller, web.Response):
-        return caller
-    svc = request.app[OPERATOR]
-    try:
-        key = _scope(svc, request.query.get("target") or "", must_be_known=False)
-        marks = await svc.journal.bad_versions(key, include_cleared="all" in request.query)
-    except FreezeError as exc:
-        return error(exc.status, str(exc))
-    except JournalError as exc:
-        return _journal_failed(exc)
+    key = _scope(svc, request.query.get("target") or "", must_be_known=False)
+    marks = await svc.journal.bad_versions(key, include_cleared="all" in request.query)
     return web.json_response({"target": key, "badVersions": [_bad_version_view(m) for m in marks]})
 
 
-async def post_clear_bad_version(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE)
-    if isinstance(caller, web.Response):
-        return caller
-    body = await _json_body(request, ClearBadVersionRequest)
-    if isinstance(body, web.Response):
-        return body
-    svc = request.app[OPERATOR]
-    try:
-        key = _scope(svc, body.target, must_be_known=False)
-        cleared = await svc.journal.clear_bad(key, body.version, f"{body.reason} (by {caller.name} via api)")
-    except FreezeError as exc:
-        return error(exc.status, str(exc))
-    except JournalError as exc:
-        return _journal_failed(exc)
-    if not cleared:
+@operator_call(WRITE, ClearBadVersionRequest)
+async def post_clear_bad_version(request: web.Request, svc: Operator, caller: Caller,
+                                 body: ClearBadVersionRequest) -> web.StreamResponse:
+    key = _scope(svc, body.target, must_be_known=False)
+    if not await svc.journal.clear_bad(key, body.version, f"{body.reason} (by {caller.name} via api)"):
         return error(409, f"version {body.version} of {key} is not marked bad")
     svc.state_recorded()
     log.warning("bad-version mark cleared", target=key, version=body.version, by=caller.name, reason=body.reason)
     return web.json_response({"cleared": {"target": key, "version": body.version}})
 
 
-async def post_unpin(request: web.Request) -> web.StreamResponse:
-    caller = await _admit(request, WRITE)
-    if isinstance(caller, web.Response):
-        return caller
-    body = await _json_body(request, UnpinRequest)
-    if isinstance(body, web.Response):
-        return body
-    svc = request.app[OPERATOR]
-    try:
-        key = _scope(svc, body.target, must_be_known=False)
-        if key == DAEMON_SCOPE:
-            raise FreezeError(422, "target: required")
-        ended = await svc.journal.end_pin(key, f"{body.reason} (by {caller.name} via api)")
-    except FreezeError as exc:
-        return error(exc.status, str(exc))
-    except JournalError as exc:
-        return _journal_failed(exc)
+@operator_call(WRITE, UnpinRequest)
+async def post_unpin(request: web.Request, svc: Operator, caller: Caller, body: UnpinRequest) -> web.StreamResponse:
+    key = _scope(svc, body.target, must_be_known=False)
+    if key == DAEMON_SCOPE:
+        raise FreezeError(422, "target: required")
+    ended = await svc.journal.end_pin(key, f"{body.reason} (by {caller.name} via api)")
     if ended is None:
         return error(409, f"no pin on {key}")
     svc.state_recorded()
