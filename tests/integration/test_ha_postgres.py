@@ -211,7 +211,7 @@ async def _start_pair(tmp_path: Path, dsn: str, emulator: KubeEmulator,
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", emulator)
     replicas = {r.name: r for r in (Replica(tmp_path, n, dsn, kubeconfig, policies) for n in "ab")}
     await asyncio.gather(*(r.start() for r in replicas.values()))
-    await wait_for(lambda: _holder(emulator) in replicas, timeout=20)
+    await wait_for(lambda: _holder(emulator) in replicas, timeout=45)
     leader = replicas[str(_holder(emulator))]
     return replicas, leader, next(r for r in replicas.values() if r is not leader)
 
@@ -283,7 +283,9 @@ async def test_a_paused_leader_that_wakes_after_a_takeover_is_fenced_off(
         burst.unavailable.add(leader.name)
         try:
             await burst.run(range(KILL_AFTER, 2 * KILL_AFTER))
-            await wait_for(lambda: _holder(kube_emulator) == other.name, timeout=10)
+            # The Lease expires after 2 s; under load (and with the paused one's transaction to be
+            # ended by the server after 5 s) the takeover may take longer.
+            await wait_for(lambda: _holder(kube_emulator) == other.name, timeout=45)
             await wait_for(lambda: len(sink.posts) > 0 and sink.posts[-1][1].split(":")[1] >= f"ha{KILL_AFTER:03d}",
                            timeout=WAIT_SECONDS)  # the new leader acts
         finally:
@@ -344,7 +346,7 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
     services = [await _service(tmp_path, n, postgres_dsn, kubeconfig, sink.url) for n in "ab"]
     try:
-        await wait_for(lambda: any(s.may_act() for s in services), timeout=10)
+        await wait_for(lambda: any(s.may_act() for s in services), timeout=30)
         leader = next(s for s in services if s.may_act())
         follower = next(s for s in services if s is not leader)
 
@@ -354,7 +356,7 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
         status, body = await _call(follower, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"),
                                    token=TOKEN)
         assert status == 200, body
-        await wait_for(lambda: len(leader.journal.sync.decisions()) == 1, timeout=10)
+        await wait_for(lambda: len(leader.journal.sync.decisions()) == 1, timeout=30)
         (blocked,) = leader.journal.sync.decisions()
         assert blocked.state == "blocked" and "target frozen: maintenance" in blocked.reason, blocked
         assert sink.posts == []
@@ -364,9 +366,9 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
         status, body = await _call(follower, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f2"),
                                    token=TOKEN)
         assert status == 200, body
-        await wait_for(lambda: len(sink.posts) == 1, timeout=10)
+        await wait_for(lambda: len(sink.posts) == 1, timeout=30)
 
-        await wait_for(lambda: leader.journal.sync.decisions()[-1].state.final, timeout=10)
+        await wait_for(lambda: leader.journal.sync.decisions()[-1].state.final, timeout=30)
         status, doc = await _call(follower, "GET", "/api/v1/status", token=READER)
         assert status == 200 and doc["role"] == "follower" and doc["replica"] == follower.identity
         (target,) = doc["targets"]
@@ -390,19 +392,19 @@ async def test_a_pending_approval_survives_failover_and_the_new_leader_applies_i
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
     services = [await _service(tmp_path, n, postgres_dsn, kubeconfig, sink.url) for n in "ab"]
     try:
-        await wait_for(lambda: any(s.may_act() for s in services), timeout=10)
+        await wait_for(lambda: any(s.may_act() for s in services), timeout=30)
         old = next(s for s in services if s.may_act())
         new = next(s for s in services if s is not old)
         status, body = await _call(old, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"), token=TOKEN)
         assert status == 200, body
-        await wait_for(lambda: [a.id for a in old.journal.sync.approvals("pending")] == [1], timeout=10)
+        await wait_for(lambda: [a.id for a in old.journal.sync.approvals("pending")] == [1], timeout=30)
         await old.stop()  # hands the Lease back
         services.remove(old)
-        await wait_for(new.may_act, timeout=10)
+        await wait_for(new.may_act, timeout=30)
         status, approved = await _call(new, "POST", "/api/v1/approvals/1/approve", body={"reason": "looked at it"})
         assert status == 202, approved
-        await wait_for(lambda: len(sink.posts) == 1, timeout=10)
-        await wait_for(lambda: new.journal.sync.decisions()[0].state == "succeeded", timeout=10)
+        await wait_for(lambda: len(sink.posts) == 1, timeout=30)
+        await wait_for(lambda: new.journal.sync.decisions()[0].state == "succeeded", timeout=30)
         assert len(new.journal.sync.decisions()) == 1
     finally:
         for svc in services:
