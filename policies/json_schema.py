@@ -32,5 +32,12 @@ def policy_json_schema(actions: Mapping[str, type[Action]],
     if "DetectorTrigger" in defs and detector_variants:
         defs["DetectorTrigger"]["properties"]["type"] = {"enum": sorted(detectors)}
         defs["DetectorTrigger"]["allOf"] = detector_variants
+    # The loader's `needs_verify`: a policy that may act (not dryRun) and whose live (not shadow)
+    # triggers are all alerts, at least one, needs a verify block.
+    shadow = {"properties": {"shadow": {"const": True}}, "required": ["shadow"]}
+    schema["if"] = {"required": ["triggers"], "properties": {
+        "triggers": {"contains": {"not": shadow}, "items": {"anyOf": [{"required": ["alert"]}, shadow]}},
+        "guards": {"not": {"properties": {"dryRun": {"const": True}}, "required": ["dryRun"]}}}}
+    schema["then"] = {"required": ["verify"]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

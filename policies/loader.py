@@ -318,9 +318,32 @@ def _parse_one(
             render_query(spec.verify.query, {"model": spec.target.model, "namespace": spec.target.namespace})
         except KeyError as exc:
             errors.append(PolicyError(where, spec.name, "verify.query", str(exc.args[0])))
+    elif needs_verify(spec):
+        errors.append(PolicyError(where, spec.name, "verify", VERIFY_REQUIRED))
     if len(errors) != before:
         return None
     return LoadedPolicy(spec, where, _target(spec), tuple(bound_actions), tuple(bound_detectors))
+
+
+VERIFY_REQUIRED = (
+    "required: this policy acts on alerts only, and an alert carries no line to check recovery against; "
+    "add a verify block, e.g. verify: {query: 'max(nv_inference_request_summary_us{model=\"$model\", "
+    "quantile=\"0.999\"})', below: 500000, for: 60s, within: 3m} (README.md, Policies: Recovery)")
+"""The error of an alert-only policy without a verify block (one line)."""
+
+
+def acts_on_alerts_only(spec: Policy) -> bool:
+    """Whether every trigger that can act (not `shadow`) is an alert trigger, and there is one: its
+    signals carry no detector line, so without a verify block nothing checks that acting helped."""
+    live = [t for t in spec.triggers if not t.shadow]
+    return bool(live) and all(t.alert is not None for t in live)
+
+
+def needs_verify(spec: Policy) -> bool:
+    """Whether `spec` must have a verify block and has none: it acts on alerts only. Exempt: a
+    policy that never applies anything, i.e. `guards.dryRun` (plans are journaled, never applied)
+    or every trigger `shadow` (decided and journaled, never applied): neither reaches a recovery check."""
+    return spec.verify is None and not spec.guards.dry_run and acts_on_alerts_only(spec)
 
 
 def _target(spec: Policy) -> Target:

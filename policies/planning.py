@@ -159,4 +159,9 @@ def recovery_warning(policy: LoadedPolicy) -> str | None:
     if policy.detectors:
         return ("alert signals get no recovery check after acting (no verify block; only detector signals "
                 "default to the detector's line)")
-    return "no recovery check after acting (alert-triggered policy without a verify block)"
+    spec = policy.spec
+    if not spec.guards.dry_run and any(not t.shadow for t in spec.triggers):  # alerts and schedules
+        return "alert signals get no recovery check after acting (no verify block)"
+    # Nothing is ever applied; the loader requires a verify block once it may act on alerts only.
+    return ("alert-only policy without a verify block: loaded only because it never acts (dryRun, or every "
+            "trigger shadow); the loader refuses it once it may act")

@@ -12,6 +12,13 @@ has no result is re-observed first: when `verify` answers OK its change had land
 recorded as applied (recovered after restart), else it is applied again; a step never started is
 applied as usual. Delivery per action: docs/design-notes.md.
 
+Retries: only a transient failure (a TemporaryError, or an Outcome marked retryable) is applied again,
+up to MAX_APPLY_ATTEMPTS, after the backoff (1 s, 2 s ...) or the TemporaryError's `delay_seconds`,
+whichever is longer (a failure asking for more than MAX_RETRY_DELAY_SECONDS fails the step). An
+exception that is no ActionError is a bug, never retried: its step fails at once, journaled with the
+exception's type and message, counted in tailguard_faults_total{component="actions"} and logged with
+its traceback; onFailure follows as for any failed step.
+
 A `notify` step never stops a plan: when it fails it is journaled failed and the plan goes on.
 
 Recovery: once a plan succeeded, its recovery check (`policies.planning.recovery_check`: the policy's
@@ -28,6 +35,7 @@ recovered, not_recovered, escalated) go to `notify`, a callback that never block
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -39,7 +47,7 @@ import structlog
 from actions.base import Action, ActionDeps, Step
 from actions.notify import KIND as NOTIFY_KIND
 from core.decision import DecisionState
-from core.outcome import ActionError, Outcome, OutcomeStatus
+from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
 from core.signal import Signal, SignalSource
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
@@ -61,6 +69,10 @@ from policies.recovery import Recovery, RecoveryVerdict
 log = structlog.get_logger("tailguard.executor")
 
 T = TypeVar("T")
+MAX_RETRY_DELAY_SECONDS = 60.0
+"""The longest wait before a retry of an apply (the target stays locked meanwhile): an action that
+asks for more (`TemporaryError.delay_seconds`) has its step failed instead of retried."""
+RETRY_AFTER = "retry_after_seconds"  # Outcome data: the least wait a transient failure asks for
 Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; returns at once, never blocks
 
 
@@ -459,12 +471,17 @@ class Executor:
         steps = []
         for bound in policy.actions:
             action = self._action(bound.kind)
-            observed = await _guarded(action.observe(policy.target, bound.params), bound.kind, "observe")
+            try:
+                observed = await _guarded(action.observe(policy.target, bound.params), bound.kind, "observe")
+            except UnexpectedError:
+                self._metrics.faults.labels("actions").inc()
+                raise
             try:
                 steps.append(action.plan(policy.target, bound.params, observed, signal))
             except ActionError:
                 raise
             except Exception as exc:  # a planning bug is this decision's failure, not the worker's
+                self._metrics.faults.labels("actions").inc()
                 log.exception("plan raised", action=bound.kind)
                 raise ActionError(f"{bound.kind}.plan raised {type(exc).__name__}: {exc}") from exc
         return steps
@@ -540,7 +557,7 @@ class Executor:
         if done is not None and done.landed:
             applied = Outcome.success("applied before the restart")
         elif done is not None and done.in_doubt:
-            check = await _outcome(action.verify(step, policy.target, params), kind, "verify")
+            check = await self._call(action.verify(step, policy.target, params), kind, "verify")
             if check.status is OutcomeStatus.OK:
                 applied = verified = check
                 await self._journal.record_step(
@@ -556,7 +573,7 @@ class Executor:
                                         done.attempt + 1 if done is not None else 1, started)
         outcome, landed = applied, applied.ok
         if landed:
-            outcome = verified or await _outcome(action.verify(step, policy.target, params), kind, "verify")
+            outcome = verified or await self._call(action.verify(step, policy.target, params), kind, "verify")
             await self._journal.record_step(decision_id, idx, kind, "verify", outcome.status.value,
                                             outcome.message, dict(outcome.data), time.monotonic() - started)
         result = "succeeded" if outcome.ok else "failed"
@@ -570,7 +587,12 @@ class Executor:
     async def _apply(self, decision_id: int, idx: int, kind: str, step: Step, policy: LoadedPolicy,
                      params: Any, first: int, started: float) -> Outcome:
         """Apply from attempt `first` while retryable, up to MAX_APPLY_ATTEMPTS (at least once);
-        each attempt's intent journaled before the call and its result after."""
+        each attempt's intent journaled before the call and its result after.
+
+        Between attempts: the backoff (1 s, 2 s, 4 s ...) or the wait the failure asked for
+        (`TemporaryError.delay_seconds`), whichever is longer; a failure that asks for more than
+        MAX_RETRY_DELAY_SECONDS is not retried. An exception that is no ActionError is a bug, not a
+        transient failure: the step fails at once (`_call`)."""
         action = self._action(kind)
         last = max(first, MAX_APPLY_ATTEMPTS)
         outcome = Outcome.failure("not attempted")
@@ -578,13 +600,25 @@ class Executor:
             attempted = {"step": step.as_dict(), "attempt": attempt, "effect_key": step.effect_key}
             await self._journal.record_step(decision_id, idx, kind, INTENT, "pending",
                                             f"attempt {attempt}: {step.summary}", attempted, None)
-            outcome = await _outcome(action.apply(step, policy.target, params), kind, "apply")
+            outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
+            delay = _retry_delay(attempt, outcome)
+            if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
+                outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
+                                                  f"more than {MAX_RETRY_DELAY_SECONDS:g}s", False, outcome.data)
             await self._journal.record_step(decision_id, idx, kind, "apply", outcome.status.value, outcome.message,
                                             {**attempted, "retryable": outcome.retryable, **dict(outcome.data)},
                                             time.monotonic() - started)
             if outcome.ok or not outcome.retryable or attempt == last:
                 break
-            await self._sleep(2 ** (attempt - 1))
+            await self._sleep(delay)
+        return outcome
+
+    async def _call(self, coro: Awaitable[Outcome], kind: str, phase: str) -> Outcome:
+        """An action's apply, verify or revert as an Outcome; an exception that is no ActionError
+        (logged with its traceback by `_guarded`) is counted as a fault and fails, not retryable."""
+        outcome = await _outcome(coro, kind, phase)
+        if UNEXPECTED in outcome.data:
+            self._metrics.faults.labels("actions").inc()
         return outcome
 
     async def _remember_pin(self, decision_id: int, policy: LoadedPolicy, outcome: Outcome) -> None:
@@ -608,8 +642,8 @@ class Executor:
             if idx in progress and progress[idx].reverted:
                 continue
             bound = policy.actions[idx]
-            outcome = await _outcome(self._action(bound.kind).revert(step, policy.target, bound.params),
-                                     bound.kind, "revert")
+            outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
+                                       bound.kind, "revert")
             await self._journal.record_step(decision_id, idx, bound.kind, "revert", outcome.status.value,
                                             outcome.message, dict(outcome.data), None)
             self._metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
@@ -771,8 +805,23 @@ def _until(until: float) -> str:
     return "" if until >= FOREVER else f" (until {_iso(until)})"
 
 
+UNEXPECTED = "exception"  # Outcome data of a call that raised no ActionError: {"type", "message"}
+
+
+class UnexpectedError(ActionError):
+    """An action call raised an exception that is no ActionError: a bug (or an error the action
+    did not classify), never retried: only an action knows a failure is transient and says so
+    (TemporaryError, or a retryable Outcome)."""
+
+    def __init__(self, kind: str, phase: str, exc: Exception) -> None:
+        super().__init__(f"{kind}.{phase} raised {type(exc).__name__}: {exc}", retryable=False)
+        self.error_type = type(exc).__name__
+        self.error = str(exc)
+
+
 async def _guarded(coro: Awaitable[T], kind: str, phase: str) -> T:
-    """Await an action call; turn unexpected exceptions into ActionError naming where it failed."""
+    """Await an action call; turn unexpected exceptions into UnexpectedError naming where it failed
+    (logged with the traceback)."""
     try:
         return await coro
     except ActionError:
@@ -780,12 +829,28 @@ async def _guarded(coro: Awaitable[T], kind: str, phase: str) -> T:
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # a plugin bug or a client error must not kill the worker
-        log.exception("action raised", action=kind, phase=phase)
-        raise ActionError(f"{kind}.{phase} raised {type(exc).__name__}: {exc}", retryable=True) from exc
+        log.exception("action raised", action=kind, phase=phase, error_type=type(exc).__name__)
+        raise UnexpectedError(kind, phase, exc) from exc
 
 
 async def _outcome(coro: Awaitable[Outcome], kind: str, phase: str) -> Outcome:
     try:
         return await _guarded(coro, kind, phase)
+    except UnexpectedError as exc:
+        return Outcome(OutcomeStatus.FAILED, str(exc), retryable=False,
+                       data={UNEXPECTED: {"type": exc.error_type, "message": exc.error}})
+    except TemporaryError as exc:
+        return Outcome(OutcomeStatus.FAILED, str(exc), retryable=exc.retryable,
+                       data={RETRY_AFTER: exc.delay_seconds})
     except ActionError as exc:
         return Outcome(OutcomeStatus.FAILED, str(exc), retryable=exc.retryable)
+
+
+def _retry_delay(attempt: int, outcome: Outcome) -> float:
+    """The wait before the attempt after `attempt`: the backoff 2^(attempt-1) s, or longer when the
+    failure asked for it (a finite `retry_after_seconds` in its data)."""
+    backoff = float(2 ** (attempt - 1))
+    asked = outcome.data.get(RETRY_AFTER)
+    if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not math.isfinite(asked):
+        return backoff
+    return max(backoff, float(asked))

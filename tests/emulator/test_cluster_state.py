@@ -36,6 +36,8 @@ actions:
   - type: notify
     url: URL
 guards: {cooldown: 1h}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 

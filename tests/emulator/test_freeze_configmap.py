@@ -30,6 +30,8 @@ actions:
   - type: notify
     url: URL
 guards: {cooldown: 0s}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 

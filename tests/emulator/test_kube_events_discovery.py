@@ -77,6 +77,8 @@ triggers:
 actions:
   - type: notify
     url: http://127.0.0.1:9/hook
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 

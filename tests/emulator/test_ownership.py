@@ -303,7 +303,8 @@ async def test_simulate_shows_the_refusal(tmp_path: Path, kube_emulator: KubeEmu
     (tmp_path / "policies" / "p.yaml").write_text(
         "name: ranker-weights\ntarget: {model: ranker, namespace: serving, triton: {endpoints: ['http://127.0.0.1:9']}}\n"
         "triggers: [{alert: {name: TritonTailLatencyHigh}}]\n"
-        "actions: [{type: istio.shift_weights, virtualService: {namespace: serving, name: ranker}, set: {v2: 0}}]\n")
+        "actions: [{type: istio.shift_weights, virtualService: {namespace: serving, name: ranker}, set: {v2: 0}}]\n"
+        "verify: {query: 'vector(0)', below: 1, onNotRecovered: none}\n")  # required: alert-only
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
     (tmp_path / "config.yaml").write_text(
         f"policies: {{path: policies}}\njournal: {{path: journal.db}}\n"

@@ -116,7 +116,8 @@ def test_daemon_serves_healthz_as_uid_10001_on_a_read_only_root(
     (etc / "policies").mkdir(parents=True)
     (etc / "policies" / "p.yaml").write_text(
         "name: p\ntarget: {model: ranker}\ntriggers:\n  - alert: {name: TritonTailLatencyHigh}\n"
-        "actions:\n  - {type: notify, url: 'http://127.0.0.1:9/'}\n")
+        "actions:\n  - {type: notify, url: 'http://127.0.0.1:9/'}\n"
+        "verify: {query: 'vector(0)', below: 1, onNotRecovered: none}\n")  # required: alert-only
     (etc / "config.yaml").write_text(yaml.safe_dump({
         "listen": {"host": "127.0.0.1", "port": port},
         "policies": {"path": "/etc/tailguard/policies"},

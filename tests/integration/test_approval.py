@@ -29,6 +29,8 @@ actions:
 guards: {{cooldown: 0s}}
 approval: required
 approvalTimeoutSeconds: 600
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 

@@ -30,7 +30,9 @@ def _policy(url: str, model: str = "ranker") -> str:
     """A notify policy for TritonTailLatencyHigh on `model`, never held back by its guards (JSON is YAML)."""
     return json.dumps({"name": f"{model}-notify", "target": {"model": model},
                        "triggers": [{"alert": {"name": "TritonTailLatencyHigh"}}],
-                       "actions": [{"type": "notify", "url": url}], "guards": {"cooldown": "0s", "maxActions": 100000}})
+                       "actions": [{"type": "notify", "url": url}], "guards": {"cooldown": "0s", "maxActions": 100000},
+                       # alert-only: a verify block is required; its outcome is irrelevant here
+                       "verify": {"query": "vector(0)", "below": 1, "onNotRecovered": "none"}})
 
 
 def _payload(first: int, models: list[str]) -> dict[str, Any]:

@@ -24,6 +24,8 @@ actions:
   - type: triton.rollback
     to: previous
 guards: {{cooldown: 0s, dryRun: {dry}}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 
@@ -62,7 +64,8 @@ async def test_webhook_rolls_triton_back_to_v1_and_journals_it(tmp_path: Path, t
         assert decision.state == "succeeded", decision.reason
         (step,) = decision.plan["steps"]
         assert step["after"]["version"] == 1 and step["action"] == "triton.rollback"
-        phases = [(s["phase"], s["status"]) for s in await svc.journal.steps(decision.id)]
+        phases = [(s["phase"], s["status"]) for s in await svc.journal.steps(decision.id)
+                  if s["phase"] != "recovery"]  # the required verify block's check: irrelevant here
         assert phases == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
         assert (await svc.journal.pins())[0]["version"] == 1
 

@@ -151,8 +151,9 @@ def _decided(journal: Path) -> bool:
 
 @dataclass(frozen=True)
 class Journaled:
-    """What a stopped daemon left in its journal: its one decision with its step rows, the signals'
-    states and the pins."""
+    """What a stopped daemon left in its journal: its one decision with its step rows (without the
+    rows of its recovery check: the alert-only policy's required verify block, whose outcome is
+    irrelevant here), the signals' states and the pins."""
 
     decision: Decision
     steps: list[dict[str, Any]]
@@ -164,7 +165,8 @@ def read_journal(path: Path) -> Journaled:
     journal = Journal(path)
     try:
         (decision,) = journal.decisions()
-        return Journaled(decision, journal.steps(decision.id), [s["state"] for s in journal.signals()],
+        steps = [s for s in journal.steps(decision.id) if s["phase"] != "recovery"]
+        return Journaled(decision, steps, [s["state"] for s in journal.signals()],
                          [(p["model"], int(p["version"])) for p in journal.pins()])
     finally:
         journal.close()
@@ -216,6 +218,8 @@ target:
 actions:
   - {action}
 guards: {{cooldown: 0s}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 

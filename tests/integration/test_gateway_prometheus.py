@@ -36,6 +36,8 @@ actions:
     maxMs: 30000
     sink: {{kind: istio, namespace: serving, name: {model}, route: primary}}
 guards: {{cooldown: 0s}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 

@@ -21,6 +21,8 @@ actions:
   - type: notify
     url: {url}
 guards: {{cooldown: {cooldown}, maxActions: {max_actions}, maxActionsWindow: 1h}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 

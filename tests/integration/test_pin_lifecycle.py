@@ -31,6 +31,8 @@ actions:
     to: previous
 guards: {{cooldown: 0s}}
 enabled: {enabled}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 KEY = "default/ranker"
 

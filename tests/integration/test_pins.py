@@ -39,6 +39,8 @@ triggers:
   - alert: {name: TritonTailLatencyHigh}
 actions:
   - type: triton.rollback
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 

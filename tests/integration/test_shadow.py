@@ -32,6 +32,8 @@ actions:
   - type: notify
     url: {url}
 guards: {{cooldown: 1h, maxActions: 1, maxActionsWindow: 1h}}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 DETECTOR_POLICY = """

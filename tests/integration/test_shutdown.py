@@ -26,7 +26,8 @@ async def test_sigterm_with_a_stalled_body_exits_within_the_shutdown_bound(tmp_p
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "p.yaml").write_text(
         "name: p\ntarget: {model: ranker}\ntriggers:\n  - alert: {name: TritonTailLatencyHigh}\n"
-        "actions:\n  - {type: notify, url: 'http://127.0.0.1:9/'}\n")
+        "actions:\n  - {type: notify, url: 'http://127.0.0.1:9/'}\n"
+        "verify: {query: 'vector(0)', below: 1, onNotRecovered: none}\n")  # required: alert-only
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "listen": {"host": "127.0.0.1", "port": port, "shutdownTimeoutSeconds": SHUTDOWN_SECONDS},

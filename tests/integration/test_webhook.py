@@ -22,6 +22,8 @@ actions:
   - type: notify
     url: {url}
 guards: {cooldown: 0s}
+# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
+verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 
@@ -169,6 +171,23 @@ async def test_not_ready_without_valid_policies(tmp_path: Path):
                 detail = await r.json()
     assert r.status == 503 and not detail["ready"]
     assert "target" in detail["last_reload_error"]
+
+
+async def test_reload_refuses_an_alert_only_policy_without_verify_and_keeps_the_active_set(service: Service):
+    """Editing the policy into one that acts on alerts only without a verify block: the reload is
+    refused with the loader's one-line error naming the policy and `verify`, the active set stays."""
+    active = service.state.policies
+    path = service.settings.policies.path / "p.yaml"
+    text = path.read_text()
+    path.write_text(text[:text.index("# alert-only")])  # the same policy without its verify block
+    await service.reload_policies()
+    assert service.state.policies is active
+    error = service.last_reload_error or ""
+    assert "\n" not in error
+    assert error.startswith(f"{path}: policy 'ranker-notify': verify: required: this policy acts on alerts only")
+    path.write_text(text)  # fixed: valid again, nothing to swap
+    await service.reload_policies()
+    assert service.state.policies is active and service.last_reload_error is None
 
 
 async def test_port_in_use_fails_start_cleanly(tmp_path: Path, service: Service):

@@ -1,5 +1,5 @@
-"""The executor: revert across steps, retries of transient applies, leadership lost mid-plan,
-exceptions from actions, noop steps, decisions resumed after a crash between an apply and its
+"""The executor: revert across steps, retries of transient applies (the wait a TemporaryError asks
+for), leadership lost mid-plan, exceptions from actions (never retried), noop steps, decisions resumed after a crash between an apply and its
 record, notify steps that never stop a plan, frozen targets, and the recovery watch after a plan
 (verdicts, escalate / revert / none, resumed after a restart); on a real journal with policies
 loaded from YAML."""
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, ClassVar, Mapping
 
 import pytest
+import structlog
 
 from actions.base import ActionDeps, ActionParams, Step
 from core.outcome import Outcome, PermanentError, TemporaryError
@@ -22,7 +23,7 @@ from core.target import Target
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, Journal
-from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, Executor
+from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, Executor
 from daemon.workers.state import ExecutorState
 from policies.loader import load_policies_text
 from policies.planning import Plan
@@ -45,6 +46,7 @@ class ScriptParams(ActionParams):
     # ok | fail | observe (OK when a change of this action landed, else failure) | blind (NOOP: cannot observe)
     verify: str = "ok"
     revert: str = "ok"  # ok | fail
+    delay: float = 1.0  # the delay_seconds of a `temporary` apply's TemporaryError
     pin: bool = False  # a verified apply asks the daemon to remember a pin (as triton.rollback does)
 
 
@@ -97,7 +99,7 @@ class ScriptedAction:
         if what == "fail":
             return Outcome.failure("permanent failure")
         if what == "temporary":
-            raise TemporaryError("transient error")
+            raise TemporaryError("transient error", delay_seconds=params.delay)
         if what == "permanent":
             raise PermanentError("permanent error")
         if what == "raise":
@@ -126,7 +128,13 @@ def _registry(calls: list[Call], effects: list[Step]) -> dict[str, type[Scripted
             for k in kinds}
 
 
-def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None, verify: str | None = None,
+# An alert-only policy must have a verify block; this one's outcome is irrelevant to the tests that do
+# not give their own: the harness lends no Prometheus unless a test asks (`query`), so the check
+# settles `unknown` at once, and `none` follows: journaled, nothing else.
+NO_CHECK = "{query: up, below: 1, onNotRecovered: none}"
+
+
+def _policy(*actions: str, name: str = "remediate", on_failure: str | None = None, verify: str = NO_CHECK,
             cooldown: str | None = None) -> str:
     """One policy document: a TailLatencyHigh alert on model `ranker` runs `actions` (YAML flow maps)."""
     lines = [f"name: {name}", f"target: {{model: {MODEL}}}", "triggers:", f"  - alert: {{name: {ALERT}}}",
@@ -134,8 +142,7 @@ def _policy(*actions: str, name: str = "remediate", on_failure: str | None = Non
     guards = [f"onFailure: {on_failure}"] * (on_failure is not None) + [f"cooldown: {cooldown}"] * (cooldown is not None)
     if guards:
         lines.append(f"guards: {{{', '.join(guards)}}}")
-    if verify is not None:
-        lines.append(f"verify: {verify}")
+    lines.append(f"verify: {verify}")
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +154,8 @@ class Harness:
     calls: list[Call] = field(default_factory=list)
     effects: list[Step] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)  # of the last executor made
+    made: list[Executor] = field(default_factory=list)  # every executor made, settled at teardown
     now: float = field(default_factory=time.time)
     events: list[dict[str, Any]] = field(default_factory=list)  # outcome notifications handed over
     advance: bool = False  # sleeping moves `now` (recovery watches)
@@ -173,11 +182,22 @@ class Harness:
             value = query(self.now - started)
             return QueryResult(promql, () if value is None else (Sample({"model": MODEL}, value),))
 
-        return Executor(self.journal, ExecutorState(policies), registry,
-                        ActionDeps(query=prometheus if query is not None else None), Metrics(),
-                        may_act=may_act, clock=lambda: self.now, sleep=sleep,
-                        notify=notify or self.events.append, escalation_freeze_seconds=3600,
-                        blast_radius=blast_radius)
+        self.metrics = Metrics()
+        self.made.append(Executor(self.journal, ExecutorState(policies), registry,
+                                  ActionDeps(query=prometheus if query is not None else None), self.metrics,
+                                  may_act=may_act, clock=lambda: self.now, sleep=sleep,
+                                  notify=notify or self.events.append, escalation_freeze_seconds=3600,
+                                  blast_radius=blast_radius))
+        return self.made[-1]
+
+    async def settle(self) -> None:
+        """Let every recovery watch still running end (NO_CHECK's settle at once), then stop the
+        executors: a test leaves no task behind."""
+        if self.gate is not None:
+            self.gate.set()
+        for executor in self.made:
+            await asyncio.wait_for(executor.wait_recoveries(), timeout=10)
+            await executor.close()
 
     async def fire(self, executor: Executor, key: str = "alert-1") -> list[Plan]:
         """Journal one firing alert about `ranker` and process it, as a worker does."""
@@ -209,18 +229,27 @@ class Harness:
     def trace_of(self, *phases: str) -> list[tuple[str, str]]:
         return [(c.phase, c.kind) for c in self.calls if c.phase in phases]
 
-    async def results(self, decision_id: int) -> list[dict[str, Any]]:
-        """The decision's step rows without the intents journaled before each apply."""
-        return [s for s in await self.journal.steps(decision_id) if s["phase"] != INTENT]
+    async def results(self, decision_id: int, recovery: bool = False) -> list[dict[str, Any]]:
+        """The decision's step rows without the intents journaled before each apply and, unless
+        `recovery`, without the rows of its recovery check (about the decision as a whole, not a
+        step: section 9 checks them; elsewhere they are NO_CHECK's, whose outcome is irrelevant)."""
+        skip = (INTENT,) if recovery else (INTENT, "recovery")
+        return [s for s in await self.journal.steps(decision_id) if s["phase"] not in skip]
 
-    async def steps(self, decision_id: int) -> list[tuple[int, str, str]]:
-        return [(s["idx"], s["phase"], s["status"]) for s in await self.results(decision_id)]
+    async def step_rows(self, decision_id: int) -> list[dict[str, Any]]:
+        """The decision's step rows, intents included, without its recovery check's (see `results`)."""
+        return [s for s in await self.journal.steps(decision_id) if s["phase"] != "recovery"]
+
+    async def steps(self, decision_id: int, recovery: bool = False) -> list[tuple[int, str, str]]:
+        return [(s["idx"], s["phase"], s["status"]) for s in await self.results(decision_id, recovery)]
 
 
 @pytest.fixture
 async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     journal = Journal(tmp_path / "journal.db")
-    yield Harness(AsyncJournal(journal))
+    harness = Harness(AsyncJournal(journal))
+    yield harness
+    await harness.settle()
     journal.close()
 
 
@@ -390,6 +419,76 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     assert not ex.lock_for(f"default/{MODEL}").locked()
 
 
+async def test_unexpected_exception_in_apply_fails_the_step_at_once(h: Harness):
+    """An exception that is no ActionError (a bug) is not retried: one attempt, no sleep, the apply row
+    journaled failed with the exception's type and message and not retryable, a fault counted, the
+    traceback logged; onFailure then applies as for any failed step (here: revert step 0)."""
+    ex = h.executor(_policy(f"{{type: {A}}}", f"{{type: {B}, apply: [raise, ok]}}", on_failure="revert"))
+
+    with structlog.testing.capture_logs() as logs:
+        await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == [("apply", A), ("verify", A), ("apply", B), ("revert", A)]
+    assert h.sleeps == []
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "reverted"
+    assert decision.reason == f"step 1 ({B}) failed: {B}.apply raised RuntimeError: boom; reverted"
+    (row,) = [s for s in await h.results(decision.id) if s["idx"] == 1]
+    assert (row["phase"], row["status"], row["data"]["attempt"]) == ("apply", "failed", 1)
+    assert row["data"]["retryable"] is False
+    assert row["data"]["exception"] == {"type": "RuntimeError", "message": "boom"}
+    assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "actions"}) == 1
+    (raised,) = [e for e in logs if e["event"] == "action raised"]
+    assert raised["log_level"] == "error" and raised["exc_info"] is True  # logged with its traceback
+    assert (raised["action"], raised["phase"], raised["error_type"]) == (B, "apply", "RuntimeError")
+
+
+@pytest.mark.parametrize("delay, sleeps", [(0.5, [1, 2]), (1.5, [1.5, 2]), (5, [5, 5])])
+async def test_temporary_error_delay_is_waited_before_the_next_attempt(h: Harness, delay: float,
+                                                                       sleeps: list[float]):
+    """TemporaryError(delay_seconds=d) twice, then success: each retry waits at least d (the backoff
+    1 s, 2 s when it is longer); the asked delay is journaled with the attempt."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [temporary, temporary, ok], delay: {delay}}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", A)] * 3 + [("verify", A)]
+    assert h.sleeps == sleeps
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "succeeded"
+    failed = [s for s in await h.results(decision.id) if s["status"] == "failed"]
+    assert [(s["data"]["attempt"], s["data"]["retry_after_seconds"]) for s in failed] == [(1, delay), (2, delay)]
+
+
+async def test_temporary_error_delay_keeps_the_attempts_bounded(h: Harness):
+    """A TemporaryError with a delay every time: still MAX_APPLY_ATTEMPTS attempts, each wait the delay."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [temporary], delay: 7}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply") == [("apply", A)] * MAX_APPLY_ATTEMPTS
+    assert h.sleeps == [7] * (MAX_APPLY_ATTEMPTS - 1)
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed" and decision.reason == f"step 0 ({A}) failed: transient error"
+
+
+async def test_temporary_error_asking_for_more_than_the_longest_wait_is_not_retried(h: Harness):
+    """A delay beyond MAX_RETRY_DELAY_SECONDS (the target stays locked while waiting): one attempt,
+    no sleep, the step failed saying why, journaled not retryable (a restart does not retry it)."""
+    ex = h.executor(_policy(f"{{type: {A}, apply: [temporary, ok], delay: {MAX_RETRY_DELAY_SECONDS + 1:g}}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply") == [("apply", A)]
+    assert h.sleeps == []
+    (decision,) = await h.journal.decisions()
+    assert decision.state == "failed"
+    assert decision.reason == (f"step 0 ({A}) failed: transient error; not retried: it asks to wait "
+                               f"{MAX_RETRY_DELAY_SECONDS + 1:g}s, more than {MAX_RETRY_DELAY_SECONDS:g}s")
+    (row,) = await h.results(decision.id)
+    assert row["data"]["retryable"] is False
+
+
 @pytest.mark.parametrize("phase", ["plan", "observe"])
 async def test_planning_raising_becomes_a_failed_decision(h: Harness, phase: str):
     """An exception in plan (or observe) is a `failed` decision saying "planning failed"; nothing is applied."""
@@ -447,7 +546,7 @@ async def test_each_apply_attempt_journals_its_intent_first_with_the_effect_key(
     await h.fire(ex)
 
     (decision,) = await h.journal.decisions()
-    rows = await h.journal.steps(decision.id)
+    rows = await h.step_rows(decision.id)
     assert [(s["idx"], s["phase"], s["data"].get("attempt")) for s in rows] == [
         (0, INTENT, 1), (0, "apply", 1), (0, INTENT, 2), (0, "apply", 2), (0, "verify", None),
         (1, INTENT, 1), (1, "apply", 1), (1, "verify", None)]
@@ -467,7 +566,7 @@ async def test_resumed_step_in_doubt_whose_change_landed_is_recorded_not_applied
     assert len(h.effects) == 1
     (decision,) = await h.journal.decisions()
     assert decision.state == "succeeded" and decision.reason == "1 step(s) applied and verified"
-    rows = await h.journal.steps(decision.id)
+    rows = await h.step_rows(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
         (INTENT, "pending", 1), ("apply", "ok", 1), ("verify", "ok", None)]
     assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
@@ -486,7 +585,7 @@ async def test_resumed_step_in_doubt_whose_change_did_not_land_is_applied_once(h
     assert len(h.effects) == 1
     (decision,) = await h.journal.decisions()
     assert decision.state == "succeeded"
-    rows = await h.journal.steps(decision.id)
+    rows = await h.step_rows(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
         (INTENT, "pending", 1), (INTENT, "pending", 2), ("apply", "ok", 2), ("verify", "ok", None)]
     applies = [c.step for c in h.calls if c.phase == "apply" and c.step]
@@ -675,7 +774,7 @@ async def test_revert_follow_up_undoes_the_applied_steps_and_clears_the_pin(h: H
     assert decision.reason == "2 step(s) applied and verified; did not recover (not_recovered); reverted"
     assert await h.journal.pins() == []
     assert await h.journal.freezes() == []
-    assert [(i, p, st) for i, p, st in await h.steps(decision.id) if p in ("revert", "recovery")] == [
+    assert [(i, p, st) for i, p, st in await h.steps(decision.id, recovery=True) if p in ("revert", "recovery")] == [
         (-1, "recovery", "pending"), (-1, "recovery", "not_recovered"), (2, "revert", "ok"), (0, "revert", "ok")]
     assert await h.journal.open_recoveries() == []
 

@@ -24,6 +24,7 @@ actions:
   - type: triton.rollback
     to: previous
 guards: {cooldown: 10m, dryRun: false}
+verify: {query: 'max(nv_inference_request_summary_us{model="$model", quantile="0.999"})', below: 500000}
 """
 
 
@@ -111,6 +112,62 @@ def test_validate_command_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["validate", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "bad.yaml: policy 'ranker-tail': target.model" in err
+
+
+ALERT_ONLY = GOOD.replace(GOOD[GOOD.index("verify:"):], "")  # alert triggers only, no verify block
+SHADOW = "  - {alert: {name: TritonTailLatencyHigh}, shadow: true}\n"
+DETECTOR = ("  - {detector: {type: tail_anomaly, query: 'max(p999{model=\"$model\"})', "
+            "params: {min_absolute_increase: 100000}}}\n")
+
+
+def _triggers(*lines: str) -> str:
+    """ALERT_ONLY with its triggers replaced by `lines`."""
+    start, end = ALERT_ONLY.index("triggers:\n") + len("triggers:\n"), ALERT_ONLY.index("actions:")
+    return ALERT_ONLY[:start] + "".join(lines) + ALERT_ONLY[end:]
+
+
+def test_alert_only_policy_without_verify_is_refused_naming_policy_field_and_fix():
+    """Acting on alerts only, nothing would check that acting helped: one readable error line naming
+    the policy, the field `verify` and the fix, with an example that itself loads."""
+    with pytest.raises(PolicyLoadError) as err:
+        _load(ALERT_ONLY)
+    (e,) = err.value.errors
+    assert (e.file, e.policy, e.field) == ("p.yaml", "ranker-tail", "verify")
+    line = str(e)
+    assert line.isprintable() and "\n" not in line
+    assert line.startswith("p.yaml: policy 'ranker-tail': verify: required: this policy acts on alerts only")
+    assert "add a verify block, e.g. verify: {query: " in line and "(README.md" in line
+    example = line[line.index("e.g. ") + len("e.g. "):line.index(" (README.md")]
+    (p,) = _load(ALERT_ONLY + example + "\n").policies
+    assert p.spec.verify is not None and p.spec.verify.below == 500000 and p.spec.verify.within == 180
+
+
+@pytest.mark.parametrize("triggers, guards, refused", [
+    ((SHADOW,), "", False),  # every trigger shadow: decided and journaled, never applied
+    ((GOOD.split("triggers:\n")[1].split("actions:")[0], SHADOW), "", True),  # a live alert acts
+    ((GOOD.split("triggers:\n")[1].split("actions:")[0],), "dryRun: true", False),  # planned, never applied
+    ((SHADOW, DETECTOR), "", False),  # the live detector's signals check its own line
+    ((DETECTOR.replace("}}}", "}}, shadow: true}"), GOOD.split("triggers:\n")[1].split("actions:")[0]), "",
+     True),  # the detector only shadows: the live signals are alerts
+])
+def test_verify_requirement_follows_what_can_act(triggers: tuple[str, ...], guards: str, refused: bool):
+    """Required when the triggers that can act (not shadow) are all alerts and the policy is not a
+    dry run; a policy that never applies anything reaches no recovery check and is exempt."""
+    text = _triggers(*triggers)
+    if guards:
+        text = text.replace("dryRun: false", guards)
+    if refused:
+        with pytest.raises(PolicyLoadError) as err:
+            _load(text)
+        assert [e.field for e in err.value.errors] == ["verify"]
+    else:
+        assert len(_load(text).policies) == 1
+    schema = policy_json_schema(action_registry(), detector_registry())
+    if refused:  # the exported JSON Schema says the same
+        with pytest.raises(jsonschema.ValidationError, match="'verify' is a required property"):
+            jsonschema.validate(yaml.safe_load(text), schema)
+    else:
+        jsonschema.validate(yaml.safe_load(text), schema)
 
 
 def test_exported_json_schema_accepts_good_and_rejects_bad_policies():

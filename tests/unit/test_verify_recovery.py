@@ -27,13 +27,16 @@ P999 = 'max by (model) (nv_inference_request_summary_us{model="$model", quantile
 
 
 def _policy(model: str = "ranker", verify: str = "", detector: bool = False, alert: bool = True,
-            detector_type: str = "tail_anomaly", params: str = "{min_absolute_increase: 100000}") -> LoadedPolicy:
+            detector_type: str = "tail_anomaly", params: str = "{min_absolute_increase: 100000}",
+            dry_run: bool = False, shadow: bool = False) -> LoadedPolicy:
     lines = ["name: ranker-tail", f"target: {{model: '{model}'}}", "triggers:"]
     if detector:
         lines += [f"  - detector: {{type: {detector_type}, query: '{P999}', interval: 5s, params: {params}}}"]
     if alert:
-        lines += ["  - alert: {name: TritonTailLatencyHigh}"]
+        lines += [f"  - {{alert: {{name: TritonTailLatencyHigh}}, shadow: {str(shadow).lower()}}}"]
     lines += ["actions:", "  - {type: notify, url: 'http://127.0.0.1:1/hook'}"]
+    if dry_run:
+        lines += ["guards: {dryRun: true}"]
     if verify:
         lines += [f"verify: {verify}"]
     (policy,) = load_policies_text("\n".join(lines) + "\n", "test.yaml", action_registry(),
@@ -130,15 +133,23 @@ def test_detector_default_falls_back_to_the_baseline_and_follows_the_direction()
 
 
 def test_no_check_without_a_line_or_a_verify_block():
-    """An alert on an alert-only policy, or a detector signal without any line: no check."""
-    assert recovery_check(_policy(), _alert_signal()) is None
+    """An alert on an alert-only policy (one that loads without verify: dry run), or a detector signal
+    without any line: no check."""
+    assert recovery_check(_policy(dry_run=True), _alert_signal()) is None
     assert recovery_check(_policy(detector=True), _alert_signal()) is None
     assert recovery_check(_policy(detector=True), _detector_signal({"threshold": float("nan")})) is None
 
 
 def test_validate_warns_about_policies_whose_alerts_get_no_recovery_check():
-    """Alert-only without verify: warned; alert + detector: alert signals warned; with verify: nothing."""
-    assert "alert-triggered policy without a verify block" in (recovery_warning(_policy()) or "")
+    """Alert-only without verify (loads only when it never acts: dry run, all shadow): warned that it
+    will be refused once it may act; alert + detector: alert signals warned; with verify: nothing."""
+    for exempt in (_policy(dry_run=True), _policy(shadow=True)):
+        assert "loaded only because it never acts" in (recovery_warning(exempt) or "")
+    with_schedule = load_policies_text(
+        "name: p\ntarget: {model: ranker}\ntriggers:\n  - alert: {name: A}\n  - schedule: {every: 1m}\n"
+        "actions:\n  - {type: notify, url: 'http://127.0.0.1:1/h'}\n", "p.yaml", action_registry(),
+        detector_registry()).policies[0]  # not alert-only: loads, and its alert signals act unchecked
+    assert recovery_warning(with_schedule) == "alert signals get no recovery check after acting (no verify block)"
     assert "alert signals get no recovery check" in (recovery_warning(_policy(detector=True)) or "")
     assert recovery_warning(_policy(detector=True, alert=False)) is None
     assert recovery_warning(_policy(verify="{query: up, below: 1}")) is None
@@ -248,15 +259,33 @@ async def test_resumed_watch_reads_back_what_it_missed():
 
 # ---- the command line ----------------------------------------------------------------------------
 
-def test_validate_prints_a_warning_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    """`tailguard validate` says ok, then warns about the alert-only policy without verify (exit 0)."""
-    (tmp_path / "p.yaml").write_text(
-        "name: only-alerts\ntarget: {model: ranker}\ntriggers:\n  - alert: {name: A}\n"
-        "actions:\n  - {type: notify, url: 'http://127.0.0.1:1/h'}\n")
+ONLY_ALERTS = ("name: only-alerts\ntarget: {model: ranker}\ntriggers:\n  - alert: {name: A}\n"
+               "actions:\n  - {type: notify, url: 'http://127.0.0.1:1/h'}\n")
+
+
+def test_validate_refuses_an_alert_only_policy_without_verify_in_one_line(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]):
+    """`tailguard validate` prints the refusal as one `error:` line naming the file, the policy, the
+    field `verify` and the fix, then the count; exit 1, nothing reported ok."""
+    (tmp_path / "p.yaml").write_text(ONLY_ALERTS)
+    assert main(["validate", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error, count = captured.err.splitlines()
+    assert error.startswith(f"error: {tmp_path / 'p.yaml'}: policy 'only-alerts': verify: required: ")
+    assert "add a verify block, e.g. verify: {query: " in error and "below: " in error and "within: " in error
+    assert count == "1 error(s)"
+
+
+def test_validate_warns_about_an_alert_only_policy_that_never_acts(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]):
+    """Dry run: the alert-only policy without verify loads (exit 0), warned that it is refused once it may act."""
+    (tmp_path / "p.yaml").write_text(ONLY_ALERTS + "guards: {dryRun: true}\n")
     assert main(["validate", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("ok: only-alerts")
-    assert out[1].startswith("warning: only-alerts: no recovery check after acting")
+    assert out[0].startswith("ok: only-alerts") and out[0].endswith("(dry run)")
+    assert out[1].startswith("warning: only-alerts: alert-only policy without a verify block: loaded only because "
+                             "it never acts")
 
 
 def test_unfreeze_lifts_the_freeze_and_journals_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
