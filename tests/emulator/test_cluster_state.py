@@ -18,7 +18,7 @@ from daemon.storage.journal import AsyncJournal, Journal
 from daemon.common.metrics import Metrics
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
@@ -27,18 +27,7 @@ NS, NAME = "tailguard", "tailguard-state"
 LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": NS, "leaseDurationSeconds": 1.5,
          "renewDeadlineSeconds": 1.0, "retryPeriodSeconds": 0.2}
 TARGET = "default/ranker"
-POLICY = """
-name: ranker-notify
-target: {model: ranker}
-triggers:
-  - alert: {name: TritonTailLatencyHigh}
-actions:
-  - type: notify
-    url: URL
-guards: {cooldown: 1h}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
-"""
+POLICY = notify_policy("URL", "cooldown: 1h")
 
 
 async def _service(tmp_path: Path, name: str, kubeconfig: Path, sink_url: str) -> Service:

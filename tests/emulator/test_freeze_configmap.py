@@ -16,23 +16,12 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.kube.emulator import KubeEmulator
 from tests.integration.test_operator_api import OPERATOR, TOKENS, alert, call, last_decision
-from tests.support.helpers import NotifySink, local_settings, wait_for
+from tests.support.helpers import NotifySink, local_settings, notify_policy, wait_for
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 
 NS, NAME = "tailguard", "tailguard-control"
 KUBECTL_UA = "kubectl/v1.30.2 (linux/amd64) kubernetes/3968350"
-POLICY = """
-name: ranker-notify
-target: {model: ranker}
-triggers:
-  - alert: {name: TritonTailLatencyHigh}
-actions:
-  - type: notify
-    url: URL
-guards: {cooldown: 0s}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
-"""
+POLICY = notify_policy("URL")
 
 
 @pytest.fixture(autouse=True)

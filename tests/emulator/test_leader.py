@@ -15,7 +15,7 @@ from daemon.common.config import LeaderElectionSettings
 from daemon.cluster.leader import LeaderElectionError, LeaderElector
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
@@ -113,18 +113,7 @@ async def test_clean_stop_releases_the_lease_for_a_fast_handover(kube_emulator: 
         await b.close()
 
 
-POLICY = """
-name: ranker-notify
-target: {model: ranker}
-triggers:
-  - alert: {name: TritonTailLatencyHigh}
-actions:
-  - type: notify
-    url: URL
-guards: {cooldown: 0s}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
-"""
+POLICY = notify_policy("URL")
 
 
 async def _post(svc: Service, body: dict[str, Any]) -> int:

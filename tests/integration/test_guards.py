@@ -10,21 +10,7 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from policies.guards import GuardState, check_guards
 from policies.schema import Guards
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with
-
-POLICY = """
-name: ranker-notify
-target: {{model: ranker}}
-triggers:
-  - alert: {{name: TritonTailLatencyHigh}}
-actions:
-  - type: notify
-    url: {url}
-guards: {{cooldown: {cooldown}, maxActions: {max_actions}, maxActionsWindow: 1h}}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
-"""
-
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with
 
 def test_check_guards_order_and_reasons():
     """Freeze beats cooldown beats rate limit; each refusal says why."""
@@ -47,7 +33,7 @@ async def _post(svc: Service, body: dict) -> dict:
 def _policies(tmp_path: Path, url: str, cooldown: str = "1h", max_actions: int = 5) -> Path:
     pol = tmp_path / "policies"
     pol.mkdir(exist_ok=True)
-    (pol / "p.yaml").write_text(POLICY.format(url=url, cooldown=cooldown, max_actions=max_actions))
+    (pol / "p.yaml").write_text(notify_policy(url, f"cooldown: {cooldown}, maxActions: {max_actions}, maxActionsWindow: 1h"))
     return pol
 
 

@@ -29,7 +29,7 @@ from daemon.wiring.service import Service
 from lab.kube.emulator import KubeEmulator
 from lab.ports import free_port
 from lab.process import ManagedProcess
-from tests.support.helpers import TOKEN, local_settings, payload_with, sample_payload, wait_for
+from tests.support.helpers import TOKEN, local_settings, notify_policy, payload_with, sample_payload, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 from tests.support.paths import REPO
@@ -37,18 +37,7 @@ from tests.support.paths import REPO
 NS = "tailguard"
 LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": NS, "leaseDurationSeconds": 2,
          "renewDeadlineSeconds": 1.5, "retryPeriodSeconds": 0.3}
-POLICY = """
-name: ranker-notify
-target: {model: ranker}
-triggers:
-  - alert: {name: TritonTailLatencyHigh}
-actions:
-  - type: notify
-    url: URL
-guards: {cooldown: 0s, maxActions: 100000}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
-"""
+POLICY = notify_policy("URL", "cooldown: 0s, maxActions: 100000")
 WEBHOOKS, ALERTS_PER_WEBHOOK = 40, 5
 KILL_AFTER = 12  # webhooks acknowledged before the leader is killed
 WAIT_SECONDS = 90.0

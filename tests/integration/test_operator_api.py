@@ -21,25 +21,13 @@ from daemon.wiring.cli import main
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from tests.integration.test_webhook_hardening import FAST, ThreadedService, json_logs  # noqa: F401 (fixture)
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with
 
 REPO = Path(__file__).resolve().parents[2]
 READER, OPERATOR = "reader-token-5a1e9c0b", "operator-token-77d2f1aa"
 TOKENS = f"""
 - {{name: dashboards, token: {READER}, scopes: [read]}}
 - {{name: alice, token: {OPERATOR}, scopes: [read, write]}}
-"""
-POLICY = """
-name: ranker-notify
-target: {{model: ranker}}
-triggers:
-  - alert: {{name: TritonTailLatencyHigh}}
-actions:
-  - type: notify
-    url: {url}
-guards: {{cooldown: {cooldown}, maxActions: 10, maxActionsWindow: 1h}}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
 """
 
 
@@ -53,7 +41,7 @@ def api_tokens_env() -> Iterator[None]:
 def _settings(tmp_path: Path, sink_url: str = "http://127.0.0.1:9/hook", cooldown: str = "0s") -> Any:
     pol = tmp_path / "policies"
     pol.mkdir(exist_ok=True)
-    (pol / "p.yaml").write_text(POLICY.format(url=sink_url, cooldown=cooldown))
+    (pol / "p.yaml").write_text(notify_policy(sink_url, f"cooldown: {cooldown}, maxActions: 10, maxActionsWindow: 1h"))
     return local_settings(tmp_path, pol)
 
 

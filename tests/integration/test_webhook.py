@@ -11,20 +11,9 @@ import pytest
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, sample_payload, wait_for
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, sample_payload, wait_for
 
-POLICY = """
-name: ranker-notify
-target: {model: ranker}
-triggers:
-  - alert: {name: TritonTailLatencyHigh}
-actions:
-  - type: notify
-    url: {url}
-guards: {cooldown: 0s}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
-"""
+POLICY = notify_policy("{url}")
 
 
 @pytest.fixture
@@ -179,7 +168,7 @@ async def test_reload_refuses_an_alert_only_policy_without_verify_and_keeps_the_
     active = service.state.policies
     path = service.settings.policies.path / "p.yaml"
     text = path.read_text()
-    path.write_text(text[:text.index("# alert-only")])  # the same policy without its verify block
+    path.write_text(text[:text.index("verify:")])  # the same policy without its verify block
     await service.reload_policies()
     assert service.state.policies is active
     error = service.last_reload_error or ""

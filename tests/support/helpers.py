@@ -16,6 +16,23 @@ from tests.support.paths import SAMPLES
 TOKEN = "test-token-3f9c"
 
 
+def notify_policy(url: str, guards: str = "cooldown: 0s", extra: str = "") -> str:
+    """The policy most daemon tests run: TritonTailLatencyHigh about model ranker -> notify `url`,
+    under `guards` (YAML flow mapping body). Alert-only policies need a verify block; this one's
+    outcome is irrelevant (no Prometheus: unknown, and onNotRecovered none freezes nothing)."""
+    return f"""
+name: ranker-notify
+target: {{model: ranker}}
+triggers:
+  - alert: {{name: TritonTailLatencyHigh}}
+actions:
+  - type: notify
+    url: {url}
+guards: {{{guards}}}
+verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
+{extra}"""
+
+
 def sample_payload(name: str = "alertmanager_webhook_v4.json") -> dict[str, Any]:
     return json.loads((SAMPLES / name).read_text())
 
