@@ -9,6 +9,10 @@ from enum import Enum
 from typing import Any, Mapping
 
 
+_SUMMARY_ENCODER = json.JSONEncoder(default=str)
+"""What json.dumps(..., default=str) builds on every call, built once (it keeps no state between calls)."""
+
+
 class SignalSource(str, Enum):
     ALERT = "alert"
     DETECTOR = "detector"
@@ -45,7 +49,7 @@ class Signal:
 
     def summary_json(self) -> str:
         """`summary()` as JSON text, serialized once (the journal's payload; ASCII, so always storable)."""
-        return json.dumps(self._fields(self.details), default=str)
+        return _SUMMARY_ENCODER.encode(self._fields(self.details))
 
     def _fields(self, details: Any) -> dict[str, Any]:
         return {

@@ -17,7 +17,7 @@ from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.http.responses import answer_and_close, error
 from daemon.http.api import Operator, add_routes
-from daemon.http.intake import BodyError, PayloadError, alert_signals, decode_body, parse_payload
+from daemon.http.intake import BodyError, PayloadError, alert_signals, read_payload
 from daemon.storage.journal import AsyncJournal, JournalBackpressure, JournalError, JournalValueError
 
 log = structlog.get_logger("tailguard.http")
@@ -154,11 +154,9 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
         return await answer_and_close(
             request, error(400, f"unreadable body: {getattr(cause, 'message', None) or cause}"))
     try:
-        body = decode_body(raw)
+        payload = read_payload(raw)
     except BodyError as exc:
         return error(400, str(exc))
-    try:
-        payload = parse_payload(body)
     except PayloadError as exc:
         return error(422, str(exc))
     signals = alert_signals(payload)

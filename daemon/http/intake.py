@@ -97,18 +97,25 @@ class PayloadError(Exception):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# In a body decode_body took (strict UTF-8 refuses encoded surrogates), a surrogate can only come
+# from a \uD800-\uDFFF escape (JSON has no other; the decoder joins a valid pair into one character).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def nesting_deeper_than(value: Any, limit: int) -> bool:
-    """Whether objects and arrays nest more than `limit` levels in a parsed value. Iterative, and it
-    stops at the first container past the limit."""
-    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
-    while stack:
-        container, depth = stack.pop()
+    """Whether objects and arrays nest more than `limit` levels in a parsed value. Iterative, one
+    level at a time, and it stops at the first level past the limit."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        children = container.values() if isinstance(container, dict) else container
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+        below: list[Any] = []
+        for container in level:
+            below += [child for child in (container.values() if isinstance(container, dict) else container)
+                      if isinstance(child, (dict, list))]
+        level = below
     return False
 
 
@@ -147,7 +154,9 @@ def decode_body(raw: bytes) -> Any:
         raise BodyError(f"malformed JSON: {exc}") from None
     except RecursionError:  # the C parser gives up near the interpreter's recursion limit
         raise too_deep from None
-    if nesting_deeper_than(value, MAX_JSON_DEPTH):
+    # Each level of nesting opens with a bracket of its own: a body with no more opening brackets
+    # than the limit (those in strings counted too) cannot nest deeper, and needs no walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_deeper_than(value, MAX_JSON_DEPTH):
         raise too_deep
     return value
 
@@ -184,12 +193,21 @@ def _lone_surrogate(body: Any) -> str | None:
     return None
 
 
-def parse_payload(body: Any) -> WebhookPayload:
+def read_payload(raw: bytes) -> WebhookPayload:
+    """decode_body, then parse_payload: raises BodyError or PayloadError as they do. Where the raw
+    body holds no surrogate escape, the parsed body cannot hold a lone surrogate, and the search
+    for one is skipped."""
+    return parse_payload(decode_body(raw), surrogates=_SURROGATE_ESCAPE.search(raw) is not None)
+
+
+def parse_payload(body: Any, surrogates: bool = True) -> WebhookPayload:
+    """The webhook in a parsed body; raises PayloadError. `surrogates=False` only where the body is
+    known to hold no lone surrogate (read_payload)."""
     if not isinstance(body, dict):
         raise PayloadError("the body must be a JSON object")
     if str(body.get("version")) != "4":
         raise PayloadError(f"unsupported webhook version {field_path([repr(body.get('version'))])}; expected \"4\"")
-    bad = _lone_surrogate(body)
+    bad = _lone_surrogate(body) if surrogates else None
     if bad is not None:
         raise PayloadError(f"{bad}: not valid Unicode text (lone surrogate)")
     try:
@@ -197,6 +215,10 @@ def parse_payload(body: Any) -> WebhookPayload:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PayloadError(f"{field_path(first['loc'])}: {first['msg']} ({len(exc.errors())} error(s))") from exc
+
+
+_STATUSES = {s.value: s for s in SignalStatus}
+"""A validated alert status -> its SignalStatus (a dict lookup, cheaper than calling the enum)."""
 
 
 def alert_fingerprint(labels: dict[str, str]) -> str:
@@ -209,18 +231,18 @@ def alert_signals(payload: WebhookPayload) -> list[Signal]:
     """One Signal per alert. The dedup key is fingerprint + startsAt + status: Alertmanager
     resends the same group on every group_interval, and a resolved alert is a new event."""
     out = []
+    receiver, group_key = payload.receiver, payload.groupKey
     for alert in payload.alerts:
-        fp = alert.fingerprint or alert_fingerprint(alert.labels)
-        starts = alert.startsAt.astimezone(timezone.utc).isoformat()
+        labels, status, starts_at = alert.labels, alert.status, alert.startsAt
+        fp = alert.fingerprint or alert_fingerprint(labels)
         out.append(Signal(
             source=SignalSource.ALERT,
-            name=alert.labels["alertname"],
-            labels=dict(alert.labels),
-            observed_at=alert.startsAt,
-            dedup_key=f"alert:{fp}:{starts}:{alert.status}",
-            status=SignalStatus(alert.status),
+            name=labels["alertname"],
+            labels=dict(labels),
+            observed_at=starts_at,
+            dedup_key=f"alert:{fp}:{starts_at.astimezone(timezone.utc).isoformat()}:{status}",
+            status=_STATUSES.get(status) or SignalStatus(status),
             details={"annotations": dict(alert.annotations), "fingerprint": fp,
-                     "generatorURL": alert.generatorURL, "receiver": payload.receiver,
-                     "groupKey": payload.groupKey},
+                     "generatorURL": alert.generatorURL, "receiver": receiver, "groupKey": group_key},
         ))
     return out

@@ -1164,11 +1164,15 @@ def _checked(**fields: object) -> None:
 
 def _signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
     """The signals row of `s` (the n-th of its batch), every text checked."""
-    prefix = f"signal {n} "
-    _checked(**{prefix + "dedup_key": s.dedup_key, prefix + "source": s.source.value, prefix + "name": s.name,
-                prefix + "policy": s.policy})
+    dedup_key, source, name, policy = s.dedup_key, s.source.value, s.name, s.policy
+    # ASCII text is always storable: _checked (which names the field) only where some is not.
+    if not (isinstance(dedup_key, str) and isinstance(source, str) and isinstance(name, str)
+            and (dedup_key + source + name).isascii() and (policy is None or isinstance(policy, str) and policy.isascii())):
+        prefix = f"signal {n} "
+        _checked(**{prefix + "dedup_key": dedup_key, prefix + "source": source, prefix + "name": name,
+                    prefix + "policy": policy})
     # ensure_ascii (the default): the payload is always storable, escapes included.
-    return (s.dedup_key, s.source.value, s.name, s.policy, now, s.summary_json())
+    return (dedup_key, source, name, policy, now, s.summary_json())
 
 
 def _freeze(r: Row) -> Freeze:
