@@ -18,7 +18,7 @@ from actions.istio import ShiftWeights, ShiftWeightsParams
 from core.outcome import Outcome, OutcomeStatus, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.target import Target
-from daemon.workers.executor import MAX_APPLY_ATTEMPTS
+from daemon.workers.progress import MAX_APPLY_ATTEMPTS
 from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import http_route, virtual_service
 
@@ -192,7 +192,7 @@ WRITERS: dict[str, tuple[Callable[[], dict[str, Any]], str, dict[str, Any]]] = {
 
 
 async def apply_as_the_executor(action: Action, p: Any) -> list[Outcome]:
-    """observe, plan, then apply as daemon/workers/executor.py does: again while retryable."""
+    """observe, plan, then apply as daemon/workers/steps.py does: again while retryable."""
     step = action.plan(TARGET, p, await action.observe(TARGET, p), SIGNAL)
     assert not step.noop, step.summary
     outcomes: list[Outcome] = []

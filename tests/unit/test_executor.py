@@ -23,7 +23,9 @@ from core.target import Target
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, Journal
-from daemon.workers.executor import INTENT, MAX_APPLY_ATTEMPTS, MAX_RETRY_DELAY_SECONDS, Executor
+from daemon.workers.executor import Executor
+from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS
+from daemon.workers.steps import MAX_RETRY_DELAY_SECONDS
 from daemon.workers.state import ExecutorState
 from policies.loader import load_policies_text
 from policies.planning import Plan
