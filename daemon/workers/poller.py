@@ -221,11 +221,13 @@ class Poller:
             for key, detection in zip(keys, detections):
                 log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
                           value=detection.value, baseline=detection.baseline, reason=detection.reason)
-        await self._journal.record_evaluations([(policy.name, watch.bound.index, key, d.fired, d.reason)
-                                                for key, d in zip(keys, detections)])
+        # Signals first: acting is what matters, and an evaluation journaled as fired then always
+        # has its signal journaled already (a reader of evaluations never sees one without it).
         for series, detection in zip(mine, detections):
             if detection.fired:
                 await self._emit(detection_signal(watch, series, detection, now))
+        await self._journal.record_evaluations([(policy.name, watch.bound.index, key, d.fired, d.reason)
+                                                for key, d in zip(keys, detections)])
 
     def _detect_all(self, watch: Watch, mine: list[Series], companions: RangeResult | None,
                     now: float) -> list[Detection]:

@@ -101,12 +101,14 @@ def test_tail_rolls_back_with_the_tail_detector(runs: dict[str, dict[str, Any]])
 
 
 def test_ramp_forecaster_acts_before_the_line(runs: dict[str, dict[str, Any]]) -> None:
-    """The forecast detector fires and rolls back while v2 is still below 500 ms, then it recovers."""
+    """The forecast detector fires and rolls back while v2 is still below 500 ms (as its clients see
+    it), then it recovers. (The comparison alert on Triton's own P99.9 acts on nothing here; on a
+    loaded machine, CPU contention can push that server-side quantile over its line first.)"""
     run = runs["ramp"]
     markers = run["markers"]
-    detection = next(m for m in markers if m["kind"] == "detection")
+    detection = next(m for m in markers if m["kind"] == "detection" and m["label"].startswith("detector/"))
     assert detection["label"] == "detector/forecast_breach"
-    times = [first(markers, k) for k in ("phase", "detection", "action", "verification", "recovery")]
+    times = [first(markers, "phase"), detection["t"]] + [first(markers, k) for k in ("action", "verification", "recovery")]
     assert times == sorted(times), markers
     assert run["verdict"] == "recovered"
     levels = [int(line.split("takes ")[1].split(" ms")[0]) for line in run["log"].splitlines() if "v2 now takes" in line]
