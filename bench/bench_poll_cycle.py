@@ -19,7 +19,9 @@ range queries ask for the whole lookback, as after a start, an error or a full r
 steady-state cycle one step later than the one before (the range cache asks for the newest cached
 point and the new one). Wall time is shown for reference; an increment's wall time includes the
 fake server cutting a new body.
-Prints tables; not a test. Run: python bench/bench_poll_cycle.py [--quick] [--policies N] [--no-cache]
+The start-up heap is frozen before the warm-up, as `tailguard run` does once started (`--no-freeze`:
+not). Prints tables; not a test. Run: python bench/bench_poll_cycle.py [--quick] [--policies N]
+[--no-cache] [--no-freeze]
 """
 from __future__ import annotations
 
@@ -269,8 +271,9 @@ class Row:
     wall: float | None = None
 
 
-async def measure(n_series: int, policies: int, repeats: int, work: Path, cache: bool) -> None:
+async def measure(n_series: int, policies: int, repeats: int, work: Path, cache: bool, freeze: bool = True) -> None:
     from core.query import series_key
+    from daemon.common.heap import freeze_startup_heap
     from daemon.common.logs import configure_logging
     from daemon.common.metrics import Metrics
     from daemon.sources.prometheus import PrometheusClient
@@ -341,6 +344,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
             sw.cpu["gc"], sw.wall["gc"], sw.cpu["gc_full"] = collector.cpu, collector.cpu, collector.full
             return dict(sw.cpu), dict(sw.wall), signals - fired
 
+        if freeze:
+            freeze_startup_heap()  # as `tailguard run` does once the service has started
         await poller.poll_group(group, NOW)  # warm-up: the journal's rows exist from here on
         firsts = [await cycle(NOW, first=True) for _ in range(repeats)]
         steadies = [await cycle(NOW + STEP_SECONDS * k, first=False) for k in range(1, STEADY_CYCLES + 1)]
@@ -468,10 +473,13 @@ def main() -> None:
                         help="policies (models) sharing one fleet-wide query (default 1: one model)")
     parser.add_argument("--no-cache", action="store_true",
                         help="the poller without its range cache: every cycle asks for the whole lookback")
+    parser.add_argument("--no-freeze", action="store_true",
+                        help="without freezing the start-up heap (the daemon freezes it once started)")
     args = parser.parse_args()
     n_series = args.series or (1_000 if args.quick else 10_000)
     with tempfile.TemporaryDirectory(prefix="bench-poll-") as tmp:
-        asyncio.run(measure(n_series, args.policies, 2 if args.quick else 3, Path(tmp), not args.no_cache))
+        asyncio.run(measure(n_series, args.policies, 2 if args.quick else 3, Path(tmp), not args.no_cache,
+                            not args.no_freeze))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,15 @@ class Series:
     values: Sequence[float]
 
 
+# What json.dumps(..., separators=(",", ":")) builds on every call (non-default arguments skip its
+# cached encoder), built once: the same bytes, and a poll cycle asks for one key per series.
+_KEY_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def series_key(labels: Mapping[str, str]) -> str:
     """A series' identity: the JSON of its sorted labels. The journal and signal dedup keys store
     this exact encoding, so changing it would split one series' history in two."""
-    return json.dumps(dict(sorted(labels.items())), separators=(",", ":"))
+    return _KEY_ENCODER.encode(dict(sorted(labels.items())))
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,16 @@ class DetectorGauges:
         self.max_series_per_policy = max_series_per_policy
         self.idle_seconds = idle_seconds
         self._seen: dict[str, dict[tuple[str, str, str], float]] = {}  # policy -> (trigger, detector, series) -> at
+        self._evicted: dict[str, float] = {}  # policy -> the `now` of its last eviction pass
 
     def observe(self, policy: str, trigger: int, series: str, d: Detection, now: float) -> bool:
         """Export one evaluation; False when the policy's cap left no place for this series."""
         seen = self._seen.setdefault(policy, {})
         key = (str(trigger), d.detector, series)
         if key not in seen and len(seen) >= self.max_series_per_policy:
-            self._evict_idle(policy, seen, now)
+            if self._evicted.get(policy) != now:  # once per cycle: a cycle past the cap has one `now`
+                self._evicted[policy] = now
+                self._evict_idle(policy, seen, now)
             if len(seen) >= self.max_series_per_policy:
                 self.dropped.labels(policy).inc()
                 return False

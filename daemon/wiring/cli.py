@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import structlog
 
 from daemon.common.config import ConfigError, load_settings
+from daemon.common.heap import freeze_startup_heap
 from daemon.common.logs import configure_logging
 from daemon.wiring.registries import action_registry, detector_registry
 from policies.schema import Trigger
@@ -560,6 +561,7 @@ async def _serve(settings) -> None:  # type: ignore[no-untyped-def]
         loop.add_signal_handler(sig, stop.set)
     service = Service(settings, action_registry(), detector_registry())
     async with service:
+        freeze_startup_heap()
         await stop.wait()
         structlog.get_logger("tailguard").info("shutting down")
 

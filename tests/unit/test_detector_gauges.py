@@ -52,3 +52,25 @@ def test_gauge_series_is_readable():
     """Sorted k=v pairs without the metric name; no labels at all reads {}."""
     assert gauge_series({"model": "ranker", "__name__": "x", "instance": "a:8002"}) == "instance=a:8002,model=ranker"
     assert gauge_series({}) == "{}"
+
+
+def test_idle_series_are_looked_for_once_per_cycle():
+    """A cycle past the cap (one `now`) scans the policy's exported series for idle ones once, not
+    once per new series: after that scan none can be idle at the same `now`."""
+    gauges = DetectorGauges(CollectorRegistry(), max_series_per_policy=3, idle_seconds=60.0)
+    d = Detection("threshold", False, "ok", value=1.0)
+    for pod in "abc":
+        gauges.observe("p", 0, f"pod={pod}", d, 0.0)
+    scans: list[float] = []
+    evict = gauges._evict_idle
+
+    def counted(policy: str, seen: dict[tuple[str, str, str], float], now: float) -> None:
+        scans.append(now)
+        evict(policy, seen, now)
+
+    gauges._evict_idle = counted  # type: ignore[method-assign]
+    gauges.observe("p", 0, "pod=a", d, 90.0)  # a stays
+    placed = [gauges.observe("p", 0, f"pod=n{i}", d, 90.0) for i in range(100)]
+    assert placed[:2] == [True, True] and not any(placed[2:])  # b and c gave way, then the cap holds
+    assert scans == [90.0]
+    assert gauges.observe("p", 0, "pod=late", d, 200.0) and scans == [90.0, 200.0]
