@@ -16,22 +16,9 @@ from daemon.wiring.cli import main
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from tests.integration.test_operator_api import OPERATOR, READER, TOKENS, alert, call
-from tests.support.helpers import NotifySink, local_settings
+from tests.support.helpers import NotifySink, local_settings, notify_policy
 
-POLICY = """
-name: ranker-approved
-target: {{model: ranker}}
-triggers:
-  - alert: {{name: TritonTailLatencyHigh}}
-actions:
-  - type: notify
-    url: {url}
-guards: {{cooldown: 0s}}
-approval: required
-approvalTimeoutSeconds: 600
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
-"""
+POLICY = notify_policy("{url}", extra="approval: required\napprovalTimeoutSeconds: 600\n")
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +41,7 @@ class Clock:
 def _service(tmp_path: Path, action_url: str, events_url: str, clock: Clock) -> Service:
     pol = tmp_path / "policies"
     pol.mkdir(exist_ok=True)
-    (pol / "p.yaml").write_text(POLICY.format(url=action_url))
+    (pol / "p.yaml").write_text(POLICY.replace("{url}", action_url))
     settings = local_settings(tmp_path, pol, notifications=[{"url": events_url}],
                               api={"externalUrl": "https://tailguard.example:8443"})
     return Service(settings, action_registry(), detector_registry(), clock=clock)
