@@ -42,6 +42,12 @@ def blocked_plan(policy: LoadedPolicy, signal: Signal, decision: GuardDecision) 
                 blocked=decision.reason)
 
 
+def unplanned(policy: LoadedPolicy, signal: Signal, error: Exception) -> Plan:
+    """The plan when an action could not plan (observe or plan raised): no steps, why recorded."""
+    return Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
+                blocked=f"planning failed: {error}")
+
+
 def build_plan(policy: LoadedPolicy, signal: Signal, steps: list[Step]) -> Plan:
     """The plan from the steps each action planned; all-noop plans are recorded as such."""
     blocked = None

@@ -41,7 +41,7 @@ from daemon.workers.verifier import RangeFn
 from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy
 from policies.matching import matching_policies
-from policies.planning import Plan, RecoveryCheck, blocked_plan, build_plan, recovery_check
+from policies.planning import Plan, RecoveryCheck, blocked_plan, build_plan, recovery_check, unplanned
 
 
 log = structlog.get_logger("tailguard.executor")
@@ -166,8 +166,7 @@ class Executor:
         try:
             steps = await self._plan_steps(policy, signal)
         except ActionError as exc:
-            plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
-                        blocked=f"planning failed: {exc}")
+            plan = unplanned(policy, signal, exc)
             failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "",
                                            executed=False, extra=note)
             for bound in policy.actions:
@@ -219,8 +218,7 @@ class Executor:
         try:
             steps = await self._plan_steps(policy, signal)
         except ActionError as exc:
-            plan = Plan(policy.name, policy.target.key, signal.dedup_key, (), policy.spec.guards.dry_run,
-                        blocked=f"planning failed: {exc}")
+            plan = unplanned(policy, signal, exc)
             await self._decide_shadow(signal_id, policy, plan, origin, "fail", DecisionState.DRY_RUN,
                                       f"{label}: would fail: planning failed: {exc}")
             return plan
@@ -319,8 +317,7 @@ class Executor:
             try:
                 plans.append(build_plan(policy, signal, await self._plan_steps(policy, signal)))
             except ActionError as exc:
-                plans.append(Plan(policy.name, policy.target.key, signal.dedup_key, (),
-                                  policy.spec.guards.dry_run, blocked=f"planning failed: {exc}"))
+                plans.append(unplanned(policy, signal, exc))
         return plans
 
     async def _guard(self, policy: LoadedPolicy, *, commit: bool = False) -> GuardDecision:
