@@ -194,18 +194,7 @@ def _simulate(config: Path | None, payload: Path) -> int:
 
 def _journal_command(given: str | None, config: Path | None, to: str | None) -> int:
     """`journal [SOURCE]` prints it; with `to` (journal migrate --to DSN) it is copied there."""
-    from daemon.common.config import journal_store
-
-    try:
-        source: Path | str = journal_store(load_settings(config).journal) if given is None else (
-            given if given.startswith(("postgres://", "postgresql://")) else Path(given))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if isinstance(source, Path) and not source.exists():
-        print(f"error: no journal at {source}", file=sys.stderr)
-        return 1
-    return _journal(source) if to is None else _migrate_journal(source, to)
+    return _on_existing_store(config, given, _journal if to is None else lambda source: _migrate_journal(source, to))
 
 
 def _migrate_journal(source: Path | str, to: str) -> int:
@@ -243,22 +232,24 @@ def _target_key(target: str) -> str:
 def _with_journal(config: Path | None, command: Callable[["Journal"], int]) -> int:
     """Run an operator command on the journal the settings name: exit 2 for bad settings, 1 for
     a missing or failing journal, else the command's own code. The journal is always closed."""
+    return _on_existing_store(config, None, lambda store: _on_journal(store, command))
+
+
+def _on_existing_store(config: Path | None, given: str | None, run: Callable[[Path | str], int]) -> int:
+    """`run` on the journal `given` names (a file or a DSN), else the one the settings name: exit 2
+    for bad settings, 1 for a journal file that does not exist, else `run`'s own code."""
     from daemon.common.config import journal_store
 
     try:
-        settings = load_settings(config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        store = journal_store(settings.journal)
+        store: Path | str = journal_store(load_settings(config).journal) if given is None else (
+            given if given.startswith(("postgres://", "postgresql://")) else Path(given))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if isinstance(store, Path) and not store.exists():
         print(f"error: no journal at {store}", file=sys.stderr)
         return 1
-    return _on_journal(store, command)
+    return run(store)
 
 
 def _on_journal(store: Path | str, command: Callable[["Journal"], int]) -> int:
