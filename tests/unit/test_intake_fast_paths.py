@@ -63,7 +63,8 @@ def test_brackets_inside_strings_are_not_nesting():
     assert decode_body(json.dumps(body).encode()) == body
 
 
-def _body_with(text: str, where: str) -> bytes:
+def _payload_with(text: str, where: str) -> dict[str, Any]:
+    """The sample webhook with `text` in a label value, an annotation key or the receiver."""
     body = sample_payload()
     if where == "label":
         body["alerts"][0]["labels"]["extra"] = text
@@ -71,7 +72,7 @@ def _body_with(text: str, where: str) -> bytes:
         body["alerts"][0]["annotations"][text] = "v"
     else:
         body["receiver"] = text
-    return json.dumps(body).encode("utf-8")  # ensure_ascii: every non-ASCII character escaped
+    return body
 
 
 def _outcome(fn: Any, *args: Any) -> Any:
@@ -88,7 +89,7 @@ def _reference(raw: bytes) -> Any:
 @pytest.mark.parametrize("where", ["label", "key", "receiver"])
 @pytest.mark.parametrize("text", ["\ud800", "a\udfffb", "\udbff", "\ud83d\ude00", "\U0001f600", "é", "plain"])
 def test_read_payload_finds_every_lone_surrogate(text: str, where: str):
-    raw = _body_with(text, where)
+    raw = json.dumps(_payload_with(text, where)).encode("utf-8")  # ensure_ascii: every non-ASCII character escaped
     got = _outcome(read_payload, raw)
     assert got == _outcome(_reference, raw)
     lone = any(0xD800 <= ord(c) <= 0xDFFF for c in text) and text != "\ud83d\ude00"
@@ -113,14 +114,7 @@ def test_escaped_backslash_before_u_is_text_not_a_surrogate():
 @given(st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=6),
        st.sampled_from(["label", "key", "receiver"]), st.booleans())
 def test_read_payload_agrees_with_decode_then_parse(text: str, where: str, ascii_only: bool):
-    body = sample_payload()
-    if where == "label":
-        body["alerts"][0]["labels"]["extra"] = text
-    elif where == "key":
-        body["alerts"][0]["annotations"][text] = "v"
-    else:
-        body["receiver"] = text
-    raw = json.dumps(body, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    raw = json.dumps(_payload_with(text, where), ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
     assert _outcome(read_payload, raw) == _outcome(_reference, raw)
 
 
