@@ -24,6 +24,7 @@ loop is bounded (a deadline, a request count, retries per request, timeouts).
 Prints a table; not a test. Run: python bench/bench_intake.py [--quick] [--backends sqlite,postgres]
 [--pg-fsync on|off]  (make bench BENCH_INTAKE_FLAGS=--quick)
 The daemon measured is this checkout's, or the source tree named by TAILGUARD_SRC (a before/after).
+With BENCH_PROFILE=DIR each tailguard server's main thread runs under cProfile, its stats copied to DIR.
 """
 from __future__ import annotations
 
@@ -109,6 +110,27 @@ async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str, 
         await stop.wait()
     # Write transactions the journal committed (this version counts them), for the table.
     (work / "stats.json").write_text(json.dumps({"commits": getattr(svc.journal.sync, "commits", None)}))
+
+
+@contextmanager
+def _profiled(out: Path) -> Iterator[None]:
+    """With BENCH_PROFILE set, the daemon's main thread runs under cProfile (stats written to `out`,
+    and copied to BENCH_PROFILE when it names a directory): where the intake's CPU goes."""
+    target = os.environ.get("BENCH_PROFILE")
+    if not target:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(out)
+        if Path(target).is_dir():
+            shutil.copy(out, Path(target) / f"{out.parent.name}.prof")
 
 
 @dataclass
@@ -626,7 +648,8 @@ if __name__ == "__main__":
         if args.kind == "bare":
             web.run_app(_bare_app(), host=LOOPBACK, port=args.port, print=None, access_log=None)
         else:
-            asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown, args.backend))
+            with _profiled(args.work / "tailguard.prof"):
+                asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown, args.backend))
     else:
         backends = args.backends
         if backends is None:

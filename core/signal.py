@@ -8,9 +8,12 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping
 
+import msgspec
 
 _SUMMARY_ENCODER = json.JSONEncoder(default=str)
 """What json.dumps(..., default=str) builds on every call, built once (it keeps no state between calls)."""
+_TEXT_ENCODER = msgspec.json.Encoder()
+"""For summaries whose details are text (_text_only); msgspec, since the intake writes one per alert."""
 
 
 class SignalSource(str, Enum):
@@ -48,8 +51,18 @@ class Signal:
         return self._fields(_jsonable(self.details))
 
     def summary_json(self) -> str:
-        """`summary()` as JSON text, serialized once (the journal's payload; ASCII, so always storable)."""
-        return _SUMMARY_ENCODER.encode(self._fields(self.details))
+        """`summary()` as JSON text, serialized once (the journal's payload): valid UTF-8, so
+        always storable."""
+        fields = self._fields(self.details)
+        if self.value is None and _text_only(self.details):
+            # An alert's summary (intake builds one per alert): msgspec writes the same values
+            # several times faster than json. Text it cannot encode as UTF-8 (a lone surrogate)
+            # goes the general way, which escapes it.
+            try:
+                return _TEXT_ENCODER.encode(fields).decode()
+            except (msgspec.EncodeError, TypeError, UnicodeEncodeError):
+                pass
+        return _SUMMARY_ENCODER.encode(fields)
 
     def _fields(self, details: Any) -> dict[str, Any]:
         return {
@@ -87,6 +100,18 @@ def stable_key(*parts: Any) -> str:
     """A short, stable hash of JSON-able parts; used for dedup keys of non-alert signals."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _text_only(details: Mapping[str, Any]) -> bool:
+    """Whether `details` holds only text and maps of text, which both encoders write alike (json's
+    default=str and msgspec differ on datetimes, sets, NaN and other types)."""
+    for value in details.values():
+        if type(value) is dict:
+            if not all(type(key) is str and type(item) is str for key, item in value.items()):
+                return False
+        elif type(value) is not str:
+            return False
+    return type(details) is dict and all(type(key) is str for key in details)
 
 
 def _jsonable(value: Any) -> Any:

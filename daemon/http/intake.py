@@ -26,6 +26,7 @@ MAX_LABELS = 128
 MAX_LABEL_NAME_CHARS = 1024
 MAX_LABEL_VALUE_CHARS = 16_384
 MAX_ANNOTATION_VALUE_CHARS = 65_536
+MAX_FINGERPRINT_CHARS = 256
 MIN_YEAR, MAX_YEAR = 1970, 9000
 """startsAt, converted to UTC, must fall in these years (0001-01-01T00:00:00+01:00 cannot convert)."""
 
@@ -53,7 +54,7 @@ class WebhookAlert(_Lenient):
     endsAt: datetime | None = None
     """Parsed, never converted: a firing alert's endsAt is 0001-01-01T00:00:00Z."""
     generatorURL: str = ""
-    fingerprint: str = Field("", max_length=256)
+    fingerprint: str = Field("", max_length=MAX_FINGERPRINT_CHARS)
 
     @field_validator("labels")
     @classmethod
@@ -99,7 +100,7 @@ class PayloadError(Exception):
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # In a body decode_body took (strict UTF-8 refuses encoded surrogates), a surrogate can only come
 # from a \uD800-\uDFFF escape (JSON has no other; the decoder joins a valid pair into one character).
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 
 
 def nesting_deeper_than(value: Any, limit: int) -> bool:
@@ -197,7 +198,7 @@ def read_payload(raw: bytes) -> WebhookPayload:
     """decode_body, then parse_payload: raises BodyError or PayloadError as they do. Where the raw
     body holds no surrogate escape, the parsed body cannot hold a lone surrogate, and the search
     for one is skipped."""
-    return parse_payload(decode_body(raw), surrogates=_SURROGATE_ESCAPE.search(raw) is not None)
+    return parse_payload(decode_body(raw), surrogates=SURROGATE_ESCAPE.search(raw) is not None)
 
 
 def parse_payload(body: Any, surrogates: bool = True) -> WebhookPayload:
@@ -227,22 +228,25 @@ def alert_fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def alert_signal(labels: dict[str, str], status: str, starts_at: datetime, fingerprint: str,
+                 annotations: dict[str, str], generator_url: str, receiver: str, group_key: str) -> Signal:
+    """The Signal of one validated alert. The dedup key is fingerprint + startsAt + status:
+    Alertmanager resends the same group on every group_interval, and a resolved alert is a new event."""
+    fp = fingerprint or alert_fingerprint(labels)
+    return Signal(
+        source=SignalSource.ALERT,
+        name=labels["alertname"],
+        labels=dict(labels),
+        observed_at=starts_at,
+        dedup_key=f"alert:{fp}:{starts_at.astimezone(timezone.utc).isoformat()}:{status}",
+        status=_STATUSES.get(status) or SignalStatus(status),
+        details={"annotations": dict(annotations), "fingerprint": fp,
+                 "generatorURL": generator_url, "receiver": receiver, "groupKey": group_key},
+    )
+
+
 def alert_signals(payload: WebhookPayload) -> list[Signal]:
-    """One Signal per alert. The dedup key is fingerprint + startsAt + status: Alertmanager
-    resends the same group on every group_interval, and a resolved alert is a new event."""
-    out = []
+    """One Signal per alert of a validated payload."""
     receiver, group_key = payload.receiver, payload.groupKey
-    for alert in payload.alerts:
-        labels, status, starts_at = alert.labels, alert.status, alert.startsAt
-        fp = alert.fingerprint or alert_fingerprint(labels)
-        out.append(Signal(
-            source=SignalSource.ALERT,
-            name=labels["alertname"],
-            labels=dict(labels),
-            observed_at=starts_at,
-            dedup_key=f"alert:{fp}:{starts_at.astimezone(timezone.utc).isoformat()}:{status}",
-            status=_STATUSES.get(status) or SignalStatus(status),
-            details={"annotations": dict(alert.annotations), "fingerprint": fp,
-                     "generatorURL": alert.generatorURL, "receiver": receiver, "groupKey": group_key},
-        ))
-    return out
+    return [alert_signal(a.labels, a.status, a.startsAt, a.fingerprint, a.annotations, a.generatorURL,
+                         receiver, group_key) for a in payload.alerts]
