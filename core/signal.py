@@ -104,14 +104,20 @@ def stable_key(*parts: Any) -> str:
 
 def _text_only(details: Mapping[str, Any]) -> bool:
     """Whether `details` holds only text and maps of text, which both encoders write alike (json's
-    default=str and msgspec differ on datetimes, sets, NaN and other types)."""
-    for value in details.values():
+    default=str and msgspec differ on datetimes, sets, NaN and other types). Plain loops: this runs
+    once per alert on the webhook's path."""
+    if type(details) is not dict:
+        return False
+    for key, value in details.items():
+        if type(key) is not str:
+            return False
         if type(value) is dict:
-            if not all(type(key) is str and type(item) is str for key, item in value.items()):
-                return False
+            for inner_key, item in value.items():
+                if type(inner_key) is not str or type(item) is not str:
+                    return False
         elif type(value) is not str:
             return False
-    return type(details) is dict and all(type(key) is str for key in details)
+    return True
 
 
 def _jsonable(value: Any) -> Any:
