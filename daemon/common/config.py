@@ -91,8 +91,8 @@ class JournalSettings(_Section):
     max_pending: int = Field(100_000, ge=1, alias="maxPending")
     """Pending signals past which the webhook answers 503 + Retry-After (Alertmanager retries)."""
     shared_poll_seconds: float = Field(1.0, gt=0, le=60, alias="sharedPollSeconds")
-    """PostgreSQL: how often the leader looks for signals other replicas journaled (their delay to
-    action, at most), and every replica recounts the shared backlog for backpressure."""
+    """PostgreSQL: how often every replica recounts the shared backlog (backpressure) and the leader
+    looks for signals other replicas journaled besides their notices (the backstop for a lost one)."""
 
     @model_validator(mode="after")
     def _dsn_only_for_postgres(self) -> "JournalSettings":

@@ -9,6 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+# Where a journal announces newly journaled signals (PostgreSQL NOTIFY; daemon/storage/journal_notices.py).
+SIGNALS_CHANNEL = "tailguard_signals"
+
 # A result row: read by column name (sqlite3.Row, or a dict from psycopg).
 Row = Mapping[str, Any]
 
@@ -85,6 +88,11 @@ class Backend(Protocol):
 
     def migrate(self) -> int:
         """Apply this backend's pending migrations; the schema version reached."""
+        ...
+
+    def announce(self, channel: str, payload: str) -> None:
+        """Inside a transaction: tell listeners of `channel` once it commits (PostgreSQL NOTIFY).
+        A no-op where no other process listens (SQLite: one process per journal)."""
         ...
 
     def describe(self) -> str:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,7 +16,7 @@ from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterable, Par
 
 from core.decision import DecisionState
 from core.signal import Signal
-from daemon.storage.backend import Backend, Row, UnstorableText
+from daemon.storage.backend import SIGNALS_CHANNEL, Backend, Row, UnstorableText
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -229,6 +230,8 @@ class Journal:
                  max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.max_pending = max_pending
         self.commits = 0  # committed write transactions (tests and benchmarks count them)
+        # Names this process's notices on a shared journal, so that its own are not news to it.
+        self.instance = uuid.uuid4().hex
         self._lock = threading.Lock()
         try:
             self._db: Backend = connect(store, busy_timeout_seconds)
@@ -414,6 +417,8 @@ class Journal:
                 else:
                     results[i] = (new, dup)
                     pending += len(new)
+            if pending > self._pending:  # a replica leading a shared journal reads them now (journal_notices)
+                self._db.announce(SIGNALS_CHANNEL, self.instance)
             return pending
 
         def committed(pending: int) -> None:
@@ -497,6 +502,12 @@ class Journal:
         with self._lock:
             self._pending = count
         return count
+
+    @property
+    def dsn(self) -> str | None:
+        """The PostgreSQL connection string (journal_notices listens there); None on SQLite."""
+        dsn = getattr(self._db, "dsn", None)
+        return dsn if self._db.name == "postgres" and isinstance(dsn, str) else None
 
     def signals(self) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM signals ORDER BY id")

@@ -306,6 +306,9 @@ class PostgresBackend:
             self.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
                          f" COALESCE((SELECT MAX(id) FROM {table}), 0) + 1, false)")
 
+    def announce(self, channel: str, payload: str) -> None:
+        self.execute("SELECT pg_notify(?, ?)", (channel, payload))
+
     def describe(self) -> str:
         return redact(self.dsn)
 

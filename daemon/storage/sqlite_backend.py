@@ -236,6 +236,9 @@ class SqliteBackend:
     def migrate(self) -> int:
         return apply_migrations(self, MIGRATIONS)
 
+    def announce(self, channel: str, payload: str) -> None:
+        pass  # one process per SQLite journal: nobody else to tell
+
     def describe(self) -> str:
         return str(self.path)
 

@@ -26,6 +26,7 @@ from daemon.http.auth import TokenSet
 from daemon.http.status import StatusInputs
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import Approval, Journal, JournalBackpressure, JournalError
+from daemon.storage.journal_notices import JournalNotices, notices_for
 from daemon.wiring.parts import base_url, build_parts
 from daemon.workers.approvals import ApprovalExpiry
 from daemon.workers.backlog import Backlog
@@ -38,6 +39,8 @@ from detectors.base import Detector
 from policies.loader import PolicyLoadError, PolicySet, load_policies
 
 log = structlog.get_logger("tailguard.service")
+NOTICE_PAUSE_SECONDS = 0.1
+"""After another replica's signals woke the leader: their group commits come in bursts; read once per pause."""
 
 class Service:
     def __init__(
@@ -72,6 +75,7 @@ class Service:
         # token): the writes of a leader that was replaced meanwhile are refused by the journal.
         self.term_held = not settings.leader_election.enabled
         self._term_task: asyncio.Task[None] | None = None
+        self._acting_flipped = asyncio.Event()  # the shared-journal loop looks again at once
         self._was_acting = False  # may_act() as last seen: a takeover resumes open recovery checks
         self.metrics.is_leader.set(int(self.is_leader))
         self.policies_loaded = False
@@ -158,6 +162,8 @@ class Service:
     def _acting_changed(self) -> None:
         """may_act() may have flipped (leadership, the shared state imported)."""
         acting = self.may_act()
+        if acting != self._was_acting:
+            self._acting_flipped.set()
         self.metrics.is_leader.set(int(acting))
         self.backlog.acting_changed()
         took_over, self._was_acting = acting and not self._was_acting, acting
@@ -366,18 +372,54 @@ class Service:
         on the leader, take the signals other replicas journaled. A failed read is recorded and
         tried again next round."""
         interval = self.settings.journal.shared_poll_seconds
-        while not self._stop.is_set():
-            try:
-                pending = await self.journal.refresh_pending()
-                if self.backlog.look_again(pending):
-                    log.debug("signals journaled by other replicas; reading the pending set", pending=pending)
-            except JournalError as exc:
-                self.metrics.faults.labels("journal").inc()
-                log.warning("could not count pending signals in the shared journal", error=str(exc))
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=interval)
-            except asyncio.TimeoutError:
-                pass
+        notices = notices_for(self.journal.sync)
+        try:
+            while not self._stop.is_set():
+                try:
+                    pending = await self.journal.refresh_pending()
+                    if self.backlog.look_again(pending):
+                        log.debug("signals journaled by other replicas; reading the pending set", pending=pending)
+                except JournalError as exc:
+                    self.metrics.faults.labels("journal").inc()
+                    log.warning("could not count pending signals in the shared journal", error=str(exc))
+                await self._until_next_look(notices, interval)
+        finally:
+            if notices is not None:
+                await notices.close()
+
+    async def _until_next_look(self, notices: JournalNotices | None, interval: float) -> None:
+        """The poll interval, cut short by a change of acting (a new leader reads the backlog and
+        starts listening at once) and, on the leader of a PostgreSQL journal, by another replica's
+        committed signals (then a short pause, so that a burst of them is read once)."""
+        self._acting_flipped.clear()
+        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._stop.wait()),
+                                           asyncio.ensure_future(self._acting_flipped.wait())}
+        heard = asyncio.ensure_future(notices.wait(interval)) if notices is not None and self.may_act() else None
+        if heard is not None:
+            waits.add(heard)
+        try:
+            await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        if heard is None or heard.cancelled():
+            return
+        try:
+            noticed = heard.result()
+        except JournalError as exc:  # the poll goes on; the next round connects again
+            self.metrics.faults.labels("journal").inc()
+            log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
+            await self._stopped_within(interval)
+            return
+        if noticed:
+            await self._stopped_within(NOTICE_PAUSE_SECONDS)
+
+    async def _stopped_within(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
 
     async def drain(self) -> None:
         """Wait until every signal journaled so far is processed (tests, demo, simulate)."""

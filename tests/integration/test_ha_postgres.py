@@ -307,12 +307,13 @@ TOKENS = f"""
 """
 
 
-async def _service(tmp_path: Path, name: str, dsn: str, kubeconfig: Path, sink_url: str) -> Service:
+async def _service(tmp_path: Path, name: str, dsn: str, kubeconfig: Path, sink_url: str,
+                   shared_poll_seconds: float = 0.2) -> Service:
     pol = tmp_path / name / "policies"
     pol.mkdir(parents=True)
     (pol / "p.yaml").write_text(POLICY.replace("URL", sink_url))
     settings = local_settings(tmp_path / name, pol, kubernetes=kube_settings(kubeconfig), leaderElection=LEASE,
-                              journal={"backend": "postgres", "dsn": dsn, "sharedPollSeconds": 0.2})
+                              journal={"backend": "postgres", "dsn": dsn, "sharedPollSeconds": shared_poll_seconds})
     svc = Service(settings, action_registry(), detector_registry())
     svc.identity = f"tailguard-{name}"
     await svc.__aenter__()
@@ -395,6 +396,29 @@ async def test_a_pending_approval_survives_failover_and_the_new_leader_applies_i
         await wait_for(lambda: len(sink.posts) == 1, timeout=30)
         await wait_for(lambda: new.journal.sync.decisions()[0].state == "succeeded", timeout=30)
         assert len(new.journal.sync.decisions()) == 1
+    finally:
+        for svc in services:
+            await svc.stop()
+
+
+async def test_the_leader_takes_a_followers_webhook_at_its_commit_not_at_its_next_poll(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, sink: Sink) -> None:  # noqa: F811
+    """With a poll of the shared backlog far longer than the test, the follower's committed signals
+    reach the leader through the journal's notices (LISTEN/NOTIFY)."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
+    services = [await _service(tmp_path, n, postgres_dsn, kubeconfig, sink.url, shared_poll_seconds=60)
+                for n in "ab"]
+    try:
+        await wait_for(lambda: any(s.may_act() for s in services), timeout=30)
+        leader = next(s for s in services if s.may_act())
+        follower = next(s for s in services if s is not leader)
+        for n in range(3):  # each wakes it again
+            status, body = await _call(follower, "POST", "/api/v1/alerts", token=TOKEN,
+                                       body=payload_with(fingerprint=f"n{n}"))
+            assert status == 200, body
+            await wait_for(lambda: len(sink.posts) == n + 1, timeout=20)  # well inside the 60 s poll
+        assert [d.state for d in leader.journal.sync.decisions()] == ["succeeded"] * 3
+        assert follower.journal.sync.decisions() == leader.journal.sync.decisions()
     finally:
         for svc in services:
             await svc.stop()
