@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -120,6 +121,29 @@ class ManagedProcess:
                 self._popen.wait(timeout=grace_seconds)
         return self._popen.returncode
 
+    def stop_group(self, grace_seconds: float = 10.0) -> int | None:
+        """`stop`, then SIGKILL what is left of the process group this process leads (it starts
+        with `start_new_session`): helpers it started and left behind on an abrupt exit, such as
+        Triton's Python-backend stubs when it is stopped with requests in flight. The group is
+        signalled before the leader is reaped, so its id cannot have passed to another process.
+
+        Returns:
+            The exit code, or None if the process was never started.
+        """
+        if self._popen is None or self._popen.returncode is not None:
+            return self.stop(grace_seconds)  # never started, or reaped already: its group id is not ours now
+        pid = self._popen.pid
+        if not _exited_unreaped(pid, 0.0):
+            os.kill(pid, signal.SIGTERM)
+            if not _exited_unreaped(pid, grace_seconds):
+                os.kill(pid, signal.SIGKILL)  # our own child ignored SIGTERM
+                _exited_unreaped(pid, grace_seconds)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nothing else in the group: the usual clean exit
+        return self._popen.wait(timeout=grace_seconds)
+
     def log_tail(self, max_bytes: int = 4000) -> str:
         """The last `max_bytes` of the log, for error messages."""
         try:
@@ -132,6 +156,17 @@ class ManagedProcess:
 
     def _exit_code(self) -> int | None:
         return None if self._popen is None else self._popen.poll()
+
+
+def _exited_unreaped(pid: int, timeout_seconds: float) -> bool:
+    """Whether our child `pid` exited within `timeout_seconds`, leaving it unreaped (a zombie keeps
+    its pid and process group id from being reused)."""
+    deadline = time.monotonic() + timeout_seconds
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_INTERVAL_SECONDS)
+    return True
 
 
 def environ_with(**overrides: str) -> dict[str, str]:
@@ -175,6 +210,16 @@ class LocalServer:
     def stop(self) -> int | None:
         """Stop the server (terminate, wait, kill); returns its exit code."""
         return self._process.stop(grace_seconds=self.STOP_GRACE_SECONDS) if self._process else None
+
+    def restart(self) -> int | None:
+        """Stop the server by PID and start it again on the same ports and folders (a crash and
+        reschedule: Triton's counters start from zero, Prometheus replays its WAL); returns the
+        old process's exit code."""
+        # The whole group: a Triton stopped with requests in flight leaves its stubs behind otherwise.
+        code = self._process.stop_group(self.STOP_GRACE_SECONDS) if self._process else None
+        self._process = None  # the stopped process is done with; `start` launches a new one
+        self.start()
+        return code
 
     @property
     def pid(self) -> int:
