@@ -16,8 +16,8 @@ def align(series: Sequence[Series]) -> tuple[NDArray[np.float64], NDArray[np.flo
 
     Nearly every series of one range query has a point at every step: those rows are the grid
     itself, so the union is taken over the longest series and the rows that differ from it only,
-    and a row equal to the grid is copied whole; the rest are placed point by point. Series
-    sharing one timestamps object are converted and compared once.
+    and the rows equal to the grid are converted together, as one block; the rest are placed
+    point by point. Series sharing one timestamps object are converted and compared once.
 
     Raises on a malformed series (values and timestamps of different lengths, non-numbers): the
     per-series path reports those with a reason instead.
@@ -43,8 +43,18 @@ def align(series: Sequence[Series]) -> tuple[NDArray[np.float64], NDArray[np.flo
         same.append(eq)
     grid: NDArray[np.float64] = np.unique(np.concatenate([ref, *(ts for ts, eq in zip(stamps, same) if not eq)]))
     whole = grid.size == ref.size and bool((grid == ref).all())  # ref is sorted, without repeats
+    rows = [row for row, (s, eq) in enumerate(zip(series, same)) if eq and whole and len(s.values) == grid.size]
+    block = _block([series[row].values for row in rows], grid.size)
+    if block is not None and len(rows) == len(series):
+        return grid, block
     values = np.full((len(series), grid.size), np.nan)
+    done: set[int] = set()
+    if block is not None:
+        values[rows] = block
+        done = set(rows)
     for row, (s, ts, eq) in enumerate(zip(series, stamps, same)):
+        if row in done:
+            continue
         if eq and whole:
             row_values = np.asarray(s.values, dtype=np.float64)
             if row_values.shape == ts.shape:
@@ -52,6 +62,19 @@ def align(series: Sequence[Series]) -> tuple[NDArray[np.float64], NDArray[np.flo
                 continue
         _place(values[row], grid, ts, s.values)
     return grid, values
+
+
+def _block(rows: list[Sequence[float]], width: int) -> NDArray[np.float64] | None:
+    """The rows that are the whole grid, converted in one call (one per row was most of `align`);
+    None where that does not give one float per grid point of each row (a malformed value): the
+    caller then converts row by row, as before, and raises what that raises."""
+    if not rows:
+        return None
+    try:
+        block = np.array(rows, dtype=np.float64)
+    except Exception:  # whatever it is, the row by row path meets it again and raises it as before
+        return None
+    return block if block.shape == (len(rows), width) else None
 
 
 def _place(row: NDArray[np.float64], grid: NDArray[np.float64], ts: NDArray[np.float64],

@@ -165,9 +165,39 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}" if math.isfinite(v) else "nan"
 
 
+@dataclass(frozen=True)
+class _Texts:
+    """The parts of the reason lines that are the same for every row of a batch, formatted once."""
+
+    line: str | None  # L; None without one (`counter_line` raises where a row needs it, as it did)
+    allowed: str  # the slow share H0 allows
+    threshold: str  # h
+    staleness: str  # max_staleness_seconds
+
+    @classmethod
+    def of(cls, p: TailExcessParams) -> "_Texts":
+        return cls(_fmt(p.line) if p.line is not None else None, f"{1 - p.quantile:.2%}",
+                   f"{p.decision_threshold:g}", f"{p.max_staleness_seconds:g}")
+
+
 def batch_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
                     labels: Mapping[str, str]) -> Detection:
     """The Detection for one row, with a one-line reason either way and attribution details."""
+    return _row_detection(b, row, p, kind, labels, _Texts.of(p))
+
+
+def batch_detections(b: ExcessBatch, p: TailExcessParams, kind: str,
+                     labels: Sequence[Mapping[str, str]]) -> list[Detection]:
+    """`batch_detection` of every row (`labels`: each row's series labels), the parts of the reason
+    that every row shares formatted once."""
+    texts = _Texts.of(p)
+    return [_row_detection(b, row, p, kind, row_labels, texts) for row, row_labels in enumerate(labels)]
+
+
+def _row_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str, labels: Mapping[str, str],
+                   texts: _Texts) -> Detection:
+    """`batch_detection`, the batch's constant texts given. No closure per row: a function and its
+    cells per row cost time and were that many more objects for the cyclic GC to walk."""
     f = b.facts
     status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
     bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)  # NaN when no step was scored
@@ -180,38 +210,47 @@ def batch_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
         details["version"] = labels["version"]
     if first >= 0:
         details["series_first_seen"] = f.timestamps[first]
-
-    def make(fired: bool, reason: str, **kw: Any) -> Detection:
-        return Detection(detector=kind, fired=fired, reason=reason, value=stat,
-                         baseline=bulk if math.isfinite(bulk) else None,
-                         threshold=p.decision_threshold, score=stat / p.decision_threshold,
-                         details=details, **kw)
-
+    fired, onset = False, None
+    evidence: tuple[tuple[float, float], ...] = ()
     if status == NO_DATA:
-        return make(False, "no data: no samples of both counters in the lookback window")
-    if status == NO_COUNTS:
-        return make(False, "no request counter: tail_excess needs companionQuery (the request count)")
-    if status == STALE:
-        return make(False, f"stale: newest sample at {f.timestamps[latest]:.0f} is older than "
-                           f"{p.max_staleness_seconds:g} s")
-    if status == SHORT_HISTORY:
-        return make(False, "too little history: no step with a bulk to compare against yet")
-    start = f.episode_start[row]
-    share = units / reqs if reqs > 0 else 0.0
-    what = (f"~{units:.1f} requests' worth of latency above {_fmt(p.counter_line)} in {reqs:.0f} requests "
-            f"({share:.2%} vs {1 - p.quantile:.2%} allowed); CUSUM {stat:.2f}")
-    if not f.fired[row]:
-        return make(False, f"{what} < {p.decision_threshold:g}" if start >= 0
-                    else f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0")
-    # Fired: a few dozen rows per cycle, so the evidence is read from the arrays directly.
+        reason = "no data: no samples of both counters in the lookback window"
+    elif status == NO_COUNTS:
+        reason = "no request counter: tail_excess needs companionQuery (the request count)"
+    elif status == STALE:
+        reason = f"stale: newest sample at {f.timestamps[latest]:.0f} is older than {texts.staleness} s"
+    elif status == SHORT_HISTORY:
+        reason = "too little history: no step with a bulk to compare against yet"
+    else:
+        line = texts.line if texts.line is not None else _fmt(p.counter_line)  # (raises without a line)
+        if not f.fired[row] and f.episode_start[row] < 0:
+            reason = f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0"
+        else:
+            share = units / reqs if reqs > 0 else 0.0
+            what = (f"~{units:.1f} requests' worth of latency above {line} in {reqs:.0f} requests "
+                    f"({share:.2%} vs {texts.allowed} allowed); CUSUM {stat:.2f}")
+            if not f.fired[row]:
+                reason = f"{what} < {texts.threshold}"
+            else:
+                fired, reason = True, f"{what} >= {texts.threshold}"
+                onset, evidence = _fired_evidence(b, row, details)
+    return Detection(detector=kind, fired=fired, reason=reason, value=stat,
+                     baseline=bulk if math.isfinite(bulk) else None, threshold=p.decision_threshold,
+                     score=stat / p.decision_threshold, episode_start=onset, evidence=evidence,
+                     details=details)
+
+
+def _fired_evidence(b: ExcessBatch, row: int, details: dict[str, Any]) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """A fired row's onset and evidence (its last 20 steps with excess), read from the arrays
+    directly (a few dozen rows per cycle); adds the onset's delay to `details`."""
+    f = b.facts
+    start, first = f.episode_start[row], f.first_seen[row]
     onset = f.timestamps[start]
     if first >= 0:
         details["onset_after_first_sample_s"] = onset - f.timestamps[first]
     ts, run = b.timestamps, b.run
     evidence_cols = np.flatnonzero(np.nan_to_num(run.units[row]) > 0)
     evidence_cols = evidence_cols[evidence_cols >= start][-20:]
-    evidence = tuple((float(ts[i]), float(run.units[row, i])) for i in evidence_cols)
-    return make(True, f"{what} >= {p.decision_threshold:g}", episode_start=onset, evidence=evidence)
+    return onset, tuple((float(ts[i]), float(run.units[row, i])) for i in evidence_cols)
 
 
 def value_detection(b: ValueCusumBatch, row: int, grid: NDArray[np.float64], p: ValueCusumParams,
@@ -296,4 +335,4 @@ class TailExcessDetector:
         grid, counters = align([*series, *paired])
         n = len(series)
         batch = evaluate_excess_batch(self.params, grid, counters[:n], counters[n:], now)
-        return [batch_detection(batch, i, self.params, self.kind, series[i].labels) for i in range(n)]
+        return batch_detections(batch, self.params, self.kind, [s.labels for s in series])

@@ -28,36 +28,61 @@ class RangeQueries(Protocol):
 
 # (query, step seconds, lookback seconds): one cached window each.
 WindowKey = tuple[str, float, float]
-# A series' identity inside one query's answer: all its labels, the metric name included.
-SeriesKey = frozenset[tuple[str, str]]
+# A series' identity inside one query's answer: all its labels (the metric name included), sorted.
+# A tuple of strings, which the cyclic GC stops tracking, where a frozenset per series stayed
+# in every full collection; equal for the same labels as their frozenset is.
+SeriesKey = tuple[tuple[str, str], ...]
 
 
-@dataclass
-class _Points:
-    """One series' cached points: tuples, handed out as they are (a cycle builds new ones)."""
-
-    labels: Mapping[str, str]
-    timestamps: tuple[float, ...] = ()
-    values: tuple[float, ...] = ()
-    new: Series | None = None  # this call's answer for the series, until `_update` takes it in
+def _key_of(labels: Mapping[str, str]) -> SeriesKey:
+    return tuple(sorted(labels.items()))
 
 
 @dataclass
 class _Window:
-    """The cached lookback of one (query, step, lookback)."""
+    """The cached lookback of one (query, step, lookback). Its series are columns of parallel
+    lists, in the order first seen, where one object per series was one more for the cyclic GC to
+    walk in every full collection, and the points tuples are handed out as they are (a cycle
+    builds new ones)."""
 
     lookback: float
     step: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one fetch-and-merge at a time per window
-    series: dict[SeriesKey, _Points] = field(default_factory=dict)  # in the order first seen
+    index: dict[SeriesKey, int] = field(default_factory=dict)  # each series' position in the lists
+    keys: list[SeriesKey] = field(default_factory=list)
+    labels: list[Mapping[str, str]] = field(default_factory=list)
+    timestamps: list[tuple[float, ...]] = field(default_factory=list)
+    values: list[tuple[float, ...]] = field(default_factory=list)
     last_t: float | None = None  # the newest grid point answered; None: the next call is a full query
     cycles: int = 0  # calls answered since the last full query, that one included
     used_at: float = -math.inf  # the `end` of the last call, for sweeping windows no group asks for
 
     def reset(self) -> None:
-        self.series.clear()
+        self.index.clear()
+        self.keys.clear()
+        self.labels.clear()
+        self.timestamps.clear()
+        self.values.clear()
         self.last_t = None
         self.cycles = 0
+
+    def add(self, key: SeriesKey, labels: Mapping[str, str]) -> int:
+        """A new series, without points yet, last; its position."""
+        at = self.index[key] = len(self.keys)
+        self.keys.append(key)
+        self.labels.append(labels)
+        self.timestamps.append(())
+        self.values.append(())
+        return at
+
+    def drop(self, gone: list[int]) -> None:
+        """Forgets the series at the positions `gone` (ascending); the rest keep their order."""
+        keep = sorted(set(range(len(self.keys))).difference(gone))
+        self.keys = [self.keys[at] for at in keep]
+        self.labels = [self.labels[at] for at in keep]
+        self.timestamps = [self.timestamps[at] for at in keep]
+        self.values = [self.values[at] for at in keep]
+        self.index = {key: at for at, key in enumerate(self.keys)}
 
 
 class RangeCache:
@@ -109,7 +134,7 @@ class RangeCache:
 
     def held_points(self) -> int:
         """Points held over all windows (each point is a timestamp and a value)."""
-        return sum(len(p.timestamps) for w in self._windows.values() for p in w.series.values())
+        return sum(len(ts) for w in self._windows.values() for ts in w.timestamps)
 
     async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult:
         """The range `[start, end]` of `promql` at `step_seconds`, as the client would answer it."""
@@ -178,25 +203,29 @@ class RangeCache:
 
         Series with a point at every step share one timestamps tuple per step (nothing to build,
         and `align` converts it once): on one grid without a gap, equal length, first and last
-        stamps are equal stamps."""
-        window.last_t = _take_in(window, answer)
+        stamps are equal stamps. Consecutive series nearly always share both their cached and
+        their new timestamps tuple: the plan of the one before is reused without a lookup."""
+        window.last_t, new = _take_in(window, answer)
         cuts = _Cuts(old_cut=round(start) - TOLERANCE_SECONDS,
                      new_cut=since - TOLERANCE_SECONDS if since is not None else math.inf,
                      step=window.step, shared=self._shared_stamps.get(window.step, ()))
         out, gone = [], []
-        for key, p in window.series.items():
-            new, p.new = p.new, None
-            add_ts, add_vs = (tuple(new.timestamps), tuple(new.values)) if new is not None else ((), ())
-            i, j, stamps = cuts.plan(p.timestamps, add_ts)
+        stamps_of, values_of = window.timestamps, window.values
+        last: _Plan | None = None
+        for at, (labels, ts, s) in enumerate(zip(window.labels, stamps_of, new)):
+            add_ts, add_vs = (tuple(s.timestamps), tuple(s.values)) if s is not None else ((), ())
+            if last is None or ts is not last[0] or add_ts is not last[1]:
+                last = (ts, add_ts, *cuts.plan(ts, add_ts))
+            i, j, stamps = last[2], last[3], last[4]
             if stamps is None:
-                gone.append(key)
+                gone.append(at)
                 continue
-            if i or j < len(p.timestamps) or add_ts:
-                p.timestamps = stamps
-                p.values = p.values[i:j] + add_vs
-            out.append(Series(p.labels, p.timestamps, p.values))
-        for key in gone:
-            del window.series[key]
+            if i or j < len(ts) or add_ts:
+                stamps_of[at] = stamps
+                values_of[at] = values_of[at][i:j] + add_vs
+            out.append(Series(labels, stamps_of[at], values_of[at]))
+        if gone:
+            window.drop(gone)
         self._shared_stamps[window.step] = cuts.shared
         return out
 
@@ -212,28 +241,33 @@ class RangeCache:
             self._shared_stamps = {k: v for k, v in self._shared_stamps.items() if k in steps}
 
 
-def _take_in(window: _Window, answer: list[Series]) -> float | None:
-    """Hands each series of `answer` to its cached points (`_Points.new`, new series added last);
-    returns the window's newest grid point.
+def _take_in(window: _Window, answer: list[Series]) -> tuple[float | None, list[Series | None]]:
+    """Finds each series of `answer` among the window's (new series added last); returns the
+    window's newest grid point and, per cached position, its series of `answer` (None: none).
 
     An answer lists its series in the same order every time (Prometheus sorts them), so each is
     first compared with the cached series in its position: equal labels are the same series,
-    found without building its frozenset key (most of this loop's cost when built per series)."""
+    found without building its key (most of this loop's cost when built per series)."""
     newest = window.last_t
-    cached = list(window.series.values())
+    cached = window.labels
+    known = len(cached)
+    new: list[Series | None] = [None] * known
     for pos, s in enumerate(answer):
         if not s.timestamps:
             continue
-        points = cached[pos] if pos < len(cached) else None
-        if points is None or points.labels != s.labels:
-            key = frozenset(s.labels.items())
-            points = window.series.get(key)
-            if points is None:
-                points = window.series[key] = _Points(s.labels)
-        points.new = s
+        if pos < known and cached[pos] == s.labels:
+            at = pos
+        else:
+            key = _key_of(s.labels)
+            found = window.index.get(key)
+            if found is None:
+                found = window.add(key, s.labels)
+                new.append(None)
+            at = found
+        new[at] = s
         if newest is None or s.timestamps[-1] > newest:
             newest = s.timestamps[-1]
-    return newest
+    return newest, new
 
 
 # A plan of `_Cuts`: the cached and the new timestamps it is for (held, so that their ids stay

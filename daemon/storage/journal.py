@@ -818,7 +818,10 @@ class Journal:
         """Many verdicts (policy, trigger index, series, fired, reason) in one transaction:
         a poll cycle over thousands of series must not pay one fsync per series."""
         for p, _, k, _, r in rows:
-            _checked(policy=p, series=k, reason=r)
+            # ASCII text is always storable: _checked (which names the field) only where some is not.
+            if not (isinstance(p, str) and isinstance(k, str) and isinstance(r, str)
+                    and p.isascii() and k.isascii() and r.isascii()):
+                _checked(policy=p, series=k, reason=r)
         now = time.time()
         self._tx(lambda: self._db.executemany(
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"

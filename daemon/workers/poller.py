@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import structlog
 
@@ -27,6 +28,64 @@ from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 log = structlog.get_logger("tailguard.poller")
 
 
+class LabelMemo:
+    """`fn(labels)` computed once per labels mapping object while that object keeps coming back:
+    the range cache hands out the same mapping of a series every cycle, so a steady cycle finds
+    the series' keys here instead of sorting and encoding 10,000 label sets again. Keyed by the
+    mapping's id, the mapping held so that the id stays its own (a Series' labels are never
+    changed in place); what a cycle did not ask for is dropped at the next (`next_cycle`). Only
+    dicts of ints and strings and lists: nothing more for the cyclic GC to walk."""
+
+    def __init__(self, fn: Callable[[Mapping[str, str]], str]) -> None:
+        self._fn = fn
+        self._now: dict[int, str] = {}
+        self._last: dict[int, str] = {}
+        self._held_now: list[Mapping[str, str]] = []
+        self._held_last: list[Mapping[str, str]] = []
+
+    def next_cycle(self) -> None:
+        self._last, self._held_last = self._now, self._held_now
+        self._now, self._held_now = {}, []
+
+    def many(self, labels: Iterable[Mapping[str, str]]) -> Iterator[str]:
+        """`fn` of each mapping, in order, each when asked for (as `fn` one call at a time)."""
+        now, last, held, fn = self._now, self._last, self._held_now, self._fn
+        for mapping in labels:
+            value = now.get(id(mapping))
+            if value is None:
+                value = last.get(id(mapping))
+                if value is None:
+                    value = fn(mapping)
+                now[id(mapping)] = value
+                held.append(mapping)
+            yield value
+
+
+class PairingMemo:
+    """`pair_companions` of a watch's last cycle, reused while the same series come back in the
+    same order (the same labels mapping objects: the range cache keeps them, and a Series' labels
+    are never changed in place), so they pair the same way; otherwise paired anew."""
+
+    def __init__(self) -> None:
+        self._series: list[Mapping[str, str]] = []
+        self._companions: list[Mapping[str, str]] = []
+        self._positions: list[int] = []  # per series, its companion's position; -1: none
+
+    def pair(self, series: list[Series], companions: RangeResult) -> list[Series | None]:
+        labels = [s.labels for s in series]
+        companion_labels = [c.labels for c in companions.series]
+        if not (_same_objects(labels, self._series) and _same_objects(companion_labels, self._companions)):
+            position = {id(c): i for i, c in enumerate(companions.series)}
+            self._positions = [-1 if c is None else position[id(c)] for c in pair_companions(series, companions)]
+            self._series, self._companions = labels, companion_labels
+        found = companions.series
+        return [found[i] if i >= 0 else None for i in self._positions]
+
+
+def _same_objects(a: list[Mapping[str, str]], b: list[Mapping[str, str]]) -> bool:
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
 @dataclass
 class Watch:
     """One detector trigger of one policy, with its live detector instance."""
@@ -36,6 +95,10 @@ class Watch:
     detector: Detector
     fingerprint: str
     scoped: bool  # the query names the target itself ($model), so unlabeled series are its own
+    # What each cycle derives from the series' labels, memoized (see LabelMemo, PairingMemo).
+    keys: LabelMemo = field(default_factory=lambda: LabelMemo(series_key), compare=False, repr=False)
+    gauges: LabelMemo = field(default_factory=lambda: LabelMemo(gauge_series), compare=False, repr=False)
+    pairing: PairingMemo = field(default_factory=PairingMemo, compare=False, repr=False)
 
 
 @dataclass
@@ -212,11 +275,12 @@ class Poller:
             self._metrics.faults.labels("detector_prepare").inc()
             log.error("detector prepare failed", policy=policy.name, error=repr(exc))
         detections = self._detect_all(watch, mine, companions, now)
-        keys = [series_key(s.labels) for s in mine]  # once per series: the journal row and the log
+        watch.keys.next_cycle()
+        watch.gauges.next_cycle()
+        keys = list(watch.keys.many(s.labels for s in mine))  # once per series: the journal row and the log
         count_verdicts(self._metrics, watch, detections)
-        for series, detection in zip(mine, detections):
-            self._metrics.detector.observe(policy.name, watch.bound.index, gauge_series(series.labels),
-                                           detection, now)
+        self._metrics.detector.observe_many(policy.name, watch.bound.index, watch.gauges.many(s.labels for s in mine),
+                                            detections, now)
         if _debug_enabled():  # structlog's level check costs a logger per call: asked once per cycle
             for key, detection in zip(keys, detections):
                 log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
@@ -234,7 +298,7 @@ class Poller:
         """One Detection per series: the detector's batch path when the batch is big enough to pay
         for it (a vectorized detector aligns the series on one grid), else one call per series."""
         detector, kind = watch.detector, watch.bound.trigger.type
-        pairs = pair_companions(mine, companions) if companions is not None else None
+        pairs = watch.pairing.pair(mine, companions) if companions is not None else None
         if len(mine) >= BATCH_MIN_SERIES:
             try:
                 batch = detector.detect_many(mine, now, pairs)

@@ -1,6 +1,8 @@
 """`align` copying whole rows where a series is the grid gives what placing every point gives."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,23 @@ def test_malformed_series_still_raises() -> None:
         align_pointwise([ok, bad])
     with pytest.raises(IndexError):
         align([ok, bad])
+
+
+@pytest.mark.parametrize("odd", [("1.5", "2"), (None, 2.0), (1, True), ("x", 2.0), (1.0, [2.0]), (float("inf"), -0.0)])
+def test_whole_grid_rows_converted_as_a_block_convert_as_one_by_one(odd: tuple[object, ...]) -> None:
+    """Rows that are the whole grid go through numpy as one block: values numpy converts (numeric
+    text, None as NaN, ints, bools) come out the same, and what it cannot convert raises what
+    the row by row conversion raises, at the same row, also among gap rows and good rows."""
+    ts = (10.0, 15.0)
+    good = Series({"i": "0"}, ts, (1.0, 2.0))
+    gap = Series({"i": "1"}, (15.0,), (7.0,))
+    for series in ([good, Series({"i": "odd"}, ts, odd)], [gap, Series({"i": "odd"}, ts, odd), good]):
+        try:
+            want = align_pointwise(series)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the fast path must raise it too
+            with pytest.raises(type(exc), match=re.escape(str(exc))):
+                align(series)
+            continue
+        got = align(series)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])

@@ -154,6 +154,45 @@ async def test_increments_equal_full_queries_over_many_cycles() -> None:
     assert (cache.full_queries, cache.incremental_queries) == (1, 59)
 
 
+@dataclass
+class Shuffling:
+    """A FakePrometheus whose answers list their series in a random order each call."""
+
+    prom: FakePrometheus
+    rng: random.Random
+
+    async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult:
+        got = await self.prom.query_range(promql, start, end, step_seconds)
+        self.rng.shuffle(got.series)
+        return got
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+async def test_series_come_in_the_order_first_seen_and_keep_their_labels(shuffle: bool) -> None:
+    """The answer lists the series in the order the cache first saw them (new ones last, gone
+    ones out, one that comes back last again), whatever order Prometheus answers in, each with
+    the labels mapping it was first seen with (what the poller's memos key on)."""
+    prom = FakePrometheus()
+    fleet = Fleet(prom, seed=3)
+    client = Shuffling(prom, random.Random(5)) if shuffle else prom
+    cache = RangeCache(client, full_refresh_cycles=7)
+    order: dict[frozenset[tuple[str, str]], Mapping[str, str]] = {}  # the reference: first seen, in order
+    for k in range(50):
+        now = T0 + k * STEP
+        fleet.advance(now)
+        prom.now = now
+        got = await cache.query_range(QUERY, now - LOOKBACK, now, STEP)
+        assert as_map(got.series) == as_map(full_answer(prom, now)), f"cycle {k}"
+        if (cache.full_queries + cache.incremental_queries - 1) % 7 == 0:  # a full query: first seen anew
+            order.clear()
+        for s in got.series:
+            order.setdefault(frozenset(s.labels.items()), s.labels)
+        keys = [frozenset(s.labels.items()) for s in got.series]
+        assert keys == [key for key in order if key in set(keys)], f"cycle {k}"
+        assert all(s.labels is order[key] for s, key in zip(got.series, keys)), f"cycle {k}"
+        order = {key: order[key] for key in keys}  # gone series are forgotten
+
+
 async def test_error_is_returned_not_cached_and_clears_the_window() -> None:
     """An error in between comes back as it came; the next call is a full query again and
     equals the full answer."""

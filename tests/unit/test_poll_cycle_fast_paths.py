@@ -1,0 +1,237 @@
+"""The poll cycle's fast paths give what their straightforward versions give, bit for bit:
+counter increments of gap-free rows, episode sums of the rows in an episode, one batch of
+tail_excess Detections, the per-watch memos of label keys and companion pairs, and the detector
+gauges observed in one call."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from core.detection import Detection
+from core.query import Series, series_key
+from daemon.common.metrics import Metrics
+from daemon.sources.prometheus import RangeResult
+from daemon.workers.poller import LabelMemo, PairingMemo, gauge_series, pair_companions
+from detectors._counter_steps import counter_steps
+from detectors._excess_cusum import sum_since
+from detectors.tail_excess import (
+    NO_COUNTS, NO_DATA, SHORT_HISTORY, STALE, ExcessBatch, TailExcessParams, _fmt, batch_detections,
+    evaluate_excess_batch,
+)
+
+
+# ---- counter increments ---------------------------------------------------------------------
+
+def reference_steps(latency: np.ndarray, requests: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every row by the general rule: each column from the row's previous column with both samples."""
+    rows, cols = latency.shape
+    valid = np.isfinite(latency) & np.isfinite(requests)
+    col_idx = np.broadcast_to(np.arange(cols), (rows, cols))
+    last_valid = np.maximum.accumulate(np.where(valid, col_idx, -1), axis=1)
+    prev = np.concatenate([np.full((rows, 1), -1), last_valid[:, :-1]], axis=1)
+    has_prev = valid & (prev >= 0)
+    safe_prev = np.maximum(prev, 0)
+    d_lat = latency - np.take_along_axis(latency, safe_prev, axis=1)
+    d_req = requests - np.take_along_axis(requests, safe_prev, axis=1)
+    resets = has_prev & ((d_lat < 0) | (d_req < 0))
+    d_lat = np.where(has_prev, np.where(resets, latency, d_lat), np.nan)
+    d_req = np.where(has_prev, np.where(resets, requests, d_req), np.nan)
+    first = np.where(valid.any(axis=1), np.argmax(valid, axis=1), -1)
+    return d_lat, d_req, resets, first
+
+
+def counters(rng: np.random.Generator, rows: int, cols: int, gap_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative counters with restarts; `gap_share` of the rows miss some samples."""
+    latency = np.cumsum(rng.uniform(0, 1e4, (rows, cols)), axis=1).round()
+    requests = np.cumsum(rng.integers(0, 50, (rows, cols)), axis=1).astype(float)
+    for row in range(rows):
+        if cols > 2 and rng.random() < 0.2:
+            col = int(rng.integers(1, cols))
+            latency[row, col:] -= latency[row, col - 1]  # a restart
+        if rng.random() < gap_share:
+            which = rng.random(cols) < 0.3
+            (latency if rng.random() < 0.5 else requests)[row, which] = np.nan
+            if rng.random() < 0.3:
+                latency[row, rng.random(cols) < 0.2] = np.inf
+    return latency, requests
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf, as ever
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(0, 12), cols=st.integers(0, 9),
+       gap_share=st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+def test_counter_steps_equal_the_general_rule(seed: int, rows: int, cols: int, gap_share: float) -> None:
+    latency, requests = counters(np.random.default_rng(seed), rows, cols, gap_share)
+    if seed % 5 == 0:  # other dtypes keep the dtypes they always gave
+        latency = latency.astype(np.float32)
+    try:
+        want = reference_steps(latency, requests)
+    except (IndexError, ValueError) as exc:  # no column at all: it raises, and so must the fast path
+        with pytest.raises(type(exc), match=re.escape(str(exc))):
+            counter_steps(latency, requests)
+        return
+    got = counter_steps(latency, requests)
+    for a, b in zip((got.latency, got.requests, got.resets, got.first_valid), want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)  # NaN == NaN here; bit for bit otherwise
+
+
+# ---- episode sums ---------------------------------------------------------------------------
+
+def reference_sum_since(x: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """0.0, then every column of every row added in column order, 0.0 outside the episode."""
+    sums = np.zeros(x.shape[0])
+    for col in range(x.shape[1]):
+        inside = (col >= start) & (start >= 0)
+        sums = sums + np.where(inside, x[:, col], 0.0)
+    return sums
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(0, 12), cols=st.integers(0, 9))
+def test_sum_since_equals_the_running_sum(seed: int, rows: int, cols: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.choice([0.0, -0.0, 1e-300, 0.1, 3.7, 1e17, -2.5], (rows, cols)) * rng.random((rows, cols))
+    start = rng.integers(-1, max(cols, 1), rows)
+    got, want = sum_since(x, start), reference_sum_since(x, start)
+    assert [v.hex() for v in got.tolist()] == [v.hex() for v in want.tolist()]
+
+
+# ---- tail_excess Detections -----------------------------------------------------------------
+
+def reference_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
+                        labels: Mapping[str, str]) -> Detection:
+    """One row's Detection as the detector built it one row at a time, every text formatted here."""
+    f = b.facts
+    status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
+    bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)
+    units, reqs = f.episode_units[row], f.episode_requests[row]
+    details: dict[str, Any] = {
+        "input": "counters", "cusum": stat, "episode_slow_equivalents": units, "episode_requests": reqs,
+        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
+    }
+    if "version" in labels:
+        details["version"] = labels["version"]
+    if first >= 0:
+        details["series_first_seen"] = f.timestamps[first]
+
+    def make(fired: bool, reason: str, **kw: Any) -> Detection:
+        return Detection(detector=kind, fired=fired, reason=reason, value=stat,
+                         baseline=bulk if math.isfinite(bulk) else None,
+                         threshold=p.decision_threshold, score=stat / p.decision_threshold,
+                         details=details, **kw)
+
+    if status == NO_DATA:
+        return make(False, "no data: no samples of both counters in the lookback window")
+    if status == NO_COUNTS:
+        return make(False, "no request counter: tail_excess needs companionQuery (the request count)")
+    if status == STALE:
+        return make(False, f"stale: newest sample at {f.timestamps[latest]:.0f} is older than "
+                           f"{p.max_staleness_seconds:g} s")
+    if status == SHORT_HISTORY:
+        return make(False, "too little history: no step with a bulk to compare against yet")
+    start = f.episode_start[row]
+    share = units / reqs if reqs > 0 else 0.0
+    what = (f"~{units:.1f} requests' worth of latency above {_fmt(p.counter_line)} in {reqs:.0f} requests "
+            f"({share:.2%} vs {1 - p.quantile:.2%} allowed); CUSUM {stat:.2f}")
+    if not f.fired[row]:
+        return make(False, f"{what} < {p.decision_threshold:g}" if start >= 0
+                    else f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0")
+    onset = f.timestamps[start]
+    if first >= 0:
+        details["onset_after_first_sample_s"] = onset - f.timestamps[first]
+    cols = np.flatnonzero(np.nan_to_num(b.run.units[row]) > 0)
+    cols = cols[cols >= start][-20:]
+    evidence = tuple((float(b.timestamps[i]), float(b.run.units[row, i])) for i in cols)
+    return make(True, f"{what} >= {p.decision_threshold:g}", episode_start=onset, evidence=evidence)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf, as ever
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 30), cols=st.integers(1, 40),
+       line=st.sampled_from([5e3, 5e5]), stale=st.sampled_from([30.0, 2.0]))
+def test_batch_detections_equal_one_row_at_a_time(seed: int, rows: int, cols: int, line: float,
+                                                   stale: float) -> None:
+    """Every status, fired and quiet rows, tails planted; compared by repr (exact floats, NaN too)."""
+    rng = np.random.default_rng(seed)
+    latency, requests = counters(rng, rows, cols, 0.3)
+    tail = rng.random(rows) < 0.5
+    latency[tail, cols // 2:] += np.cumsum(rng.binomial(1, 0.5, (int(tail.sum()), cols - cols // 2)), axis=1) * 1e6
+    requests[rng.random(rows) < 0.1] = np.nan  # no request counter
+    grid = 1_767_225_600.0 + 5.0 * np.arange(cols)
+    now = float(grid[-1]) if cols else 1_767_225_600.0
+    p = TailExcessParams.model_validate({"line": line, "lookback_seconds": 600, "bulk_window_seconds": 15,
+                                         "max_staleness_seconds": stale})
+    batch = evaluate_excess_batch(p, grid, latency, requests, now + float(rng.choice([0.0, 10.0])))
+    labels = [{"pod": str(i), **({"version": "2"} if i % 2 else {})} for i in range(rows)]
+    got = batch_detections(batch, p, "tail_excess", labels)
+    want = [reference_detection(batch, i, p, "tail_excess", labels[i]) for i in range(rows)]
+    assert [repr(d) for d in got] == [repr(d) for d in want]
+
+
+# ---- label memos ----------------------------------------------------------------------------
+
+def label_sets(n: int) -> list[dict[str, str]]:
+    return [{"__name__": "lat", "pod": f"p{i % 7}", "version": str(i % 3), **({"quantile": "0.9"} if i % 4 else {})}
+            for i in range(n)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(cycles=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.floats(0, 1)), min_size=1, max_size=6))
+def test_memos_equal_the_functions_through_churn(cycles: list[tuple[int, float]]) -> None:
+    """Each cycle keeps some label mappings of the cycle before (the range cache's), replaces
+    others with equal or different new ones, and reorders: memoized keys, gauge names and pairs
+    are those computed afresh."""
+    keys, gauges, pairing = LabelMemo(series_key), LabelMemo(gauge_series), PairingMemo()
+    series: list[Series] = []
+    companions: list[Series] = []
+    for seed, churn in cycles:
+        rng = np.random.default_rng(seed)
+        pool = label_sets(12)
+        series = [s if rng.random() > churn else Series(dict(pool[int(rng.integers(12))]), (), ())
+                  for s in series] + [Series(dict(lab), (), ()) for lab in pool[:int(rng.integers(0, 3))]]
+        companions = [c if rng.random() > churn else Series({**pool[int(rng.integers(12))], "__name__": "req"}, (), ())
+                      for c in companions] + [Series({**lab, "__name__": "req"}, (), ()) for lab in pool[:2]]
+        if rng.random() < churn:
+            series = [series[i] for i in rng.permutation(len(series))]
+        answer = RangeResult("q", companions)
+        keys.next_cycle()
+        gauges.next_cycle()
+        assert list(keys.many(s.labels for s in series)) == [series_key(s.labels) for s in series]
+        assert list(gauges.many(s.labels for s in series)) == [gauge_series(s.labels) for s in series]
+        got, want = pairing.pair(series, answer), pair_companions(series, answer)
+        assert [id(c) for c in got] == [id(c) for c in want]
+
+
+# ---- detector gauges ------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(cycles=st.lists(st.tuples(st.integers(0, 80), st.integers(0, 2**32 - 1)), min_size=1, max_size=5),
+       cap=st.integers(1, 20))
+def test_observe_many_equals_one_by_one(cycles: list[tuple[int, int]], cap: int) -> None:
+    """The same gauges, the same dropped count and the same places, past the cap and through
+    evictions of idle series."""
+    one, many = Metrics(), Metrics()
+    for m in (one, many):
+        m.detector.max_series_per_policy, m.detector.idle_seconds = cap, 20.0
+    for k, (n, seed) in enumerate(cycles):
+        rng = np.random.default_rng(seed)
+        names = [f"pod={int(i)}" for i in rng.integers(0, 60, n)]
+        detections = [Detection("tail_excess", bool(rng.random() < 0.1), "r", value=float(rng.random()),
+                                baseline=None if rng.random() < 0.3 else 1.0, threshold=13.0) for _ in names]
+        now = 10.0 * k
+        placed = [one.detector.observe("p", 0, s, d, now) for s, d in zip(names, detections)]
+        assert many.detector.observe_many("p", 0, names, detections, now) == placed.count(False)
+    assert exposition(many) == exposition(one)
+
+
+def exposition(metrics: Metrics) -> list[str]:
+    """The registry's samples, without the creation times of its children."""
+    return [line for line in generate_latest(metrics.registry).decode().splitlines() if "_created" not in line]
