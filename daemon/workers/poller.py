@@ -142,7 +142,7 @@ class Poller:
         detectors: Mapping[str, type[Detector]],
         emit: Emit,
         offload: Offload,
-        max_backoff_seconds: float = 120.0,
+        max_backoff_seconds: float = 15.0,
         clock: Callable[[], float] = time.time,
         triton_metrics: TritonMetricsSource | None = None,
         incremental_range_queries: bool = True,
