@@ -47,6 +47,7 @@ bench: setup
 	$(PY) bench/bench_intake.py $(BENCH_INTAKE_FLAGS)
 	$(PY) bench/bench_poll_cycle.py $(BENCH_POLL_CYCLE_FLAGS)
 	$(PY) bench/bench_ttr.py $(BENCH_TTR_FLAGS)
+	$(PY) bench/bench_healthy.py $(BENCH_HEALTHY_FLAGS)
 
 eval: setup
 	$(PY) -m evaluation.tail_eval
