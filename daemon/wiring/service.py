@@ -42,6 +42,7 @@ log = structlog.get_logger("tailguard.service")
 NOTICE_PAUSE_SECONDS = 0.1
 """After another replica's signals woke the leader: their group commits come in bursts; read once per pause."""
 
+
 class Service:
     def __init__(
         self,
@@ -375,6 +376,7 @@ class Service:
         notices = notices_for(self.journal.sync)
         try:
             while not self._stop.is_set():
+                self._acting_flipped.clear()  # before the look: a flip during it cuts the next wait short
                 try:
                     pending = await self.journal.refresh_pending()
                     if self.backlog.look_again(pending):
@@ -391,7 +393,6 @@ class Service:
         """The poll interval, cut short by a change of acting (a new leader reads the backlog and
         starts listening at once) and, on the leader of a PostgreSQL journal, by another replica's
         committed signals (then a short pause, so that a burst of them is read once)."""
-        self._acting_flipped.clear()
         waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._stop.wait()),
                                            asyncio.ensure_future(self._acting_flipped.wait())}
         heard = asyncio.ensure_future(notices.wait(interval)) if notices is not None and self.may_act() else None
