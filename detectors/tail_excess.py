@@ -180,24 +180,18 @@ class _Texts:
                    f"{p.decision_threshold:g}", f"{p.max_staleness_seconds:g}")
 
 
-def batch_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
-                    labels: Mapping[str, str]) -> Detection:
-    """The Detection for one row, with a one-line reason either way and attribution details."""
-    return _row_detection(b, row, p, kind, labels, _Texts.of(p))
-
-
 def batch_detections(b: ExcessBatch, p: TailExcessParams, kind: str,
                      labels: Sequence[Mapping[str, str]]) -> list[Detection]:
-    """`batch_detection` of every row (`labels`: each row's series labels), the parts of the reason
-    that every row shares formatted once."""
+    """The Detection of every row (`labels`: each row's series labels), with a one-line reason
+    either way and attribution details; the parts of the reason every row shares formatted once."""
     texts = _Texts.of(p)
     return [_row_detection(b, row, p, kind, row_labels, texts) for row, row_labels in enumerate(labels)]
 
 
 def _row_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str, labels: Mapping[str, str],
                    texts: _Texts) -> Detection:
-    """`batch_detection`, the batch's constant texts given. No closure per row: a function and its
-    cells per row cost time and were that many more objects for the cyclic GC to walk."""
+    """The Detection of one row, the batch's constant texts given. No closure per row: a function
+    and its cells per row cost time and were that many more objects for the cyclic GC to walk."""
     f = b.facts
     status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
     bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)  # NaN when no step was scored
