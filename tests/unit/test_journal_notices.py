@@ -5,25 +5,38 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
 
 from core.signal import Signal, SignalSource
-from daemon.storage.journal import Journal, JournalBackpressure, JournalError
-from daemon.storage.journal_notices import notices_for
+from daemon.storage.journal import DEFAULT_MAX_PENDING, Journal, JournalBackpressure, JournalError
+from daemon.storage.journal_notices import JournalNotices, notices_for
 
 
 def _signal(key: str) -> Signal:
     return Signal(SignalSource.ALERT, "A", {"model": "m"}, datetime.now(timezone.utc), key)
 
 
-async def test_another_replicas_signals_wake_the_listener_and_its_own_do_not(postgres_dsn: str):
-    leader, follower = Journal(postgres_dsn), Journal(postgres_dsn)
+@asynccontextmanager
+async def _replicas(dsn: str, follower_max_pending: int = DEFAULT_MAX_PENDING) -> AsyncIterator[tuple[Journal, Journal, JournalNotices]]:
+    """Two journals on one database (the leader's, a follower's) and the leader's notices; closed after."""
+    leader, follower = Journal(dsn), Journal(dsn, max_pending=follower_max_pending)
     notices = notices_for(leader)
     assert notices is not None
     try:
+        yield leader, follower, notices
+    finally:
+        await notices.close()
+        leader.close()
+        follower.close()
+
+
+async def test_another_replicas_signals_wake_the_listener_and_its_own_do_not(postgres_dsn: str):
+    async with _replicas(postgres_dsn) as (leader, follower, notices):
         assert await notices.wait(0.2) is False  # connected and listening; nothing yet
         leader.record_signals([_signal("own")])
         assert await notices.wait(0.5) is False  # its own write is no news
@@ -38,17 +51,10 @@ async def test_another_replicas_signals_wake_the_listener_and_its_own_do_not(pos
 
         follower.record_signals([_signal("theirs")])  # a duplicate: nothing new, no notice
         assert await notices.wait(0.5) is False
-    finally:
-        await notices.close()
-        leader.close()
-        follower.close()
 
 
 async def test_no_notice_for_a_write_that_did_not_commit(postgres_dsn: str):
-    leader, follower = Journal(postgres_dsn), Journal(postgres_dsn, max_pending=0)
-    notices = notices_for(leader)
-    assert notices is not None
-    try:
+    async with _replicas(postgres_dsn, follower_max_pending=0) as (_, follower, notices):
         assert await notices.wait(0.1) is False
         try:
             follower.record_signals([_signal("refused")])
@@ -57,17 +63,10 @@ async def test_no_notice_for_a_write_that_did_not_commit(postgres_dsn: str):
         else:
             raise AssertionError("max_pending=0 must refuse the write")
         assert await notices.wait(0.5) is False
-    finally:
-        await notices.close()
-        leader.close()
-        follower.close()
 
 
 async def test_a_dropped_connection_is_an_error_and_the_next_wait_listens_again(postgres_dsn: str):
-    leader, follower = Journal(postgres_dsn), Journal(postgres_dsn)
-    notices = notices_for(leader)
-    assert notices is not None
-    try:
+    async with _replicas(postgres_dsn) as (_, follower, notices):
         assert await notices.wait(0.1) is False
         with psycopg.connect(postgres_dsn, autocommit=True) as admin:  # what a database failover does to it
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
@@ -81,10 +80,6 @@ async def test_a_dropped_connection_is_an_error_and_the_next_wait_listens_again(
         assert await notices.wait(0.1) is False  # connected again
         follower.record_signals([_signal("after")])
         assert await notices.wait(5) is True
-    finally:
-        await notices.close()
-        leader.close()
-        follower.close()
 
 
 def test_sqlite_has_no_notices(tmp_path: Path):
