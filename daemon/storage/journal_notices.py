@@ -9,7 +9,8 @@ backstop (a notice lost with a dropped connection is caught by it).
 """
 from __future__ import annotations
 
-from contextlib import aclosing
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from daemon.storage.backend import SIGNALS_CHANNEL
@@ -37,13 +38,18 @@ class JournalNotices:
         self._dsn, self._own, self._connect_timeout = dsn, own, connect_timeout_seconds
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
+    async def listen(self) -> None:
+        """LISTEN from now on, if not already: every commit after this returns is heard by a
+        later `wait` (one before it is not, so count the backlog after this, not before). Raises
+        JournalError as `wait` does."""
+        async with self._journal_errors():
+            await self._connected()
+
     async def wait(self, timeout: float) -> bool:
         """True once another replica's signals are committed (notices queued since the last call
         count), False after `timeout` seconds without one. Raises JournalError when the
         connection cannot be made or breaks; the next call connects again."""
-        import psycopg  # here, as the backend: a SQLite-only run never loads the PostgreSQL driver
-
-        try:
+        async with self._journal_errors():
             conn = await self._connected()
             # Closed on the way out, not left to the collector: the generator holds the connection's lock.
             async with aclosing(conn.notifies(timeout=timeout)) as notices:
@@ -51,6 +57,14 @@ class JournalNotices:
                     if notice.payload != self._own:
                         return True
             return False
+
+    @asynccontextmanager
+    async def _journal_errors(self) -> AsyncIterator[None]:
+        """A database error as JournalError, the connection closed so that the next call connects again."""
+        import psycopg  # here, as the backend: a SQLite-only run never loads the PostgreSQL driver
+
+        try:
+            yield
         except psycopg.Error as exc:
             await self.close()
             raise JournalError(f"journal notices: {type(exc).__name__}: {exc}") from exc

@@ -377,6 +377,8 @@ class Service:
         try:
             while not self._stop.is_set():
                 self._acting_flipped.clear()  # before the look: a flip during it cuts the next wait short
+                if notices is not None and self.may_act():
+                    await self._listen(notices)  # before the count: a commit after it is heard, one before counted
                 try:
                     pending = await self.journal.refresh_pending()
                     if self.backlog.look_again(pending):
@@ -415,6 +417,13 @@ class Service:
             return
         if noticed:
             await self._stopped_within(NOTICE_PAUSE_SECONDS)
+
+    async def _listen(self, notices: JournalNotices) -> None:
+        try:
+            await notices.listen()
+        except JournalError as exc:  # the wait after the count tries again; the poll goes on meanwhile
+            self.metrics.faults.labels("journal").inc()
+            log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
 
     async def _stopped_within(self, seconds: float) -> None:
         try:

@@ -53,6 +53,15 @@ async def test_another_replicas_signals_wake_the_listener_and_its_own_do_not(pos
         assert await notices.wait(0.5) is False
 
 
+async def test_a_commit_after_listen_returns_is_heard_by_the_next_wait(postgres_dsn: str):
+    """The leader listens, then counts the backlog, then waits: a commit between the count and the
+    wait must not be lost."""
+    async with _replicas(postgres_dsn) as (_, follower, notices):
+        await notices.listen()
+        follower.record_signals([_signal("between")])
+        assert await notices.wait(5) is True
+
+
 async def test_no_notice_for_a_write_that_did_not_commit(postgres_dsn: str):
     async with _replicas(postgres_dsn, follower_max_pending=0) as (_, follower, notices):
         assert await notices.wait(0.1) is False
