@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import msgspec
 
@@ -83,17 +83,44 @@ class Signal:
         observed = datetime.fromisoformat(summary["observed_at"])
         if observed.tzinfo is None:
             observed = observed.replace(tzinfo=timezone.utc)
+        head = SignalHead.from_summary(summary)
         return cls(
-            source=SignalSource(summary["source"]),
-            name=summary["name"],
-            labels=summary.get("labels", {}),
+            source=head.source,
+            name=head.name,
+            labels=head.labels,
             observed_at=observed,
             dedup_key=summary["dedup_key"],
-            status=SignalStatus(summary.get("status", "firing")),
+            status=head.status,
             value=summary.get("value"),
-            policy=summary.get("policy"),
+            policy=head.policy,
             details=summary.get("details", {}),
         )
+
+
+class SignalHead(NamedTuple):
+    """What policies match a signal on (policies.matching), read from a journaled summary without
+    building the Signal: the backlog sorts a pending set this way, and builds Signals only for the
+    rows it hands to the executor."""
+
+    source: SignalSource
+    name: str
+    status: SignalStatus
+    labels: Mapping[str, str]
+    policy: str | None
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any]) -> "SignalHead":
+        """The head of a journaled `summary()`; raises (KeyError, ValueError, TypeError) where
+        Signal.from_summary would on these fields."""
+        source, status = summary["source"], summary.get("status", "firing")
+        return cls(_SOURCES[source] if source in _SOURCES else SignalSource(source), summary["name"],
+                   _STATUSES[status] if status in _STATUSES else SignalStatus(status),
+                   summary.get("labels", {}), summary.get("policy"))
+
+
+_SOURCES = {s.value: s for s in SignalSource}
+_STATUSES = {s.value: s for s in SignalStatus}
+"""Value -> member by a dict lookup (cheaper than calling the enum, which the backlog does per row)."""
 
 
 def stable_key(*parts: Any) -> str:

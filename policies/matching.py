@@ -1,14 +1,29 @@
 """Which policies a signal concerns. Pure: no I/O, targets come from policies, never from labels."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping, Protocol
 
-from core.signal import Signal, SignalSource, SignalStatus
+from core.signal import SignalSource, SignalStatus
 from policies.loader import LoadedPolicy
 from policies.schema import AlertTrigger
 
 
-def alert_trigger_matches(trigger: AlertTrigger, policy: LoadedPolicy, signal: Signal) -> bool:
+class Matchable(Protocol):
+    """What matching reads of a signal: a Signal, or the SignalHead of a journaled one."""
+
+    @property
+    def source(self) -> SignalSource: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> SignalStatus: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def policy(self) -> str | None: ...
+
+
+def alert_trigger_matches(trigger: AlertTrigger, policy: LoadedPolicy, signal: Matchable) -> bool:
     """True when an alert signal satisfies one alert trigger of `policy`."""
     if signal.name != trigger.name:
         return False
@@ -24,7 +39,7 @@ def alert_trigger_matches(trigger: AlertTrigger, policy: LoadedPolicy, signal: S
     return True
 
 
-def matching_policies(policies: Iterable[LoadedPolicy], signal: Signal) -> list[LoadedPolicy]:
+def matching_policies(policies: Iterable[LoadedPolicy], signal: Matchable) -> list[LoadedPolicy]:
     """The enabled policies that `signal` triggers, in load order."""
     out = []
     for policy in policies:

@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterable, ParamSpec, Sequence, TypeVar
 
+import msgspec
+
 from core.decision import DecisionState
 from core.signal import Signal
 from daemon.storage.backend import SIGNALS_CHANNEL, Backend, Row, UnstorableText
@@ -471,7 +473,7 @@ class Journal:
         rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
                           " WHERE state='pending' AND id > ? ORDER BY id" + ("" if limit is None else " LIMIT ?"),
                           (after_id,) if limit is None else (after_id, limit))
-        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"], float(r["received_at"]))
+        return [StoredSignal(r["id"], r["dedup_key"], decode_payload(r["payload"]), r["state"], float(r["received_at"]))
                 for r in rows]
 
     def pending_count(self) -> int:
@@ -511,13 +513,13 @@ class Journal:
 
     def signals(self) -> list[dict[str, Any]]:
         rows = self._read("SELECT * FROM signals ORDER BY id")
-        return [dict(r) | {"payload": json.loads(r["payload"])} for r in rows]
+        return [dict(r) | {"payload": decode_payload(r["payload"])} for r in rows]
 
     def signals_since(self, since: float) -> list[StoredSignal]:
         """Every signal journaled after `since`, pending or processed, in id order (common cause)."""
         rows = self._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
                           " WHERE received_at > ? ORDER BY id", (since,))
-        return [StoredSignal(r["id"], r["dedup_key"], json.loads(r["payload"]), r["state"], float(r["received_at"]))
+        return [StoredSignal(r["id"], r["dedup_key"], decode_payload(r["payload"]), r["state"], float(r["received_at"]))
                 for r in rows]
 
     # ---- decisions and steps ----------------------------------------------------------------
@@ -1158,6 +1160,20 @@ class AsyncJournal:
     take_term = _in_thread(Journal.take_term)
     current_term = _in_thread(Journal.current_term)
     refresh_pending = _in_thread(Journal.refresh_pending)
+
+
+_PAYLOAD_DECODER = msgspec.json.Decoder()
+
+
+def decode_payload(text: str) -> dict[str, Any]:
+    """A signal's journaled summary. msgspec reads it in less than half json's time (a backlog read
+    after a restart decodes every pending row) and gives the same values; what it refuses and json
+    reads (NaN, a number past a double's range, a lone surrogate, escaped or not) goes to json."""
+    try:
+        value = _PAYLOAD_DECODER.decode(text)
+    except (msgspec.DecodeError, UnicodeEncodeError):
+        value = json.loads(text)
+    return value  # type: ignore[no-any-return]
 
 
 def _iso(unix: float) -> str:

@@ -4,17 +4,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import structlog
 
 from core.decision import DecisionState
-from core.signal import Signal
+from core.signal import Signal, SignalHead
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import AsyncJournal, JournalError, JournalFenced
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
-from policies.matching import matching_policies
+from policies.matching import Matchable, matching_policies
 from policies.planning import blocked_plan
 
 log = structlog.get_logger("tailguard.backlog")
@@ -22,6 +22,37 @@ log = structlog.get_logger("tailguard.backlog")
 DEFAULT_CACHE_SIZE = 10_000
 MATCHING, UNMATCHED = 0, 1  # the two classes of the backlog
 CLASSES = (MATCHING, UNMATCHED)
+MEMO_SIZE = 4_096  # kinds of signal a read keeps the class of
+
+
+def signal_class(policies: Sequence[LoadedPolicy], signal: Matchable) -> int:
+    """MATCHING when some policy takes `signal`, else UNMATCHED."""
+    return MATCHING if matching_policies(policies, signal) else UNMATCHED
+
+
+class ClassMemo:
+    """Classes of journaled signals by what matching reads of them, for one policy set at a time.
+    Alerts of one rule about one target repeat those fields (their fingerprints and times differ),
+    so a read of a large pending set matches each kind once, and builds no Signal for it."""
+
+    def __init__(self, size: int = MEMO_SIZE) -> None:
+        self._size = size
+        self._policies: Sequence[LoadedPolicy] | None = None
+        self._classes: dict[tuple[object, ...], int] = {}
+
+    def summary_class(self, policies: Sequence[LoadedPolicy], summary: dict[str, Any]) -> int:
+        """signal_class of a journaled summary; raises as SignalHead.from_summary does."""
+        if policies is not self._policies:  # another policy set: what was known no longer holds
+            self._policies, self._classes = policies, {}
+        labels = summary.get("labels", {})
+        key = (summary["source"], summary["name"], summary.get("status"), summary.get("policy"), *labels.items())
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = signal_class(policies, SignalHead.from_summary(summary))
+            if len(self._classes) >= self._size:
+                self._classes.clear()
+            self._classes[key] = cls
+        return cls
 
 
 class Backlog:
@@ -96,7 +127,7 @@ class Backlog:
         now, taking = self._clock(), self._may_take()
         for signal_id, signal in new:
             cls = self._class(signal)
-            if not taking or self._overflow[cls] or not self._take(signal_id, signal, cls, now):
+            if not taking or self._overflow[cls] or not self._take(signal_id, cls, now, signal):
                 self._overflow[cls] = True
                 self._dropped[cls] += 1
         self._wake()
@@ -131,21 +162,27 @@ class Backlog:
             self.policies_changed()  # a new generation: every class is read again from the start
         self._wake()
 
-    def _class(self, signal: Signal) -> int:
-        return MATCHING if matching_policies(self._policies(), signal) else UNMATCHED
+    def _class(self, signal: Matchable) -> int:
+        return signal_class(self._policies(), signal)
+
 
     def _room(self, cls: int) -> int:
         held = len(self._matching) if cls == MATCHING else len(self._unmatched)
         return self._capacity - held
 
-    def _take(self, signal_id: int, signal: Signal, cls: int, received_at: float) -> bool:
+    def _take(self, signal_id: int, cls: int, received_at: float, signal: Signal | None) -> bool:
+        """Hold a signal in its class if there is room. Only the matching class keeps the Signal
+        (its workers hand it to the executor); the unmatched one keeps the id, and may get None."""
         if self._room(cls) <= 0:
             return False
-        self._known.add(signal_id)
         if cls == MATCHING:
+            if signal is None:
+                raise ValueError("a matching signal is held with its Signal")
+            self._known.add(signal_id)
             self._matching.append((signal_id, signal, received_at))
             self._wake()  # a worker may start on it while the read goes on
         else:
+            self._known.add(signal_id)
             self._unmatched.append(signal_id)
         return True
 
@@ -187,6 +224,7 @@ class Backlog:
         last = self._resume[cls] - 1  # the last id looked at
         left: int | None = None  # the first signal of the class left behind (the class is full)
         end = False
+        memo = ClassMemo()
         self._reading = True
         try:
             while left is None and not end and generation == self._generation:
@@ -199,18 +237,20 @@ class Backlog:
                     if row.id in self._known or row.id in self._failed or row.id in self._finished_while_reading:
                         continue
                     try:
-                        signal = Signal.from_summary(row.payload)
+                        # Sorted by its head; the Signal is built only for a row the executor gets
+                        # (a read of the matching class passes over every unmatched row).
+                        kind = memo.summary_class(self._policies(), row.payload)
+                        signal = Signal.from_summary(row.payload) if kind == cls == MATCHING and left is None else None
                     except Exception:  # a row this version cannot read: left pending, not retried
                         self._failed.add(row.id)
                         self._metrics.faults.labels("journal").inc()
                         log.exception("unreadable pending signal left pending", signal_id=row.id)
                         continue
-                    kind = self._class(signal)
                     if kind != cls:  # the other class's read takes it, in its order
                         if not self._overflow[kind]:  # only after a policy change: read that class again
                             self._overflow[kind] = True
                             self._resume[kind] = min(self._resume[kind], row.id)
-                    elif left is None and not self._take(row.id, signal, cls, row.received_at):
+                    elif left is None and not self._take(row.id, cls, row.received_at, signal):
                         left = row.id
             if generation != self._generation:
                 return  # the policy set changed meanwhile: every class is read again from the start

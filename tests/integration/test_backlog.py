@@ -10,6 +10,7 @@ import collections
 import copy
 import json
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -196,7 +197,8 @@ class _Harness:
         self.journal = _CountedReads(Journal(tmp_path / "j.db"))
         self.policies = self.load("ranker")
         self.calls: collections.Counter[int] = collections.Counter()
-        self.backlog = Backlog(self.journal, lambda: self.policies, self._process, Metrics(), capacity=capacity,
+        self.metrics = Metrics()
+        self.backlog = Backlog(self.journal, lambda: self.policies, self._process, self.metrics, capacity=capacity,
                                page=7)
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -274,5 +276,30 @@ async def test_a_policy_change_moves_pending_signals_to_the_executor(tmp_path: P
         await asyncio.wait_for(h.backlog.drain(), timeout=10)
         assert sorted(h.calls) == [3, 4, 5] and set(h.calls.values()) == {1}
         assert await h.journal.pending_count() == 0
+    finally:
+        await h.close()
+
+
+async def test_a_pending_row_this_version_cannot_read_is_left_pending_and_the_rest_flows(tmp_path: Path):
+    """Two journaled rows spoiled on disk: one with no source (its class cannot be told), one that
+    matches a policy but whose time cannot be read (its Signal cannot be built). Both stay pending,
+    each counted once as a journal fault; the signals around them are processed or marked."""
+    h = _Harness(tmp_path, capacity=4)
+    await h.record(0, ["ranker", "other", "ranker", "other", "ranker"])  # ids 1-5
+    first = await h.journal.signal(1)
+    assert first is not None
+    spoiled = first.payload
+    db = sqlite3.connect(tmp_path / "j.db")
+    with db:
+        db.execute("UPDATE signals SET payload=? WHERE id=1", (json.dumps(spoiled | {"observed_at": "soon"}),))
+        db.execute("UPDATE signals SET payload=? WHERE id=2", (json.dumps({"name": "TritonTailLatencyHigh"}),))
+    db.close()
+    h.start()
+    try:
+        await wait_for(lambda: h.journal.sync.pending_count() == 2 and not h.backlog._reading, timeout=10)
+        await asyncio.wait_for(h.backlog.drain(), timeout=10)
+        assert sorted(h.calls) == [3, 5]
+        assert [s.id for s in await h.journal.pending_signals()] == [1, 2]
+        assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "journal"}) == 2
     finally:
         await h.close()
