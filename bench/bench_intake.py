@@ -3,7 +3,8 @@
 1. intake: 2xx webhooks per second (10 alerts each, all new, none matching a policy) from 16
    keep-alive clients for a fixed time: tailguard (durable journal, committed before the 2xx) on
    each journal backend chosen (`--backends`, default both: SQLite, and PostgreSQL started here)
-   against a bare aiohttp handler (read, parse JSON, 200), with the journal's write transactions
+   against a bare aiohttp handler (read, parse JSON, 200) and a durable floor (read, decode, the
+   body as one SQLite row through the journal's group commit, 200), with the journal's write transactions
    per webhook (on PostgreSQL also as the server counts them: commit records in the WAL,
    pg_stat_database.xact_commit, transaction ids);
 2. time to action: from the 2xx of a matching alert to its action (the notify call arriving
@@ -72,6 +73,44 @@ def _bare_app() -> web.Application:
     async def alerts(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         return web.json_response({"accepted": len(body["alerts"]), "duplicates": 0})
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/alerts", alerts)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def _floor_app(db_path: Path) -> web.Application:
+    """The least any durable intake does: read the body, decode it, write it to SQLite (WAL,
+    synchronous=FULL, as the journal) through the journal's own group commit, answer once committed.
+    No validation past JSON, one row per webhook body, no Signals, no backlog, no metrics, no log:
+    what is left of a durable webhook's cost when tailguard's own work is taken away."""
+    import msgspec
+
+    from daemon.storage.journal import GroupCommit
+
+    db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE IF NOT EXISTS bodies (id INTEGER PRIMARY KEY, received_at REAL, body BLOB)")
+
+    def write(bodies: list[bytes]) -> list[int]:
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO bodies(received_at, body) VALUES (?, ?)", [(time.time(), b) for b in bodies])
+        db.execute("COMMIT")
+        return [1] * len(bodies)
+
+    group: GroupCommit[bytes, int] = GroupCommit(write, "floor-writer")
+    decoder = msgspec.json.Decoder()
+
+    async def alerts(request: web.Request) -> web.Response:
+        raw = await request.read()
+        count = len(decoder.decode(raw)["alerts"])
+        await asyncio.wrap_future(group.submit(raw))
+        return web.json_response({"accepted": count, "duplicates": 0})
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -180,7 +219,7 @@ def server(kind: str, root: Path, sink_url: str = "http://127.0.0.1:9/hook", coo
     process = ManagedProcess(argv=argv, log_path=work / "server.log", env=env)
     process.start()
     try:
-        process.wait_ready(f"http://{LOOPBACK}:{port}/" + ("healthz" if kind == "bare" else "readyz"))
+        process.wait_ready(f"http://{LOOPBACK}:{port}/" + ("readyz" if kind == "tailguard" else "healthz"))
         yield Server(kind, port, work, process)
     finally:
         process.stop()
@@ -474,16 +513,16 @@ async def intake(root: Path, seconds: float, backends: Sequence[str], pg_fsync: 
     out: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
         pg = stack.enter_context(postgres(pg_fsync)) if "postgres" in backends else None
-        for variant in ("bare", *backends):
+        for variant in ("bare", "floor", *backends):
             dsn = pg.create_database() if variant == "postgres" and pg is not None else None
             before = pg_counters(pg, dsn) if dsn is not None else None
-            with server("bare" if variant == "bare" else "tailguard", root, dsn=dsn) as srv:
+            with server(variant if variant in ("bare", "floor") else "tailguard", root, dsn=dsn) as srv:
                 warm = await load_for(srv.port, min(1.0, seconds / 3), lambda: alerts.body("other"))
                 statuses = await load_for(srv.port, seconds, lambda: alerts.body("other"))
             accepted = warm[200] + statuses[200]
             result: dict[str, Any] = {"rate": statuses[200] / seconds,
                                       "errors": sum(statuses.values()) - statuses[200], "accepted": accepted}
-            if variant != "bare":
+            if srv.kind == "tailguard":
                 commits = srv.commits()  # stopped: it wrote its count on the way out
                 result["tx_per_webhook"] = None if commits is None else commits / accepted
             if dsn is not None and before is not None:
@@ -498,8 +537,9 @@ async def intake(root: Path, seconds: float, backends: Sequence[str], pg_fsync: 
                 result["pg"] = (f"PostgreSQL {version}, fsync={fsync}, full_page_writes={fpw}, "
                                 f"synchronous_commit={sync_commit}")
             out[variant] = result
-    for variant in backends:
+    for variant in ("floor", *backends):
         out[variant]["ratio"] = out[variant]["rate"] / out["bare"]["rate"]
+        out[variant]["to_floor"] = out[variant]["rate"] / out["floor"]["rate"]
     return out
 
 
@@ -581,6 +621,9 @@ async def main(quick: bool, backends: Sequence[str], pg_fsync: bool) -> None:
         print(f"| intake, {seconds:g} s, 2xx webhooks/s, {JOURNALS[backend]} | {r['rate']:,.0f} "
               f"({r['rate'] * ALERTS_PER_REQUEST:,.0f} alerts/s, {r['errors']} not 2xx) "
               f"| bare aiohttp {i['bare']['rate']:,.0f} | {r['ratio']:.3f} |")
+    f = i["floor"]
+    print(f"| intake, {seconds:g} s, durable floor (read, decode, group-committed SQLite row per body, 200) "
+          f"| {f['rate']:,.0f} ({f['errors']} not 2xx) | bare aiohttp {i['bare']['rate']:,.0f} | {f['ratio']:.3f} |")
     if not sqlite_rows:
         _footer(i, backends)
         return
@@ -600,6 +643,8 @@ async def main(quick: bool, backends: Sequence[str], pg_fsync: bool) -> None:
 
 def _footer(i: dict[str, Any], backends: Sequence[str]) -> None:
     print()
+    print("tailguard intake / durable floor: " + ", ".join(
+        f"{JOURNALS[b]} {i[b]['to_floor']:.3f}" for b in backends))
     if "sqlite" in backends and "postgres" in backends:
         print(f"PostgreSQL journal / SQLite journal intake: {i['postgres']['rate'] / i['sqlite']['rate']:.3f}")
     for backend in backends:
@@ -637,7 +682,7 @@ if __name__ == "__main__":
                              "synchronous=FULL) or off (the tests' settings)")
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="(internal) run one server")
-    serve.add_argument("kind", choices=["bare", "tailguard"])
+    serve.add_argument("kind", choices=["bare", "floor", "tailguard"])
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--work", type=Path, required=True)
     serve.add_argument("--sink-url", required=True)
@@ -647,6 +692,9 @@ if __name__ == "__main__":
     if args.command == "serve":
         if args.kind == "bare":
             web.run_app(_bare_app(), host=LOOPBACK, port=args.port, print=None, access_log=None)
+        elif args.kind == "floor":
+            web.run_app(_floor_app(args.work / "floor.db"), host=LOOPBACK, port=args.port, print=None,
+                        access_log=None)
         else:
             with _profiled(args.work / "tailguard.prof"):
                 asyncio.run(_serve_tailguard(args.port, args.work, args.sink_url, args.cooldown, args.backend))
