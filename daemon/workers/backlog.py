@@ -165,7 +165,6 @@ class Backlog:
     def _class(self, signal: Matchable) -> int:
         return signal_class(self._policies(), signal)
 
-
     def _room(self, cls: int) -> int:
         held = len(self._matching) if cls == MATCHING else len(self._unmatched)
         return self._capacity - held
@@ -178,12 +177,11 @@ class Backlog:
         if cls == MATCHING:
             if signal is None:
                 raise ValueError("a matching signal is held with its Signal")
-            self._known.add(signal_id)
             self._matching.append((signal_id, signal, received_at))
             self._wake()  # a worker may start on it while the read goes on
         else:
-            self._known.add(signal_id)
             self._unmatched.append(signal_id)
+        self._known.add(signal_id)
         return True
 
     def _forget(self, signal_ids: Sequence[int]) -> None:
