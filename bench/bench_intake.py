@@ -46,7 +46,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from aiohttp import web
 
@@ -69,11 +69,8 @@ PG_IDLE_TIMEOUT_SECONDS = 20.0  # for the daemon's connections to end once it st
 
 # ---- the servers (run in subprocesses) -----------------------------------------------------
 
-def _bare_app() -> web.Application:
-    async def alerts(request: web.Request) -> web.Response:
-        body = json.loads(await request.read())
-        return web.json_response({"accepted": len(body["alerts"]), "duplicates": 0})
-
+def _baseline_app(alerts: Callable[[web.Request], Awaitable[web.Response]]) -> web.Application:
+    """A baseline server: `alerts` on the webhook's path, and a health check to wait for."""
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
@@ -81,6 +78,14 @@ def _bare_app() -> web.Application:
     app.router.add_post("/api/v1/alerts", alerts)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+def _bare_app() -> web.Application:
+    async def alerts(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        return web.json_response({"accepted": len(body["alerts"]), "duplicates": 0})
+
+    return _baseline_app(alerts)
 
 
 def _floor_app(db_path: Path) -> web.Application:
@@ -112,13 +117,7 @@ def _floor_app(db_path: Path) -> web.Application:
         await asyncio.wrap_future(group.submit(raw))
         return web.json_response({"accepted": count, "duplicates": 0})
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/api/v1/alerts", alerts)
-    app.router.add_get("/healthz", healthz)
-    return app
+    return _baseline_app(alerts)
 
 
 async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str, backend: str) -> None:
