@@ -40,6 +40,7 @@ RUN --mount=type=secret,id=ca_bundle,target=/run/secrets/ca_bundle \
  && find /opt/tailguard/lib/python3.11/site-packages -type d -name tests -prune -exec rm -rf {} +
 # (The libraries' own test suites, pandas' alone 46 MB, are never imported at run time.)
 COPY README.md ./
+COPY LICENSE ./
 COPY core ./core
 COPY daemon ./daemon
 COPY policies ./policies

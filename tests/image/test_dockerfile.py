@@ -40,12 +40,16 @@ def test_final_stage_runs_as_numeric_non_root_user() -> None:
 
 
 def test_every_package_pip_installs_is_copied_and_allowed_by_the_ignore_file() -> None:
-    """Each package in pyproject's setuptools include is copied and allowed by .dockerignore."""
+    """Each package in pyproject's setuptools include, and each license file, is copied and
+    allowed by .dockerignore."""
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     copied = {a.split()[0] for i, a in _dockerfile() if i == "COPY" and "--from" not in a}
     allowed = {ln[1:].rstrip("/") for ln in (REPO / ".dockerignore").read_text().splitlines() if ln.startswith("!")}
     assert packages <= copied and packages <= allowed
+    # setuptools refuses to build when a declared license file is missing from the context
+    licenses = set(pyproject["project"]["license-files"])
+    assert licenses and licenses <= copied and licenses <= allowed
 
 
 def test_only_runtime_dependencies_are_installed() -> None:
