@@ -16,7 +16,7 @@ from typing import Annotated, Any, Iterable, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from core.signal import Signal, SignalSource, SignalStatus
+from core.signal import Signal, SignalSource, signal_status
 
 MAX_JSON_DEPTH = 32
 """Nesting of objects and arrays; an Alertmanager body has 4."""
@@ -218,10 +218,6 @@ def parse_payload(body: Any, surrogates: bool = True) -> WebhookPayload:
         raise PayloadError(f"{field_path(first['loc'])}: {first['msg']} ({len(exc.errors())} error(s))") from exc
 
 
-_STATUSES = {s.value: s for s in SignalStatus}
-"""A validated alert status -> its SignalStatus (a dict lookup, cheaper than calling the enum)."""
-
-
 def alert_fingerprint(labels: dict[str, str]) -> str:
     """Alertmanager computes fingerprints from labels; recompute when a sender left it out."""
     blob = "\x00".join(f"{k}\x01{v}" for k, v in sorted(labels.items()))
@@ -239,7 +235,7 @@ def alert_signal(labels: dict[str, str], status: str, starts_at: datetime, finge
         labels=dict(labels),
         observed_at=starts_at,
         dedup_key=f"alert:{fp}:{starts_at.astimezone(timezone.utc).isoformat()}:{status}",
-        status=_STATUSES.get(status) or SignalStatus(status),
+        status=signal_status(status),
         details={"annotations": dict(annotations), "fingerprint": fp,
                  "generatorURL": generator_url, "receiver": receiver, "groupKey": group_key},
     )
