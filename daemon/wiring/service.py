@@ -411,8 +411,7 @@ class Service:
         try:
             noticed = heard.result()
         except JournalError as exc:  # the poll goes on; the next round connects again
-            self.metrics.faults.labels("journal").inc()
-            log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
+            self._notices_failed(exc)
             await self._stopped_within(interval)
             return
         if noticed:
@@ -422,8 +421,11 @@ class Service:
         try:
             await notices.listen()
         except JournalError as exc:  # the wait after the count tries again; the poll goes on meanwhile
-            self.metrics.faults.labels("journal").inc()
-            log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
+            self._notices_failed(exc)
+
+    def _notices_failed(self, exc: JournalError) -> None:
+        self.metrics.faults.labels("journal").inc()
+        log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
 
     async def _stopped_within(self, seconds: float) -> None:
         try:
