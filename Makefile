@@ -1,11 +1,11 @@
 # Two entry points (see README): `make demo` runs tailguard against real local servers,
-# `make test` runs the whole suite. Both install what they need first.
+# `make test` runs the whole suite (`make unit`: only the quick unit run). All install what they need first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint bench eval clean image
+.PHONY: setup system-deps demo test unit lint bench eval clean image
 
 # Prometheus and Alertmanager for the lab; podman, buildah, runc and debootstrap build and run the
 # image (tests/image; runc because crun cannot start containers on these hosts, docs/image.md);
@@ -30,11 +30,21 @@ setup: system-deps $(STAMP)
 demo: setup
 	$(PY) -m lab.demo
 
+# The quick unit run first (no process, no server: tests/support/spawn_guard.py; pytest prints its
+# duration), then the rest: the two selections are every test, each once.
+UNIT := not integration and not slow
+
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -p no:cacheprovider
+	@echo 'the quick unit run: -m "$(UNIT)"'
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
+	@echo 'the rest: -m "integration or slow" (real servers, processes, slow tests)'
+	$(PY) -m pytest -q -p no:cacheprovider -m "integration or slow" --durations=20
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
 
 # The daemon image, tagged as the chart's default image (<image.repository>:<appVersion>), with
 # docker, podman or buildah; assembles the Debian base with debootstrap when no registry answers.

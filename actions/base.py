@@ -13,7 +13,7 @@ effect key to the receiver (an `Idempotency-Key` header) so it can drop the repe
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -80,6 +80,22 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 QueryFn = Callable[[str], Awaitable[QueryResult]]
 EventFn = Callable[..., Awaitable[None]]
 EndpointsFn = Callable[[Target], Awaitable[list[str]]]
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """Every replica a target has, by per-pod URL: those its discovery says are ready, and those it
+    lists as not ready (down, starting, failing their probe), which an action counts but cannot reach."""
+
+    ready: tuple[str, ...]
+    not_ready: tuple[str, ...] = ()
+
+
+ReplicasFn = Callable[[Target], Awaitable[Replicas]]
+WriteFenceFn = Callable[[float], Awaitable[str | None]]
+"""Called right before a write to a system that cannot fence writers (Triton's model control) with
+that request's timeout: waits out a takeover's fence, then None when this replica may write, else
+why not (it no longer holds the Lease)."""
 KnownBadFn = Callable[[str], Awaitable[frozenset[int]]]
 
 
@@ -106,11 +122,20 @@ class ActionDeps:
     triton_timeout_seconds: float = 30.0
     # Versions of a target (by key) marked bad in the journal: `triton.rollback to: previous` skips them.
     known_bad: KnownBadFn = no_known_bad
+    # Every replica of a target, ready or not (a Service's EndpointSlices); None: `endpoints` (ready only).
+    replicas: ReplicasFn | None = None
+    # Before each Triton write (None: always allowed, no leader election).
+    write_fence: WriteFenceFn | None = None
 
 
 class Action(Protocol):
+    """An action: `kind` is the policy's `type:`, `Params` its strict parameters. `advisory`: its
+    failure never stops a plan (a notification): the step is journaled failed and the plan goes on;
+    every other action's failure ends the plan (`guards.onFailure` follows)."""
+
     kind: ClassVar[str]
     Params: ClassVar[type[ActionParams]]
+    advisory: ClassVar[bool]
 
     def __init__(self, deps: ActionDeps) -> None: ...
 
@@ -131,3 +156,62 @@ class Action(Protocol):
 
     async def revert(self, step: Step, target: Target, params: Any) -> Outcome:
         """Restore `step.before` exactly."""
+
+
+@dataclass(frozen=True)
+class PinCheck:
+    """A pin compared with what a target's replicas serve, planned without I/O (`Pinning.plan_pin`)."""
+
+    step: Step  # what puts every observed replica on the pinned version; `noop` when all are on it
+    ready_versions: tuple[int, ...]  # versions READY on any observed replica, ascending
+    drifted: Mapping[str, Any]  # replica -> the versions it served instead (what `step` changes)
+    replicas: int  # replicas observed
+    unreachable: Mapping[str, str]  # replica -> why it could not be read
+
+
+@runtime_checkable
+class Pinning(Protocol):
+    """What an action that pins a target's model to one version offers the pin reconciler
+    (daemon/workers/pins.py), which keeps every replica on the version a verified step of it pinned
+    (its Outcome's `pin` data): replicas started later load the newest version otherwise.
+
+    The reconciler observes with `pin_params(version)`, plans with `plan_pin`, and applies and
+    verifies the step with the action's own `apply` and `verify`.
+    """
+
+    def pin_params(self, version: int) -> ActionParams:
+        """The action's parameters that pin exactly `version`."""
+
+    def plan_pin(self, target: Target, params: Any, observed: Mapping[str, Any]) -> PinCheck:
+        """Pure: the step that re-applies the pin to the replicas `observe` found, and what they
+        serve. Raises ActionError when there is nothing to pin (no reachable replica)."""
+
+
+@runtime_checkable
+class Preconditions(Protocol):
+    """What an action whose effect must not land on a target that changed since the plan offers a
+    decision resumed after a restart or a journal outage: the executor calls `preconditions` for
+    every step it is about to apply or re-verify, and ends the decision `expired` (applying nothing
+    more) when one does not hold. An action without it is resumed on the signal's age alone
+    (Kubernetes writes compare-and-swap against `before` anyway)."""
+
+    async def preconditions(self, step: Step, target: Target, params: Any) -> Outcome:
+        """Re-observe the target: OK when it is still as `step.before` found it, or `step.after`
+        already holds (the step landed); FAILED naming what changed otherwise. A part of the target
+        that cannot be read is no change (its apply deals with it)."""
+
+
+class PinningAction(Action, Pinning, Protocol):
+    """An action that pins versions: the Action protocol and Pinning."""
+
+
+def pinning_action(actions: Mapping[str, type[Action]]) -> type[PinningAction] | None:
+    """The action of the registry `actions` that pins versions, or None when none does.
+
+    Raises:
+        ValueError: more than one does (a pin would not say whose it is).
+    """
+    found = [cls for cls in actions.values() if issubclass(cls, Pinning)]
+    if len(found) > 1:
+        raise ValueError(f"more than one action pins versions: {', '.join(sorted(c.kind for c in found))}")
+    return found[0] if found else None

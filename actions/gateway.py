@@ -54,7 +54,7 @@ class RetuneTimeoutParams(ActionParams):
     """The P99.9 query, the rule max(floor, p999 x factor) clamped to [minMs, maxMs], and the sink."""
 
     query: str = Field(min_length=1)
-    """Instant PromQL returning exactly one series: the live P99.9; `$model` is the target model."""
+    """Instant PromQL returning exactly one series: the live P99.9; `$model` / `$namespace` are the target's."""
     unit: Literal["s", "ms", "us"] = "s"
     floor_ms: float = Field(2000.0, ge=0, alias="floorMs")
     factor: float = Field(1.5, gt=0, le=100)
@@ -212,6 +212,7 @@ class RetuneTimeout:
 
     kind: ClassVar[str] = KIND
     Params: ClassVar[type[ActionParams]] = RetuneTimeoutParams
+    advisory: ClassVar[bool] = False
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps
@@ -223,7 +224,7 @@ class RetuneTimeout:
     async def observe(self, target: Target, params: RetuneTimeoutParams) -> Mapping[str, Any]:
         if self._deps.query is None:
             raise PermanentError("gateway.retune_timeout needs Prometheus (prometheus.url is not set)")
-        query = render_query(params.query, {"model": target.model})
+        query = render_query(params.query, {"model": target.model, "namespace": target.namespace})
         result = await self._deps.query(query)
         p999 = classify_result(result)
         current = await self._sink(params).read()

@@ -298,6 +298,7 @@ class ShiftWeights:
 
     kind: ClassVar[str] = KIND
     Params: ClassVar[type[ActionParams]] = ShiftWeightsParams
+    advisory: ClassVar[bool] = False
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps

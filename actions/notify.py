@@ -30,6 +30,7 @@ class NotifyParams(ActionParams):
 class Notify:
     kind: ClassVar[str] = KIND
     Params: ClassVar[type[ActionParams]] = NotifyParams
+    advisory: ClassVar[bool] = True  # a notification never stops a remediation
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps

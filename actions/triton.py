@@ -4,10 +4,15 @@ Rollback that works (docs/stack-facts.md): read the model config, set
 `version_policy: {specific: {versions: [N]}}` and `load_model(name, config=...)`; Triton loads N
 and unloads the bad version in one step (~1.5 s), faster than load-beside-then-unload.
 
+All or nothing per target (`TritonRollback`): every replica counts, down ones included; each apply
+ends with every replica that answers on the target version (the down ones pinned when they return)
+or every replica back on what it served; a restarting replica's errors are retryable.
+
 Delivery: exactly-once by re-observation. Triton's model control holds no mark of who loaded a
-version, but the effect is a state that `verify` reads (every replica serves only the target
-version): a decision resumed after a crash between the load and its journal record verifies
-first, and records the step as applied (recovered) instead of loading again when the state holds.
+version, but the effect is a state that `verify` reads (every replica that answers serves only the
+target version): a decision resumed after a crash between the load and its journal record verifies
+first, and records the step as applied (recovered) instead of loading again when the state holds;
+apply re-reads each replica before it loads, so one already on the version is not loaded again.
 """
 from __future__ import annotations
 
@@ -17,11 +22,12 @@ import json
 from typing import Any, ClassVar, Literal, Mapping
 from urllib.parse import urlsplit
 
+import aiohttp
 from pydantic import Field
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from actions.base import ActionDeps, ActionParams, Step
+from actions.base import ActionDeps, ActionParams, PinCheck, Replicas, Step
 from core.outcome import ActionError, Outcome, PermanentError
 from core.signal import Signal, SignalSource
 from core.target import Target
@@ -75,9 +81,13 @@ def choose_version(
 
     With "previous", a model already pinned to one version it serves counts as rolled back:
     rolling back twice must not walk further into the past. Versions in `known_bad` (rolled back
-    from before) are skipped: "previous" is the newest good version below the served one.
+    from before, or marked by an operator) are skipped: "previous" is the newest good version below
+    the served one; an explicit version that is known bad is refused, never loaded.
     """
     if isinstance(to, int):
+        if to in known_bad:
+            return None, (f"version {to} requested by the policy is marked bad for this target; not rolled "
+                          f"back to it (`tailguard bad-versions <target> --clear {to}` once it is good)")
         return to, f"version {to} requested by the policy"
     if not served:
         return None, "no READY version is served: nothing to roll back from"
@@ -148,9 +158,11 @@ def plan_rollback(
         if rep_served == [version] and pinned_versions(rep["config"]) == [version]:
             continue
         todo[url] = {"version": version, "from": rep_served}
+    down = f"; {len(unreachable)} down: the pin brings them over when they return" if unreachable else ""
+    every = len(replicas) + len(unreachable)
     summary = (
-        f"pin {target.model} to version {version} on {len(todo)} of {len(replicas)} replica(s): {why}"
-        if todo else f"{target.model} already serves only version {version} on every replica"
+        f"pin {target.model} to version {version} on {len(todo)} of {every} replica(s): {why}{down}"
+        if todo else f"{target.model} already serves only version {version} on every replica that answers{down}"
     )
     return Step(
         action=KIND,
@@ -164,15 +176,49 @@ def plan_rollback(
 
 # ---- I/O ------------------------------------------------------------------------------------
 
+# What a replica that is down or restarting answers (connection refused or reset, the server gone
+# mid-request, a timeout): retryable, and the replica is counted down, not as refusing.
+UNREACHABLE = (OSError, asyncio.TimeoutError, aiohttp.ClientError)
+
 
 def _client_url(base_url: str) -> tuple[str, bool]:
     parts = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
     return parts.netloc, parts.scheme == "https"
 
 
+def every_replica(step: Step) -> list[str]:
+    """Every replica the step's plan counted: those it read and those it found down."""
+    return sorted({*step.before.get("replicas", {}), *step.before.get("unreachable", {})})
+
+
 class TritonRollback:
+    """`triton.rollback`, all or nothing per target.
+
+    Every replica the target has counts: a Service's EndpointSlices, ready or not (never the Service's
+    own load-balanced name: load and verify would reach different pods), or the static list. A
+    replica that does not answer (refused, reset, gone mid-request, timed out: it is down or
+    restarting) is *down*; one that answers is *up*, whatever its readiness (a pod listed not ready
+    is not read to plan, but apply and verify try it like the rest). The rule that keeps a target
+    consistent:
+
+    - apply loads the version on every up replica not on it yet (re-read first: a replica already on
+      it is not loaded again), and succeeds when every up replica serves only that version; down
+      replicas are named and the pin the verified step records brings them over when they return
+      (finish when the rest return);
+    - when an up replica refuses the load (Triton answers an error, or it drops the request and still
+      serves the old version), the replicas this apply moved are put back to what they served before
+      (revert those that moved) and the step fails, retryable: each attempt ends with every replica on
+      the target version or on its `before`, never half. A revert that fails too is said loudly;
+    - verify reads every replica: OK (with the pin) when every up replica serves only the version and
+      one does at least; a replica up on another version asks the executor to apply again (`reapply`).
+
+    Every Triton write first passes `ActionDeps.write_fence` (a new leader waits out the old one's
+    in-flight writes and this replica must still hold the Lease), right before it is sent.
+    """
+
     kind: ClassVar[str] = KIND
     Params: ClassVar[type[ActionParams]] = TritonRollbackParams
+    advisory: ClassVar[bool] = False
 
     def __init__(self, deps: ActionDeps) -> None:
         self._deps = deps
@@ -190,22 +236,30 @@ class TritonRollback:
         finally:
             await client.close()
 
+    async def _replicas(self, target: Target) -> Replicas:
+        if self._deps.replicas is not None:
+            return await self._deps.replicas(target)
+        return Replicas(tuple(await self._deps.endpoints(target)))
+
     async def observe(self, target: Target, params: TritonRollbackParams) -> Mapping[str, Any]:
-        urls = await self._deps.endpoints(target)
-        if not urls:
+        found = await self._replicas(target)
+        if not found.ready and not found.not_ready:
             raise PermanentError(f"no Triton endpoints known for {target.key}")
         timeout = self._deps.triton_timeout_seconds
         results = await asyncio.gather(
-            *(self._read_replica(u, target.model, timeout) for u in urls), return_exceptions=True
+            *(self._read_replica(u, target.model, timeout) for u in found.ready), return_exceptions=True
         )
-        replicas, unreachable = {}, {}
-        for url, res in zip(urls, results):
+        replicas: dict[str, Any] = {}
+        unreachable = {url: "not ready (EndpointSlice)" for url in found.not_ready}
+        for url, res in zip(found.ready, results):
             if isinstance(res, BaseException):
-                # One replica down must not stop the rollback of the others; it is recorded.
+                if not isinstance(res, Exception):
+                    raise res
+                # A replica down is counted (the rollback reaches it through the pin), never dropped.
                 unreachable[url] = _describe(res)
             else:
                 replicas[url] = res
-        known_bad = sorted(await self._deps.known_bad(target.key)) if params.to == "previous" else []
+        known_bad = sorted(await self._deps.known_bad(target.key))
         return {"replicas": replicas, "unreachable": unreachable, "known_bad": known_bad}
 
     def plan(self, target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
@@ -214,63 +268,186 @@ class TritonRollback:
         return plan_rollback(target, params, observed, frozenset(observed.get("known_bad", ())),
                              detector_labels)
 
-    async def _load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> str | None:
+    # ---- Pinning: the pin reconciler keeps the version a verified rollback pinned (`pin` in its data)
+
+    def pin_params(self, version: int) -> TritonRollbackParams:
+        return TritonRollbackParams(to=version)
+
+    def plan_pin(self, target: Target, params: TritonRollbackParams, observed: Mapping[str, Any]) -> PinCheck:
+        step = plan_rollback(target, params, observed)
+        replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
+        ready = sorted({v for r in replicas.values() for v in ready_versions(r["index"], target.model)})
+        return PinCheck(step, tuple(ready), {u: r["from"] for u, r in step.after["replicas"].items()},
+                        len(replicas), dict(observed.get("unreachable", {})))
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    async def _fenced(self, timeout: float) -> str | None:
+        """Why this replica may not write to Triton now (None: it may), after waiting out a takeover."""
+        return await self._deps.write_fence(timeout) if self._deps.write_fence is not None else None
+
+    async def _load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> None:
+        """One load; raises what the client raises (UNREACHABLE, InferenceServerException)."""
         client = self._client(url, timeout)
         try:
             await client.load_model(model, config=json.dumps(config))
-            return None
-        except (InferenceServerException, OSError, asyncio.TimeoutError) as exc:
-            return _describe(exc)
         finally:
             await client.close()
 
+    async def _move(self, url: str, model: str, version: int, before: Mapping[str, Any] | None,
+                    timeout: float) -> tuple[str, str, Mapping[str, Any] | None]:
+        """Bring one replica onto `version`: (state, why, the config it served before the load). The
+        state: "on" already there, "moved" loaded now, "down" unreachable, "refused" up and not on
+        it, "fenced" not ours to write."""
+        read_timeout = self._deps.triton_timeout_seconds
+        fenced = await self._fenced(timeout)  # a new leader waits out the old one's writes, then reads
+        if fenced is not None:
+            return "fenced", fenced, None
+        try:
+            rep = await self._read_replica(url, model, read_timeout)
+        except UNREACHABLE as exc:
+            return "down", _describe(exc), None
+        except InferenceServerException as exc:
+            return "refused", _describe(exc), None
+        if ready_versions(rep["index"], model) == [version] and pinned_versions(rep["config"]) == [version]:
+            return "on", "already serves only it", None
+        config = before["config"] if before is not None else rep["config"]
+        fenced = await self._fenced(timeout)  # right before the write: still the leader, on the clock now
+        if fenced is not None:
+            return "fenced", fenced, None
+        try:
+            await self._load(url, model, pinned_config(config, version), timeout)
+            return "moved", "loaded", config
+        except InferenceServerException as exc:
+            failed = _describe(exc)
+        except UNREACHABLE as exc:
+            failed = _describe(exc)
+        # The answer was lost or refused: what does the replica serve now?
+        try:
+            rep = await self._read_replica(url, model, read_timeout)
+        except UNREACHABLE as exc:
+            return "down", f"{failed}; then {_describe(exc)}", config
+        except InferenceServerException as exc:
+            return "refused", f"{failed}; then {_describe(exc)}", config
+        if ready_versions(rep["index"], model) == [version]:
+            return "moved", f"loaded ({failed}, yet it serves version {version})", config
+        return "refused", f"{failed}; serves {ready_versions(rep['index'], model)}", None
+
     async def apply(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
         version = int(step.after["version"])
-        configs = {u: step.before["replicas"][u]["config"] for u in step.after["replicas"]}
-        errors = await self._load_all(
-            {u: pinned_config(c, version) for u, c in configs.items()}, target.model,
-            params.load_timeout_seconds,
-        )
-        if errors:
-            return Outcome.failure(f"load of version {version} failed on {len(errors)} replica(s)",
-                                   retryable=True, errors=errors)
-        return Outcome.success(f"loaded {target.model} version {version} pinned on {len(configs)} replica(s)")
+        urls = every_replica(step)
+        befores: Mapping[str, Mapping[str, Any]] = step.before.get("replicas", {})
+        results = await asyncio.gather(*(self._move(u, target.model, version, befores.get(u),
+                                                    params.load_timeout_seconds) for u in urls))
+        by: dict[str, dict[str, str]] = {}
+        prior: dict[str, Mapping[str, Any]] = {}  # what each replica moved now served before
+        for url, (state, why, config) in zip(urls, results):
+            by.setdefault(state, {})[url] = why
+            if state == "moved" and config is not None:
+                prior[url] = config
+        moved, on, down = by.get("moved", {}), by.get("on", {}), by.get("down", {})
+        blocked, fenced = by.get("refused", {}), by.get("fenced", {})
+        data: dict[str, Any] = {"moved": sorted(moved), "already": sorted(on), "down": down}
+        if fenced:
+            # Not ours to write any more: the new leader resumes this decision and re-observes.
+            return Outcome.failure(f"stopped: {next(iter(fenced.values()))}; {len(moved)} replica(s) moved so far are "
+                                   "left to the leader, which resumes this decision", retryable=False,
+                                   fenced=fenced, **data)
+        if blocked:
+            # All or nothing: what this apply moved goes back to what it served before.
+            back = {u: prior[u] for u in moved if u in prior}
+            not_back = await self._load_each(back, target.model, params.load_timeout_seconds)
+            data |= {"refused": blocked, "put_back": sorted(set(back) - set(not_back)),
+                     "not_put_back": not_back}
+            head = f"version {version} refused on {len(blocked)} of {len(urls)} replica(s)"
+            if not_back:
+                return Outcome.failure(f"{head}; putting back the {len(back)} that moved FAILED on "
+                                       f"{sorted(not_back)}: the target is mixed", retryable=False, **data)
+            return Outcome.failure(f"{head}; the {len(back)} that moved were put back: every replica serves what "
+                                   "it did before", retryable=True, **data)
+        if not moved and not on:
+            return Outcome.failure(f"no replica of {target.model} answered: {down}", retryable=True, **data)
+        waiting = f"; {len(down)} down: the pin brings them over when they return" if down else ""
+        return Outcome.success(f"{target.model} version {version}: loaded on {len(moved)}, already on {len(on)} "
+                               f"of {len(urls)} replica(s){waiting}", **data)
 
-    async def _load_all(self, configs: Mapping[str, Mapping[str, Any]], model: str,
-                        timeout: float) -> dict[str, str]:
-        results = await asyncio.gather(*(self._load(u, model, c, timeout) for u, c in configs.items()))
+    async def _load_each(self, configs: Mapping[str, Mapping[str, Any]], model: str,
+                         timeout: float) -> dict[str, str]:
+        """Load each replica's config (a revert, putting back); the replicas where it failed, with why."""
+        async def one(url: str, config: Mapping[str, Any]) -> str | None:
+            fenced = await self._fenced(timeout)
+            if fenced is not None:
+                return fenced
+            try:
+                await self._load(url, model, config, timeout)
+                return None
+            except (InferenceServerException, *UNREACHABLE) as exc:
+                return _describe(exc)
+
+        results = await asyncio.gather(*(one(u, c) for u, c in configs.items()))
         return {u: err for u, err in zip(configs, results) if err is not None}
 
     async def verify(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
         version = int(step.after["version"])
-        problems = {}
-        for url in step.after["replicas"]:
+        problems, down, on = {}, {}, []
+        for url in every_replica(step):
             try:
                 rep = await self._read_replica(url, target.model, self._deps.triton_timeout_seconds)
-            except (InferenceServerException, OSError, asyncio.TimeoutError) as exc:
+            except UNREACHABLE as exc:
+                down[url] = _describe(exc)
+                continue
+            except InferenceServerException as exc:
                 problems[url] = _describe(exc)
                 continue
             served = ready_versions(rep["index"], target.model)
             if served != [version]:
                 problems[url] = f"serves versions {served}, expected only {version}"
+            else:
+                on.append(url)
         if problems:
-            return Outcome.failure(f"version {version} not confirmed on {len(problems)} replica(s)",
-                                   retryable=True, problems=problems)
-        # `pin` tells the daemon to remember this version, so replicas that appear later get it too;
-        # `from_version` (the newest version served before) is marked bad for the target.
+            return Outcome.failure(f"version {version} not confirmed on {len(problems)} replica(s) that answer",
+                                   retryable=True, problems=problems, down=down, reapply=True)
+        if not on:
+            return Outcome.failure(f"no replica of {target.model} answered: {down}", retryable=True, down=down)
+        # `pin` tells the daemon to remember this version, so replicas that return or appear later get it
+        # too; `from_version` (the newest version served before) is marked bad for the target.
         before = [v for r in step.before.get("replicas", {}).values() for v in r.get("served", [])]
         newest = max(before, default=None)
         pin: dict[str, Any] = {"model": target.model, "version": version, "reason": step.summary}
         if newest is not None and newest > version:
             pin["from_version"] = newest
+        if down:
+            return Outcome.success(f"{target.model} serves only version {version} on the {len(on)} replica(s) that "
+                                   f"answer; {len(down)} down: pinned when they return", pin=pin, down=down)
         return Outcome.success(f"{target.model} serves only version {version} on every replica", pin=pin)
 
+    async def preconditions(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
+        """Every replica the plan found still serves what it served then, or already only the target
+        version; a replica serving anything else (someone deployed or rolled back meanwhile) fails it."""
+        version = int(step.after["version"])
+        changed = {}
+        for url, before in step.before.get("replicas", {}).items():
+            try:
+                rep = await self._read_replica(url, target.model, self._deps.triton_timeout_seconds)
+            except (InferenceServerException, *UNREACHABLE):
+                continue  # down is no change: the apply finds it down too
+            served = ready_versions(rep["index"], target.model)
+            if served != list(before.get("served", [])) and served != [version]:
+                changed[url] = f"serves {served}, planned when it served {before.get('served')}"
+        if changed:
+            return Outcome.failure(f"{target.model} changed since the plan on {len(changed)} replica(s)",
+                                   changed=changed)
+        return Outcome.success(f"{target.model} is as planned on every replica that answers")
+
     async def revert(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
-        configs = {u: step.before["replicas"][u]["config"] for u in step.after["replicas"]}
-        errors = await self._load_all(configs, target.model, params.load_timeout_seconds)
+        """Put every replica the plan read back on its `before` config (a replica down is named: it
+        comes back on what its repository says, which the plan found it serving)."""
+        configs = {u: r["config"] for u, r in step.before.get("replicas", {}).items()}
+        errors = await self._load_each(configs, target.model, params.load_timeout_seconds)
         if errors:
-            return Outcome.failure("revert failed", retryable=True, errors=errors)
-        return Outcome.success(f"restored the previous version policy of {target.model}")
+            return Outcome.failure(f"revert failed on {len(errors)} of {len(configs)} replica(s)", retryable=True,
+                                   errors=errors)
+        return Outcome.success(f"restored the previous version policy of {target.model} on {len(configs)} replica(s)")
 
 
 def _describe(exc: BaseException) -> str:
@@ -278,4 +455,4 @@ def _describe(exc: BaseException) -> str:
         return f"Triton: {exc.message()}"
     if isinstance(exc, ActionError):
         return str(exc)
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -294,12 +294,12 @@ async def sampler(service: Service, clock: Clock, end: float, result: CaseResult
             result.max_cusum, result.max_cusum_series = value, series
         result.shadow_max_cusum = max(result.shadow_max_cusum, max_gauge(service, SHADOW_POLICY)[0])
         now = time.time()
-        rows = await service.journal.evaluations(POLICY)
+        rows = await service.journal.evaluations.all.in_thread(POLICY)
         for row in rows:
             if float(row["at"]) >= now - 2 * SAMPLE_SECONDS:  # a row not rewritten lately: a series gone, or '*'
                 kinds[verdict_kind(str(row["reason"]))] += 1
         if now >= clock.t0_unix:
-            shadow = newest_scored(await service.journal.evaluations(SHADOW_POLICY))
+            shadow = newest_scored(await service.journal.evaluations.all.in_thread(SHADOW_POLICY))
             mine = newest_scored(rows)
             result.verdict_age_s = max(result.verdict_age_s, now - (mine if mine is not None else clock.t0_unix))
             if shadow is not None:
@@ -323,7 +323,7 @@ def detections_total(service: Service, policy: str) -> tuple[int, int]:
 
 async def collect(service: Service, result: CaseResult, clock: Clock) -> None:
     """The journal's signals and decisions and the verdict counters, per policy."""
-    signals = await service.journal.signals()
+    signals = await service.journal.signals.all.in_thread()
     for s in signals:
         policy = s["payload"].get("policy")
         if policy == POLICY:
@@ -333,12 +333,12 @@ async def collect(service: Service, result: CaseResult, clock: Clock) -> None:
                                        "reason": s["payload"].get("reason")})
         elif policy == SHADOW_POLICY:
             result.shadow_signals += 1
-    for d in await service.journal.decisions(POLICY):
+    for d in await service.journal.decisions.all.in_thread(POLICY):
         result.decisions += 1
         result.remediations += int(d.executed)
         result.decision_rows.append({"at_s": round(d.at - clock.t0_unix, 1), "state": str(d.state),
                                      "executed": d.executed, "reason": d.reason})
-    result.shadow_decisions = len(await service.journal.decisions(SHADOW_POLICY))
+    result.shadow_decisions = len(await service.journal.decisions.all.in_thread(SHADOW_POLICY))
     result.evaluations, result.fired_evaluations = detections_total(service, POLICY)
     result.shadow_evaluations = detections_total(service, SHADOW_POLICY)[0]
 

@@ -95,7 +95,7 @@ def _floor_app(db_path: Path) -> web.Application:
     what is left of a durable webhook's cost when tailguard's own work is taken away."""
     import msgspec
 
-    from daemon.storage.journal import GroupCommit
+    from daemon.storage.group_commit import GroupCommit
 
     db = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
@@ -147,7 +147,7 @@ async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str, 
     async with Service(settings, action_registry(), detector_registry()) as svc:
         await stop.wait()
     # Write transactions the journal committed (this version counts them), for the table.
-    (work / "stats.json").write_text(json.dumps({"commits": getattr(svc.journal.sync, "commits", None)}))
+    (work / "stats.json").write_text(json.dumps({"commits": getattr(svc.journal, "commits", None)}))
 
 
 @contextmanager
@@ -231,7 +231,7 @@ def _journal_unmatched(path: Path, count: int) -> None:
     alerts, journal = Alerts(), Journal(path)
     try:
         for _ in range(count // 1_000):
-            journal.record_signals(alert_signals(parse_payload(json.loads(alerts.body("other", 1_000)))))
+            journal.signals.record(alert_signals(parse_payload(json.loads(alerts.body("other", 1_000)))))
     finally:
         journal.close()
 

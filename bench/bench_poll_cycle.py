@@ -20,8 +20,11 @@ steady-state cycle one step later than the one before (the range cache asks for 
 point and the new one). Wall time is shown for reference; an increment's wall time includes the
 fake server cutting a new body.
 The start-up heap is frozen before the warm-up, as `tailguard run` does once started (`--no-freeze`:
-not). Prints tables; not a test. Run: python bench/bench_poll_cycle.py [--quick] [--policies N]
-[--no-cache] [--no-freeze]
+not). `--histogram`: the same traffic as a latency histogram instead (the bucket at the line,
+`lab_client_request_duration_ms_bucket{le="500"}`, and the count). The thresholds of every traffic
+the series carry are derived once before the measured cycles (the daemon derives them in the
+background as new traffic appears; their one-time cost is printed). Prints tables; not a test.
+Run: python bench/bench_poll_cycle.py [--quick] [--policies N] [--no-cache] [--no-freeze] [--histogram]
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ STEP_SECONDS = 5.0
 NOW = 1_767_225_600.0  # the cycle's `now`: the newest sample is at it
 LATENCY = "nv_inference_compute_infer_duration_us"
 REQUESTS = "nv_inference_request_success"
+BUCKET = "lab_client_request_duration_ms_bucket"  # --histogram: the bucket at the line (ms)
 TAIL_SHARE = 0.005  # of series: 1% of requests at 900 ms over the last 12 steps (a minute)
 BUDGET_CPU_SECONDS = 1.0  # issue 15: a whole cycle at 10,000 series
 T = TypeVar("T")
@@ -69,6 +73,7 @@ class Counters:
     latency: np.ndarray  # [S x P] cumulative microseconds, NaN where the scrape missed
     requests: np.ndarray  # [S x P] cumulative requests
     tail: np.ndarray  # [S] bool: planted tails
+    above: np.ndarray  # [S x P] cumulative requests above the line (a histogram's count minus its bucket)
 
 
 def make_counters(n_series: int, policies: int, rng: np.random.Generator) -> Counters:
@@ -80,24 +85,30 @@ def make_counters(n_series: int, policies: int, rng: np.random.Generator) -> Cou
     bulk = rng.uniform(1_000, 20_000, (n_series, 1))  # 1-20 ms per request
     d_lat = d_req * bulk * np.clip(1 + 0.05 * rng.standard_normal((n_series, n_points)), 0.5, None)
     healthy_slow = rng.binomial(d_req.astype(np.int64), 0.0002)  # 0.02% of requests: below P99.9's 0.1%
-    d_lat += healthy_slow * rng.uniform(200_000, 900_000, (n_series, n_points))
+    slow_us = rng.uniform(200_000, 900_000, (n_series, n_points))
+    d_lat += healthy_slow * slow_us
+    d_above = (healthy_slow * (slow_us > 500_000)).astype(float)
     tail = rng.random(n_series) < TAIL_SHARE
-    d_lat[tail, POINTS - 12:] += rng.binomial(d_req[tail, POINTS - 12:].astype(np.int64), 0.01) * 900_000
+    tail_slow = rng.binomial(d_req[tail, POINTS - 12:].astype(np.int64), 0.01)
+    d_lat[tail, POINTS - 12:] += tail_slow * 900_000
+    d_above[tail, POINTS - 12:] += tail_slow
     start = rng.uniform(1e5, 1e8, (n_series, 1)).round()
     requests = start + np.cumsum(d_req, axis=1)
     latency = (start * bulk).round() + np.cumsum(d_lat, axis=1).round()
+    above = np.cumsum(d_above, axis=1)
     for row in np.flatnonzero(rng.random(n_series) < 0.002):  # a Triton restart: counters from zero
         col = int(rng.integers(10, POINTS - 20))
         requests[row, col:] = np.cumsum(d_req[row, col:])
         latency[row, col:] = np.cumsum(d_lat[row, col:]).round()
+        above[row, col:] = np.cumsum(d_above[row, col:])
     for row in np.flatnonzero(rng.random(n_series) < 0.005):  # three missed scrapes
         col = int(rng.integers(5, POINTS - 20))
-        latency[row, col:col + 3] = requests[row, col:col + 3] = np.nan
+        latency[row, col:col + 3] = requests[row, col:col + 3] = above[row, col:col + 3] = np.nan
     labels = [{"instance": f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:8002", "job": "triton",
                "model": "ranker" if policies == 1 else f"model-{i % policies:03d}",
                "namespace": "serving", "pod": f"triton-{i // 2:05d}", "version": str(1 + i % 2)}
               for i in range(n_series)]
-    return Counters(labels, ts, latency, requests, tail)
+    return Counters(labels, ts, latency, requests, tail, above)
 
 
 def range_body(name: str, labels: list[dict[str, str]], ts: np.ndarray, values: np.ndarray) -> bytes:
@@ -116,16 +127,21 @@ def range_body(name: str, labels: list[dict[str, str]], ts: np.ndarray, values: 
 
 def _prometheus_app(work: Path) -> web.Application:
     labels = json.loads((work / "labels.json").read_text())
+    histogram = (work / "histogram").exists()
     with np.load(work / "counters.npz") as saved:
-        ts, series = saved["timestamps"], {"latency": saved["latency"], "requests": saved["requests"]}
-    names = {"latency": LATENCY, "requests": REQUESTS}
+        ts = saved["timestamps"]
+        first = saved["requests"] - saved["above"] if histogram else saved["latency"]
+        series = {"latency": first, "requests": saved["requests"]}
+    names = {"latency": BUCKET if histogram else LATENCY, "requests": REQUESTS}
+    first_labels = [{**lab, "le": "500"} for lab in labels] if histogram else labels
     cut: dict[tuple[str, int, int], tuple[bytes, bytes]] = {}  # (name, first, last column): body, gzipped
 
     def body(name: str, start: float, end: float) -> tuple[bytes, bytes]:
         """The answer for the points in [start, end]: the asked grid is the data's (5 s, whole seconds)."""
         lo, hi = int(np.searchsorted(ts, start - 1e-3)), int(np.searchsorted(ts, end + 1e-3, side="right"))
         if (name, lo, hi) not in cut:
-            raw = range_body(names[name], labels, ts[lo:hi], series[name][:, lo:hi])
+            raw = range_body(names[name], first_labels if name == "latency" else labels, ts[lo:hi],
+                             series[name][:, lo:hi])
             cut[name, lo, hi] = raw, gzip.compress(raw, compresslevel=6)  # Go's default level
         return cut[name, lo, hi]
 
@@ -230,18 +246,23 @@ def without_gc(fn: Callable[[], T]) -> T:
         gc.enable()
 
 
-def policy_yaml(policies: int) -> str:
+def policy_yaml(policies: int, histogram: bool = False) -> str:
     """One tail_excess policy per model. One model: the query names it ($model); several: one
     fleet-wide query that every policy shares (one range query, routed by the `model` label)."""
-    scope = '{model="$model"}' if policies == 1 else ""
+    scope = 'model="$model"' if policies == 1 else ""
     docs = []
     for i in range(policies):
         model = "ranker" if policies == 1 else f"model-{i:03d}"
+        if histogram:
+            query = BUCKET + "{" + ",".join(filter(None, [scope, 'le="500"'])) + "}"
+            params: dict[str, Any] = {"line": 500, "evidence": "histogram", "lookback_seconds": 600}
+        else:
+            query, params = LATENCY + (f"{{{scope}}}" if scope else ""), {"line": 500_000, "lookback_seconds": 600}
         docs.append(json.dumps({
             "name": f"{model}-tail", "target": {"model": model},
-            "triggers": [{"detector": {"type": "tail_excess", "query": LATENCY + scope,
-                                       "companionQuery": REQUESTS + scope, "interval": "5s",
-                                       "params": {"line": 500_000, "lookback_seconds": 600}}}],
+            "triggers": [{"detector": {"type": "tail_excess", "query": query,
+                                       "companionQuery": REQUESTS + (f"{{{scope}}}" if scope else ""),
+                                       "interval": "5s", "params": params}}],
             "actions": [{"type": "notify", "url": "http://127.0.0.1:9/hook"}]}))
     return "\n---\n".join(docs)
 
@@ -251,7 +272,7 @@ def fake_prometheus(work: Path, counters: Counters) -> Iterator[str]:
     """The loopback Prometheus in a subprocess, ready; stopped by its PID on exit."""
     (work / "labels.json").write_text(json.dumps(counters.labels))
     np.savez(work / "counters.npz", timestamps=counters.timestamps, latency=counters.latency,
-             requests=counters.requests)
+             requests=counters.requests, above=counters.above)
     port = free_port()
     process = ManagedProcess(argv=[sys.executable, str(Path(__file__).resolve()), "serve", str(port), str(work)],
                              log_path=work / "prometheus.log", env=dict(os.environ, PYTHONPATH=str(SRC)))
@@ -271,17 +292,20 @@ class Row:
     wall: float | None = None
 
 
-async def measure(n_series: int, policies: int, repeats: int, work: Path, cache: bool, freeze: bool = True) -> None:
+async def measure(n_series: int, policies: int, repeats: int, work: Path, cache: bool, freeze: bool = True,
+                  histogram: bool = False) -> None:
     from core.query import series_key
     from daemon.common.heap import freeze_startup_heap
     from daemon.common.logs import configure_logging
     from daemon.common.metrics import Metrics
     from daemon.sources.prometheus import PrometheusClient
-    from daemon.storage.journal import AsyncJournal, Journal
+    from daemon.storage.journal import Journal
     from daemon.wiring.registries import action_registry, detector_registry
     from daemon.workers.poller import Poller, pair_companions
     from detectors._grid import align, align_pointwise
-    from detectors.tail_excess import TailExcessDetector, TailExcessParams, batch_detections, evaluate_excess_batch
+    from detectors.sequential.thresholds import STORE
+    from detectors.tail_excess import TailExcessDetector
+    from detectors.tail_excess_batch import batch_detections
     from policies.loader import load_policies_text
 
     configure_logging("json", "info")  # the daemon's default: per-series debug lines are filtered out
@@ -296,10 +320,16 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                 "requests": range_body(REQUESTS, counters.labels, counters.timestamps[step],
                                        counters.requests[:, step])}
     detectors = {**detector_registry(), TailExcessDetector.kind: TailExcessDetector}
-    policy_set = load_policies_text(policy_yaml(policies), "bench", action_registry(), detectors)
+    policy_set = load_policies_text(policy_yaml(policies, histogram), "bench", action_registry(), detectors)
+    if histogram:
+        (work / "histogram").touch()
+        raw = {"latency": range_body(BUCKET, [{**lab, "le": "500"} for lab in counters.labels],
+                                     counters.timestamps[window], (counters.requests - counters.above)[:, window]),
+               "requests": raw["requests"]}
+        packed = {k: gzip.compress(v, compresslevel=6) for k, v in raw.items()}
 
     with fake_prometheus(work, counters) as url:
-        journal = AsyncJournal(Journal(work / "journal.db"))
+        journal = Journal(work / "journal.db")
         client = PrometheusClient(url, timeout_seconds=120.0)
         sw = Stopwatch()
         signals = 0
@@ -307,7 +337,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         async def emit(signal: Any) -> None:  # Service.emit without the backlog: journal the signal
             nonlocal signals
             signals += 1
-            await journal.record_signals([signal])
+            await journal.signals.intake([signal])
 
         async def offload(fn: Callable[..., Any], *args: Any) -> Any:
             return fn(*args)
@@ -326,7 +356,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         setattr(poller, "_detect_all", sw.timed("detect_all", poller._detect_all))
         for watch in group.watches:
             setattr(watch.detector, "detect_many", sw.timed("detect", watch.detector.detect_many))
-        setattr(journal, "record_evaluations", sw.timed_async("journal", journal.record_evaluations))
+        record_many = journal.evaluations.record_many  # the bound call the poller awaits in a thread
+        setattr(record_many, "in_thread", sw.timed_async("journal", record_many.in_thread))
 
         collector = GcClock()
 
@@ -347,6 +378,10 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         if freeze:
             freeze_startup_heap()  # as `tailguard run` does once the service has started
         await poller.poll_group(group, NOW)  # warm-up: the journal's rows exist from here on
+        derive0, derive_cpu0 = time.perf_counter(), time.process_time()
+        assert STORE.wait(1800), "thresholds not derived"
+        derived_in = (time.perf_counter() - derive0, time.process_time() - derive_cpu0)
+        await poller.poll_group(group, NOW)  # the thresholds now derived, not the Wald bound
         firsts = [await cycle(NOW, first=True) for _ in range(repeats)]
         steadies = [await cycle(NOW + STEP_SECONDS * k, first=False) for k in range(1, STEADY_CYCLES + 1)]
         queries = (ranges.full_queries, ranges.incremental_queries) if ranges is not None else (0, 0)
@@ -359,9 +394,9 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                 d["cache"] = d["ranges"] - d["fetch"]
                 d["pairing"] = d["detect_all"] - d["detect"]
                 d["rest"] = d["cycle"] - d["ranges"] - d["detect_all"] - d["journal"] - d["emit"]
-        verdicts = journal.sync.evaluations()
+        verdicts = journal.evaluations.all()
         fired = sum(v["fired"] for v in verdicts)
-        unpaired = sum(v["reason"].startswith("no request counter") for v in verdicts)
+        unpaired = sum(v["reason"].startswith("no request count") for v in verdicts)
 
         # The same stages once more, standalone on the same answers, for the detail table.
         start, end = NOW - group.lookback, NOW
@@ -369,7 +404,9 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         companions = await client.query_range(group.companion or "", start, end, group.interval)
         assert result.error is None and companions.error is None, (result.error, companions.error)
         mine = [[s for s in result.series if poller._belongs(w, s)] for w in group.watches]
-        params = TailExcessParams.model_validate({"line": 500_000, "lookback_seconds": 600})
+        (watch,) = group.watches
+        params = watch.detector.params  # type: ignore[attr-defined]
+        det = TailExcessDetector(params)
 
         def library() -> None:
             from datetime import datetime, timezone
@@ -387,7 +424,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         grids = aligned()
 
         def evaluate() -> list[Any]:
-            return [evaluate_excess_batch(params, g, v[:len(m)], v[len(m):], NOW) for (g, v), m in zip(grids, mine)]
+            return [det.evaluate(g, v[:len(m)], v[len(m):], NOW) for (g, v), m in zip(grids, mine)]
 
         batches = evaluate()
         rows = [(w.policy.name, w.bound.index, series_key(s.labels), bool(b.fired[i]), "reason " * 12)
@@ -408,19 +445,22 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                 *best_of(repeats, lambda: aligned(align_pointwise))),
             Row("detection: evaluate_excess_batch", *best_of(repeats, evaluate)),
             Row("detection: batch_detections (every row's Detection)", *best_of(repeats, lambda: [
-                batch_detections(b, params, "tail_excess", [s.labels for s in m]) for b, m in zip(batches, mine)])),
+                batch_detections(b, "tail_excess", [s.labels for s in m]) for b, m in zip(batches, mine)])),
             Row("verdict rows: series_key per series", *best_of(repeats, lambda: [series_key(s.labels)
                                                                                   for m in mine for s in m])),
-            Row("journal: Journal.record_evaluations (sync)", *best_of(repeats, lambda: journal.sync.record_evaluations(rows))),
+            Row("journal: Evaluations.record_many (sync)",
+                *best_of(repeats, lambda: journal.evaluations.record_many(rows))),
         ]
         client.close()
-        journal.sync.close()
+        journal.close()
 
     base = detail[0].cpu
     mb = {k: len(v) / 1e6 for k, v in raw.items()}
     mbz = {k: len(v) / 1e6 for k, v in packed.items()}
     mbs = {k: len(v) / 1e6 for k, v in raw_step.items()}
-    print(f"{n_series:,} latency + {n_series:,} request counters, {POINTS} points at {STEP_SECONDS:g} s, "
+    print(f"thresholds for every traffic the series carry: derived once before the measured cycles in "
+          f"{derived_in[0]:.1f} s wall, {derived_in[1]:.1f} CPU-s (the daemon derives them in the background)")
+    print(f"{n_series:,} {'bucket' if histogram else 'latency'} + {n_series:,} request counters, {POINTS} points at {STEP_SECONDS:g} s, "
           f"{policies} polic{'y' if policies == 1 else 'ies'} on one range query; bodies "
           f"{mb['latency']:.1f} + {mb['requests']:.1f} MB ({mbz['latency']:.1f} + {mbz['requests']:.1f} MB gzip), "
           f"steady-state increments {mbs['latency']:.1f} + {mbs['requests']:.1f} MB; range cache "
@@ -435,8 +475,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                   ("routing (_belongs) and verdict rows (series_key, metrics, log)", "rest"),
                   ("companion pairing (pair_companions)", "pairing"),
                   ("detection: tail_excess detect_many", "detect"),
-                  ("journal: record_evaluations, one transaction", "journal"),
-                  (f"signals: {fired_now} fired -> record_signals", "emit")]
+                  ("journal: evaluations.record_many, one transaction", "journal"),
+                  (f"signals: {fired_now} fired -> signals.intake", "emit")]
         print(f"| {title} (inside one real Poller.poll_group) | CPU ms | wall ms | share of CPU | x json.loads |")
         print("|---|---|---|---|---|")
         for name, key in stages:
@@ -473,13 +513,15 @@ def main() -> None:
                         help="policies (models) sharing one fleet-wide query (default 1: one model)")
     parser.add_argument("--no-cache", action="store_true",
                         help="the poller without its range cache: every cycle asks for the whole lookback")
+    parser.add_argument("--histogram", action="store_true",
+                        help="the same traffic as a histogram: the bucket at the line and the count")
     parser.add_argument("--no-freeze", action="store_true",
                         help="without freezing the start-up heap (the daemon freezes it once started)")
     args = parser.parse_args()
     n_series = args.series or (1_000 if args.quick else 10_000)
     with tempfile.TemporaryDirectory(prefix="bench-poll-") as tmp:
         asyncio.run(measure(n_series, args.policies, 2 if args.quick else 3, Path(tmp), not args.no_cache,
-                            not args.no_freeze))
+                            not args.no_freeze, args.histogram))
 
 
 if __name__ == "__main__":

@@ -337,7 +337,7 @@ async def _observe(result: RunResult, scenario: Scenario, served: TritonServer, 
 async def _collect_journal(result: RunResult, service: Service) -> None:
     """tailguard's first signal and decision for the policy, in seconds after T0."""
     t0_unix = result.t0_unix
-    signals = [s for s in await service.journal.signals()
+    signals = [s for s in await service.journal.signals.all.in_thread()
                if s["payload"].get("policy") == "ranker-tail" or s.get("policy") == "ranker-tail"]
     if signals:
         first = signals[0]
@@ -347,7 +347,7 @@ async def _collect_journal(result: RunResult, service: Service) -> None:
         result.tailguard_attribution = {"source": first.get("source"), "version": labels.get("version"),
                                         **{k: details[k] for k in ("episode_start", "series_first_seen")
                                            if k in details}}
-    decisions = await service.journal.decisions("ranker-tail")
+    decisions = await service.journal.decisions.all.in_thread("ranker-tail")
     if decisions:
         result.tailguard_decision_s = decisions[0].at - t0_unix
         result.tailguard_decision_state = str(decisions[0].state)

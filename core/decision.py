@@ -14,8 +14,29 @@ class DecisionState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     REVERTED = "reverted"  # a step failed and the earlier ones were undone (onFailure: revert)
+    # Not resumed: its signal grew older than executor.maxSignalAgeSeconds, or the target is no longer
+    # as its plan found it. Journaled as `failed` with the plan's EXPIRED_KEY set, so a version that
+    # knows no `expired` reads a failed decision (the journal's readers map it back).
+    EXPIRED = "expired"
 
     @property
     def final(self) -> bool:
         """Whether the decision is over (anything but `executing`)."""
         return self is not DecisionState.EXECUTING
+
+
+EXPIRED_KEY = "expired"
+"""The journaled plan's key that makes a stored `failed` decision an expired one: {"why", "age_seconds"}."""
+
+
+def stored_state(state: DecisionState) -> DecisionState:
+    """The state as the journal stores it: `expired` as `failed` (older versions know no `expired`)."""
+    return DecisionState.FAILED if state is DecisionState.EXPIRED else state
+
+
+def read_state(stored: str, plan: object) -> DecisionState:
+    """The state of a stored decision: `failed` with EXPIRED_KEY in its plan is `expired`."""
+    state = DecisionState(stored)
+    if state is DecisionState.FAILED and isinstance(plan, dict) and plan.get(EXPIRED_KEY):
+        return DecisionState.EXPIRED
+    return state

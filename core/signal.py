@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Mapping, NamedTuple
 
 import msgspec
+
+from core.detection import RecoveryLine, Side
 
 _SUMMARY_ENCODER = json.JSONEncoder(default=str)
 """What json.dumps(..., default=str) builds on every call, built once (it keeps no state between calls)."""
@@ -34,6 +37,8 @@ class Signal:
     `name` is the alert name, the detector kind (e.g. ``tail_anomaly``) or ``schedule``.
     `dedup_key` identifies the occurrence: the same key seen twice is one event
     (Alertmanager resends groups; a detector re-confirms the same episode).
+    `recovery_line` is the line a detector signal's detection drew (`Detection.recovery_line`);
+    read back from a summary journaled before signals carried it, an `UnsidedLine`.
     """
 
     source: SignalSource
@@ -45,6 +50,7 @@ class Signal:
     value: float | None = None
     policy: str | None = None  # detector and schedule signals belong to the policy that declared them
     details: Mapping[str, Any] = field(default_factory=dict)
+    recovery_line: RecoveryLine | UnsidedLine | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly dict for the journal and logs."""
@@ -65,7 +71,7 @@ class Signal:
         return _SUMMARY_ENCODER.encode(fields)
 
     def _fields(self, details: Any) -> dict[str, Any]:
-        return {
+        fields: dict[str, Any] = {
             "source": self.source.value,
             "name": self.name,
             "labels": dict(self.labels),
@@ -76,6 +82,13 @@ class Signal:
             "policy": self.policy,
             "details": details,
         }
+        line = self.recovery_line
+        if self.source is SignalSource.DETECTOR and not isinstance(line, UnsidedLine):
+            # Written for every detector signal, null when it drew none: a summary without the key
+            # was journaled before signals carried their line, and is read the old way (an
+            # UnsidedLine is written back so, its details unchanged).
+            fields[RECOVERY_LINE] = line.as_dict() if line is not None else None
+        return fields
 
     @classmethod
     def from_summary(cls, summary: dict[str, Any]) -> "Signal":
@@ -84,6 +97,7 @@ class Signal:
         if observed.tzinfo is None:
             observed = observed.replace(tzinfo=timezone.utc)
         head = SignalHead.from_summary(summary)
+        details = summary.get("details", {})
         return cls(
             source=head.source,
             name=head.name,
@@ -93,8 +107,43 @@ class Signal:
             status=head.status,
             value=summary.get("value"),
             policy=head.policy,
-            details=summary.get("details", {}),
+            details=details,
+            recovery_line=_journaled_line(summary, head.source, details),
         )
+
+
+RECOVERY_LINE = "recovery_line"
+"""The summary's key for `Signal.recovery_line`."""
+
+
+@dataclass(frozen=True)
+class UnsidedLine:
+    """A detector signal's line read from a summary journaled before signals carried their line (a
+    signal still pending across an upgrade): its `threshold` detail, else its `baseline`, as the
+    recovery check read them then. Which side is good is what its detector's parameters say
+    (`DetectorParams.recovery_rule`), as it was then."""
+
+    level: float
+    drawn_from: str
+
+    def sided(self, good: Side) -> RecoveryLine:
+        return RecoveryLine(self.level, good, self.drawn_from)
+
+
+def _journaled_line(summary: Mapping[str, Any], source: SignalSource,
+                    details: Mapping[str, Any]) -> RecoveryLine | UnsidedLine | None:
+    """The line of a journaled summary; for a detector signal journaled before signals carried one,
+    the line its details gave the recovery check then (none for counters: they hold no level)."""
+    if RECOVERY_LINE in summary:
+        line = summary[RECOVERY_LINE]
+        return RecoveryLine.from_dict(line) if line is not None else None
+    if source is not SignalSource.DETECTOR or details.get("input") == "counters":
+        return None
+    for key in ("threshold", "baseline"):
+        value = details.get(key)
+        if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
+            return UnsidedLine(float(value), key)
+    return None
 
 
 class SignalHead(NamedTuple):

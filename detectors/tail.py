@@ -9,14 +9,17 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
-from core.detection import Detection
+from core.detection import Detection, RecoveryRule, Side, threshold_or_baseline
 from core.query import Series
 from detectors import _robust
 from detectors._grid import align
-from detectors.base import DetectorParams, Offload, detect_each
+from detectors.base import DetectorParams, DetectorStatus, Offload, detect_each
 
-# Why a row was or was not evaluated; OK rows are decided by the confirmation count.
-OK, NO_DATA, NO_RECENT, STALE, SHORT_HISTORY, CONSTANT, COMPANION_MISSING = range(7)
+# The statuses a row can have (OK rows are decided by the confirmation count), bound as module
+# names: a row's checks read these, and an enum member looked up on its class costs 5x as much.
+OK, NO_DATA, NO_RECENT, STALE, SHORT_HISTORY, CONSTANT, COMPANION_MISSING = (
+    DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.NO_RECENT, DetectorStatus.STALE,
+    DetectorStatus.SHORT_HISTORY, DetectorStatus.CONSTANT, DetectorStatus.COMPANION_MISSING)
 
 
 class TailAnomalyParams(DetectorParams):
@@ -55,6 +58,11 @@ class TailAnomalyParams(DetectorParams):
         if self.confirm_points > self.confirm_window_points:
             raise ValueError("confirm_points must be <= confirm_window_points")
         return self
+
+    @property
+    def recovery_rule(self) -> RecoveryRule:
+        """It fires on jumps up: its query recovers below the line drawn at the episode's start."""
+        return RecoveryRule(Side.BELOW)
 
 
 @dataclass(frozen=True)
@@ -240,7 +248,10 @@ def batch_detection(batch: TailBatch, row: int, params: TailAnomalyParams, kind:
               f"score {_fmt(b.score[row, last_exc])}), latest exceedance {_fmt(x[last_exc])}")
     if b.diverging is not None:
         reason += "; tail diverges: companion flat" if b.diverging[row] else "; companion rose too"
-    return make(True, reason, last_exc, episode_start=float(ts[start]), evidence=evidence)
+    # The threshold drawn from the baseline before the episode (the baseline when it has none).
+    line = threshold_or_baseline(p.recovery_rule.good, thr if np.isfinite(thr) else None,
+                                 base if np.isfinite(base) else None)
+    return make(True, reason, last_exc, episode_start=float(ts[start]), evidence=evidence, recovery_line=line)
 
 
 class TailAnomalyDetector:

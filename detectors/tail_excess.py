@@ -1,332 +1,256 @@
-"""TailExcessDetector: "P99.9 > L" decided from cumulative counters by a CUSUM (see _excess_cusum).
+"""TailExcessDetector: "P99.9 < L" tested as "at most 0.1% of requests above L", by a bank of CUSUMs
+at a stated false-alarm rate (detectors/sequential; docs/detectors.md, "tail_excess").
 
-Counter input (`input: counters`, the default): `query` is a cumulative latency counter (Triton's `nv_inference_compute_infer_duration_us`,
-or `..._request_duration_us`), `companionQuery` the matching request counter
-(`nv_inference_request_success`), both raw (no `rate()`), one series per model version. The
-counters move with the very first slow response, where Triton's summary quantile needs the 5th
-(docs/stack-facts.md); the test then decides how much of that is a tail and how sure it is.
+Two kinds of evidence, one series per model version, both raw cumulative counters (no `rate()`):
+- `evidence: counters` (default): `query` a latency counter (Triton's
+  `nv_inference_compute_infer_duration_us`), `companionQuery` its request counter
+  (`nv_inference_request_success`): latency mass above what the bulk explains, in requests' worth.
+- `evidence: histogram`: `query` the histogram's bucket at the line (`..._bucket{le="500"}`),
+  `companionQuery` its count (`..._count`, or the `le="+Inf"` bucket): requests above L, exactly.
 
-Value input (`input: values`): `query` is any latency series (a recorded P99.9, a histogram
-quantile); a CUSUM on its robust score decides (detectors/value_cusum.py). This is the path NAB
-scores (docs/detectors.md).
+One latency series that is not a counter (a recorded P99.9, a histogram quantile) is the case of
+`value_cusum` (detectors/value_cusum.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
+import re
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from core.detection import Detection
 from core.query import Series
-from detectors._counter_steps import counter_steps
-from detectors._excess_cusum import CusumRun, CusumTerms, run_cusum
 from detectors._grid import align
 from detectors.base import DetectorParams, Offload, detect_each
-from detectors import value_cusum
-from detectors.value_cusum import ValueCusumBatch, ValueCusumParams, evaluate_value_cusum
+from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
+from detectors.sequential.thresholds import STORE, Promise
+from detectors.tail_excess_batch import OK, ExcessBatch, Test, batch_detections, evaluate_excess_batch
 
-OK, NO_DATA, STALE, SHORT_HISTORY, NO_COUNTS = range(5)
+VALUES_MOVED = ("tail_excess: `input: values` moved to its own detector: use `type: value_cusum` with the "
+                "`values:` parameters at the top level")
+"""The load error of a policy written for the value path tail_excess had (one line)."""
+INPUT_GONE = ("tail_excess: `input` is gone: tail_excess takes counters only (delete the `input:` line); one "
+              "value series is `type: value_cusum`")
+"""The load error of a policy that still names tail_excess's input (one line)."""
+
+
+REPLACED = ("tail_excess: rate_ratio and decision_threshold were replaced by false_alarm_days (one false "
+            "alarm per version per that many days at half budget; the thresholds follow from it at the observed "
+            "traffic, docs/detectors.md)")
+"""The load error of a policy that still sets the bare operating point (one line)."""
+
+LOOKBACK_DELAYS = 3.0
+"""The lookback grows to this many times the smallest regression's expected detection delay at the
+slowest series' traffic: a run of evidence older than the lookback is not seen."""
+SLOWEST_COUNTED = 0.1
+"""Series below this many requests per second do not grow the lookback (an idle old version)."""
 
 
 class TailExcessParams(DetectorParams):
     """Parameters of `tail_excess`. Defaults are the production ones (docs/detectors.md)."""
 
-    input: Literal["counters", "values"] = "counters"
-    """`counters`: latency and request counters (the default, and the fastest evidence);
-    `values`: one latency series, decided by the value path (`values:` holds its parameters)."""
-    line: float | None = Field(None, gt=0)
+    gives_budget_evidence: ClassVar[bool] = True
+
+    line: float = Field(gt=0)
     """L: the latency the quantile must stay under, in the counter's unit per request (500000
-    for Triton's `_us` counters and 500 ms). Required with counters; no default, because a line
-    that carries a unit cannot have one."""
-    values: ValueCusumParams = ValueCusumParams()
-    """Parameters of the value path (`input: values`)."""
+    for Triton's `_us` counters and 500 ms; a histogram's bucket bound). Required: a line that
+    carries a unit has no default."""
+    evidence: Literal["counters", "histogram"] = "counters"
+    """`counters`: latency and request counters; `histogram`: the bucket at the line and the count."""
     quantile: float = Field(0.999, gt=0.5, lt=1.0)
-    """The quantile the line is for; p0 = 1 - quantile is the slow-request rate H0 allows."""
-    rate_ratio: float = Field(10.0, gt=1.0)
-    """H1 = rate_ratio x p0: the tail the test is quickest on (1% of requests above L for P99.9)."""
-    decision_threshold: float = Field(13.0, gt=0)
-    """h, in nats: the CUSUM level that fires. Higher is fewer false alarms and later detection."""
+    """The quantile the line is for; its budget is 1 - quantile of requests above L."""
+    false_alarm_days: float = Field(30.0, gt=0)
+    """The rate the operator accepts: one false alarm per version per this many days, at
+    `null_share` of the budget (in the evidence's own terms: latency mass for counters)."""
+    null_share: float = Field(0.5, gt=0, lt=1)
+    """The share of the budget the rate is stated at: half budget (0.05% above L for P99.9)."""
+    sizes: tuple[float, ...] = DEFAULT_SIZES
+    """The regressions the bank is quickest on, as multiples of the budget."""
+    heaviest_slow: float = Field(2.0, ge=1.0)
+    """Counters: the promise covers slow requests up to this multiple of the line. Latency mass
+    cannot tell one request at 2L from two at L; the thresholds are derived for the heaviest."""
+    version_label: str = "version"
+    """The series label that names the model version (`destination_version` for Istio)."""
     lookback_seconds_: float = Field(900.0, gt=0, alias="lookback_seconds")
-    """How much history each cycle recomputes the test from."""
+    """The least history each cycle recomputes the test from; it grows for slow traffic."""
+    max_lookback_seconds: float = Field(7200.0, gt=0)
+    """The most it grows to."""
     bulk_window_seconds: float = Field(60.0, gt=0)
-    """The bulk's per-request latency is the lowest step mean of this trailing window."""
+    """Counters: the bulk's per-request latency is the lowest step mean of this trailing window."""
     bulk_slack: float = Field(0.25, ge=0)
-    """Each request may take (1 + this) x the bulk before it counts as excess: a bulk that slows
-    down by less than this (3x traffic, a slightly slower version) is not a tail."""
+    """Counters: each request may take (1 + this) x the bulk before it counts as excess: a bulk
+    that slows down by less than this (3x traffic, a slightly slower version) is not a tail."""
     max_staleness_seconds: float = Field(30.0, gt=0)
     """Newest sample older than this: stale data, never read as healthy or as firing."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys of earlier versions fail in one line naming what replaced them, and a missing line
+        says what it is."""
+        if isinstance(data, Mapping):
+            if data.get("input") == "values" or "values" in data:
+                raise PydanticCustomError("moved_to_value_cusum", VALUES_MOVED)
+            if "input" in data:
+                raise PydanticCustomError("input_gone", INPUT_GONE)
+            if "rate_ratio" in data or "decision_threshold" in data:
+                raise PydanticCustomError("replaced_by_rate", REPLACED)
+            if "line" not in data:
+                raise PydanticCustomError(
+                    "line_required", "'line' is required (the latency line in the counter's unit per "
+                                     "request, e.g. 500000 for 500 ms in microseconds)")
+        return data
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, sizes: tuple[float, ...]) -> tuple[float, ...]:
+        if not sizes or len(sizes) > 12 or any(s <= 0 for s in sizes) or sorted(set(sizes)) != list(sizes):
+            raise ValueError("sizes: 1 to 12 positive multiples of the budget, ascending, each once")
+        return sizes
+
     @model_validator(mode="after")
-    def _line_with_counters(self) -> "TailExcessParams":
-        if self.input == "counters" and self.line is None:
-            raise ValueError("'line' is required with input: counters (the latency line in the "
-                             "counter's unit per request, e.g. 500000 for 500 ms in microseconds)")
+    def _sizes_above_null(self) -> "TailExcessParams":
+        if self.sizes[0] <= self.null_share:
+            raise ValueError(f"sizes: the smallest ({self.sizes[0]:g}x the budget) must exceed null_share "
+                             f"({self.null_share:g}): a regression is more than the share the rate is stated at")
+        if self.max_lookback_seconds < self.lookback_seconds_:
+            raise ValueError("max_lookback_seconds must be at least lookback_seconds")
         return self
 
     @property
-    def counter_line(self) -> float:
-        assert self.line is not None  # the validator requires it with counters
-        return self.line
+    def recovery_rule(self) -> None:
+        """Counters are not a level a Prometheus check could hold: no detection draws a line."""
+        return None
 
+    def query_problem(self, query: str, companion_query: str | None) -> str | None:
+        """A histogram trigger names the bucket at (or above) the line and the count beside it."""
+        if self.evidence != "histogram":
+            return None
+        if not companion_query:
+            return ("evidence: histogram needs companionQuery: the histogram's count (`..._count`, or its "
+                    "`le=\"+Inf\"` bucket) with the same labels")
+        bound = bucket_bound(query)
+        if bound is None:
+            return ('evidence: histogram needs the query to select the bucket at the line, e.g. '
+                    f'`..._bucket{{le="{self.line:g}"}}` (a regex or no `le` selects buckets the test cannot tell apart)')
+        if bound < self.line:
+            return (f"the bucket le={bound:g} is below the line {self.line:g}: it counts requests faster than "
+                    "the line, never the ones above it; select the bucket at the line or the nearest above")
+        return None
 
-@dataclass(frozen=True)
-class RowFacts:
-    """The per-row numbers of an `ExcessBatch` as Python lists, [S] each: one `.tolist()` per array
-    for the whole batch, where reading numpy scalars row by row cost most of one Detection."""
+    @property
+    def budget(self) -> float:
+        return 1.0 - self.quantile
 
-    timestamps: list[float]  # the grid, [P]
-    status: list[int]
-    fired: list[bool]
-    latest: list[int]
-    first_seen: list[int]
-    statistic: list[float]  # the CUSUM after the last column, 0.0 on an empty grid
-    last_allowance: list[float]  # the allowance at the row's last scored step, NaN if none
-    scored_steps: list[int]
-    resets: list[int]
-    episode_start: list[int]
-    episode_units: list[float]
-    episode_requests: list[float]
-
-
-@dataclass(frozen=True)
-class ExcessBatch:
-    """One evaluation of S series on one grid of P timestamps."""
-
-    timestamps: NDArray[np.float64]
-    run: CusumRun
-    status: NDArray[np.int8]
-    fired: NDArray[np.bool_]
-    latest: NDArray[np.int_]  # newest column with both counters, -1 if none
-    first_seen: NDArray[np.int_]  # first column with both counters, -1 if none
-    resets: NDArray[np.int_]  # counter resets (server restarts) seen in the lookback
-
-    @cached_property
-    def facts(self) -> RowFacts:
-        """The per-row numbers every Detection reads, computed once for all rows."""
-        run, rows = self.run, self.status.shape[0]
-        return RowFacts(
-            timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
-            latest=self.latest.tolist(), first_seen=self.first_seen.tolist(),
-            statistic=run.statistic[:, -1].tolist() if self.timestamps.size else [0.0] * rows,
-            last_allowance=_last_where(run.allowance, run.scored).tolist(),
-            scored_steps=run.scored.sum(axis=1).tolist(), resets=self.resets.tolist(),
-            episode_start=run.episode_start.tolist(), episode_units=run.episode_units.tolist(),
-            episode_requests=run.episode_requests.tolist(),
-        )
-
-
-def _last_where(x: NDArray[np.float64], mask: NDArray[np.bool_]) -> NDArray[np.float64]:
-    """Per row, `x` at the last column where `mask` holds; NaN where it holds nowhere."""
-    rows, cols = x.shape
-    if cols == 0:
-        return np.full(rows, np.nan)
-    last = cols - 1 - np.argmax(mask[:, ::-1], axis=1)
-    return np.where(mask.any(axis=1), x[np.arange(rows), last], np.nan)
-
-
-def _step_seconds(grid: NDArray[np.float64]) -> float:
-    return float(np.median(np.diff(grid))) if grid.size > 1 else 1.0
-
-
-def evaluate_excess_batch(p: TailExcessParams, grid: NDArray[np.float64], latency: NDArray[np.float64],
-                          requests: NDArray[np.float64], now: float) -> ExcessBatch:
-    """Decide every row of aligned counters [S x P] on `grid` (ascending, as `align` makes it);
-    pure and vectorized over series."""
-    # The grid is sorted, so the lookback is its tail: sliced as views, not copied by a mask.
-    first_col = int(np.searchsorted(grid, now - p.lookback_seconds_, side="left"))
-    grid = grid[first_col:]
-    latency, requests = latency[:, first_col:], requests[:, first_col:]
-    steps = counter_steps(latency, requests)
-    terms = CusumTerms(
-        line=p.counter_line, p0=1.0 - p.quantile, rate_ratio=p.rate_ratio, decision=p.decision_threshold,
-        bulk_window_cols=max(1, int(round(p.bulk_window_seconds / _step_seconds(grid)))),
-        bulk_slack=p.bulk_slack,
-    )
-    run = run_cusum(steps, terms)
-    valid = np.isfinite(latency) & np.isfinite(requests)
-    cols = np.arange(grid.size)
-    latest = np.where(valid.any(axis=1), np.max(np.where(valid, cols, -1), axis=1), -1)
-    status = np.full(latency.shape[0], OK, dtype=np.int8)
-    status[~run.scored.any(axis=1)] = SHORT_HISTORY
-    status[(latest >= 0) & (grid[np.maximum(latest, 0)] < now - p.max_staleness_seconds)] = STALE
-    status[~np.isfinite(requests).any(axis=1)] = NO_COUNTS
-    status[latest < 0] = NO_DATA
-    last_stat = run.statistic[:, -1] if grid.size else np.zeros(latency.shape[0])
-    fired = (status == OK) & (last_stat >= p.decision_threshold)
-    return ExcessBatch(grid, run, status, fired, latest, steps.first_valid, steps.resets.sum(axis=1))
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.4g}" if math.isfinite(v) else "nan"
-
-
-@dataclass(frozen=True)
-class _Texts:
-    """The parts of the reason lines that are the same for every row of a batch, formatted once."""
-
-    line: str | None  # L; None without one (`counter_line` raises where a row needs it, as it did)
-    allowed: str  # the slow share H0 allows
-    threshold: str  # h
-    staleness: str  # max_staleness_seconds
-
-    @classmethod
-    def of(cls, p: TailExcessParams) -> "_Texts":
-        return cls(_fmt(p.line) if p.line is not None else None, f"{1 - p.quantile:.2%}",
-                   f"{p.decision_threshold:g}", f"{p.max_staleness_seconds:g}")
-
-
-def batch_detections(b: ExcessBatch, p: TailExcessParams, kind: str,
-                     labels: Sequence[Mapping[str, str]]) -> list[Detection]:
-    """The Detection of every row (`labels`: each row's series labels), with a one-line reason
-    either way and attribution details; the parts of the reason every row shares formatted once."""
-    texts = _Texts.of(p)
-    return [_row_detection(b, row, p, kind, row_labels, texts) for row, row_labels in enumerate(labels)]
-
-
-def _row_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str, labels: Mapping[str, str],
-                   texts: _Texts) -> Detection:
-    """The Detection of one row, the batch's constant texts given. No closure per row: a function
-    and its cells per row cost time and were that many more objects for the cyclic GC to walk."""
-    f = b.facts
-    status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
-    bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)  # NaN when no step was scored
-    units, reqs = f.episode_units[row], f.episode_requests[row]
-    details: dict[str, Any] = {
-        "input": "counters", "cusum": stat, "episode_slow_equivalents": units, "episode_requests": reqs,
-        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
-    }
-    if "version" in labels:
-        details["version"] = labels["version"]
-    if first >= 0:
-        details["series_first_seen"] = f.timestamps[first]
-    fired, onset = False, None
-    evidence: tuple[tuple[float, float], ...] = ()
-    if status == NO_DATA:
-        reason = "no data: no samples of both counters in the lookback window"
-    elif status == NO_COUNTS:
-        reason = "no request counter: tail_excess needs companionQuery (the request count)"
-    elif status == STALE:
-        reason = f"stale: newest sample at {f.timestamps[latest]:.0f} is older than {texts.staleness} s"
-    elif status == SHORT_HISTORY:
-        reason = "too little history: no step with a bulk to compare against yet"
-    else:
-        line = texts.line if texts.line is not None else _fmt(p.counter_line)  # (raises without a line)
-        if not f.fired[row] and f.episode_start[row] < 0:
-            reason = f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0"
-        else:
-            share = units / reqs if reqs > 0 else 0.0
-            what = (f"~{units:.1f} requests' worth of latency above {line} in {reqs:.0f} requests "
-                    f"({share:.2%} vs {texts.allowed} allowed); CUSUM {stat:.2f}")
-            if not f.fired[row]:
-                reason = f"{what} < {texts.threshold}"
-            else:
-                fired, reason = True, f"{what} >= {texts.threshold}"
-                onset, evidence = _fired_evidence(b, row, details)
-    return Detection(detector=kind, fired=fired, reason=reason, value=stat,
-                     baseline=bulk if math.isfinite(bulk) else None, threshold=p.decision_threshold,
-                     score=stat / p.decision_threshold, episode_start=onset, evidence=evidence,
-                     details=details)
-
-
-def _fired_evidence(b: ExcessBatch, row: int, details: dict[str, Any]) -> tuple[float, tuple[tuple[float, float], ...]]:
-    """A fired row's onset and evidence (its last 20 steps with excess), read from the arrays
-    directly (a few dozen rows per cycle); adds the onset's delay to `details`."""
-    f = b.facts
-    start, first = f.episode_start[row], f.first_seen[row]
-    onset = f.timestamps[start]
-    if first >= 0:
-        details["onset_after_first_sample_s"] = onset - f.timestamps[first]
-    ts, run = b.timestamps, b.run
-    evidence_cols = np.flatnonzero(np.nan_to_num(run.units[row]) > 0)
-    evidence_cols = evidence_cols[evidence_cols >= start][-20:]
-    return onset, tuple((float(ts[i]), float(run.units[row, i])) for i in evidence_cols)
-
-
-def value_detection(b: ValueCusumBatch, row: int, grid: NDArray[np.float64], p: ValueCusumParams,
-                    kind: str) -> Detection:
-    """The Detection for one row of the value path, with a one-line reason either way."""
-    status, latest, start = int(b.status[row]), int(b.latest[row]), int(b.episode_start[row])
-    stat, h = float(b.statistic[row]), float(b.threshold[row])
-    base, value = float(b.baseline[row]), float(b.value[row])
-    details: dict[str, Any] = {"input": "values", "scale": float(b.scale[row]),
-                               "truncated": bool(b.truncated[row]), "direction": int(b.direction[row])}
-
-    def make(fired: bool, reason: str, **kw: Any) -> Detection:
-        return Detection(detector=kind, fired=fired, reason=reason,
-                         value=value if np.isfinite(value) else None,
-                         baseline=base if np.isfinite(base) else None, threshold=h,
-                         score=stat / h if h > 0 else None, details=details, **kw)
-
-    if status == value_cusum.NO_DATA:
-        return make(False, "no data: no finite points in the lookback window")
-    if status == value_cusum.STALE:
-        return make(False, f"stale: newest point at {grid[latest]:.0f} is older than "
-                           f"{p.max_staleness_seconds:g} s")
-    if status == value_cusum.SHORT_HISTORY:
-        return make(False, f"too little history: fewer than {p.min_baseline_points} baseline points")
-    what = f"CUSUM {stat:.2f} (line {h:.2f}), latest {_fmt(value)}, baseline {_fmt(base)}"
-    if not b.fired[row]:
-        if b.truncated[row]:
-            return make(False, f"{what}: the excursion reaches back past the lookback, its start is "
-                               "unknown (not acted on again; not a recovery either)")
-        return make(False, what)
-    return make(True, what, episode_start=float(grid[start]),
-                evidence=((float(grid[latest]), value),))
+    def test(self) -> Test:
+        """What each evaluation needs besides the data."""
+        lump = self.heaviest_slow if self.evidence == "counters" else 1.0
+        return Test(BankDesign.for_budget(self.budget, self.null_share, self.sizes, lump), self.budget,
+                    self.false_alarm_days, self.line, self.evidence, self.lookback_seconds_,
+                    self.bulk_window_seconds, self.bulk_slack, self.max_staleness_seconds, self.sizes)
 
 
 class TailExcessDetector:
-    """Sequential tail detector on counters (or one value series). Stateless: each cycle
+    """Sequential tail detector on counters or a histogram. Stateless in its decisions: each cycle
     recomputes the test from the queried range, so restarts and failovers lose nothing and one
-    episode keeps one start."""
+    episode keeps one start. What it keeps is a hint (how far back to query, from the traffic it
+    saw last) and the thresholds derived so far (a process-wide cache)."""
 
     kind: ClassVar[str] = "tail_excess"
     Params: ClassVar[type[DetectorParams]] = TailExcessParams
+    JUDGES_TOGETHER: ClassVar[bool] = True  # the shared-slowdown rule weighs every version of the answer
 
     def __init__(self, params: TailExcessParams | Mapping[str, Any]) -> None:
         self.params = (params if isinstance(params, TailExcessParams)
                        else TailExcessParams.model_validate(params))
+        self._test = self.params.test()
+        self._lookback = self.params.lookback_seconds_
 
     @property
     def lookback_seconds(self) -> float:
-        if self.params.input == "values":
-            return self.params.values.lookback_seconds
-        return self.params.lookback_seconds_
+        return self._lookback
 
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """Nothing to prepare: everything comes from the queried range."""
+        """Nothing to prepare: everything comes from the queried range (thresholds are derived in
+        the background as traffic cells first appear)."""
         return None
 
     def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
-        """Decide on one series (with counters: the latency counter, its request counter as
-        `companion`). Never raises for bad data."""
-        if self.params.input == "counters" and companion is None:
-            return Detection(self.kind, False, "no request counter: tail_excess needs companionQuery "
-                                               "(the request count) with the same labels")
+        """Decide on one latency counter (or bucket), its request counter (or count) as `companion`.
+        Never raises for bad data."""
+        if companion is None:
+            return Detection(self.kind, False, "no request count: tail_excess needs companionQuery (the "
+                                               "request counter, or the histogram's _count) with the same labels")
         try:
-            return self.detect_many([series], now, [companion] if companion is not None else None)[0]
+            return self.detect_many([series], now, [companion])[0]
         except (TypeError, ValueError) as exc:
             return Detection(self.kind, False, f"malformed series: {exc}")
 
     def detect_many(self, series: Sequence[Series], now: float,
                     companions: Sequence[Series | None] | None = None) -> list[Detection]:
-        """Aligns the series (with counters: each latency counter and its request counter) on one
-        grid and decides all rows at once. Raises on malformed series (see `align`)."""
+        """Aligns the series (each with its companion) on one grid and decides all rows at once.
+        Raises on malformed series (see `align`)."""
         if not series:
             return []
-        if self.params.input == "values":
-            grid, values = align(series)
-            vb = evaluate_value_cusum(self.params.values, grid, values, now)
-            return [value_detection(vb, i, grid, self.params.values, self.kind) for i in range(len(series))]
         if companions is None or any(c is None for c in companions):
             return detect_each(self.detect, series, now,
                                companions if companions is not None else [None] * len(series))
         paired = [c for c in companions if c is not None]
         grid, counters = align([*series, *paired])
         n = len(series)
-        batch = evaluate_excess_batch(self.params, grid, counters[:n], counters[n:], now)
-        return batch_detections(batch, self.params, self.kind, [s.labels for s in series])
+        batch = self.evaluate(grid, counters[:n], counters[n:], now)
+        return batch_detections(batch, self.kind, [s.labels for s in series], self.params.version_label)
+
+    def evaluate(self, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
+                 now: float) -> ExcessBatch:
+        """The batch evaluation with this detector's thresholds, and the lookback it implies."""
+        test = self._test
+        promises: dict[float, Promise] = {}
+
+        def thresholds(requests_per_step: float, step: float) -> tuple[tuple[float, ...], bool]:
+            promise = promises.get(step)
+            if promise is None:
+                promise = promises[step] = test.promise(step)
+            return STORE.get(test.design, promise, requests_per_step)
+
+        batch = evaluate_excess_batch(test, grid, primary, totals, now, thresholds)
+        self._lookback = implied_lookback(self.params, batch)
+        return batch
+
+
+_LE = re.compile(r'\ble\s*=\s*"([^"]*)"')
+
+
+def bucket_bound(query: str) -> float | None:
+    """The bound of the bucket a query selects with `le="..."` (None: none, or not a number)."""
+    found = _LE.findall(query)
+    if len(found) != 1:
+        return None
+    try:
+        return float(found[0])
+    except ValueError:
+        return None
+
+
+def implied_lookback(p: TailExcessParams, b: ExcessBatch) -> float:
+    """The lookback the thresholds imply: LOOKBACK_DELAYS times the smallest regression's expected
+    delay at the slowest counted series' traffic, in doublings of the least lookback, capped."""
+    counted = (b.status == OK) & (b.traffic / b.step_seconds >= SLOWEST_COUNTED)
+    if not counted.any():
+        return p.lookback_seconds_
+    slowest = int(np.flatnonzero(counted)[np.argmin(b.traffic[counted])])
+    design = b.test.design
+    r = design.ratios[0]
+    drift = b.traffic[slowest] * design.null * (r * math.log(r) - r + 1.0)  # nats per step at its own size
+    needed = LOOKBACK_DELAYS * float(b.thresholds[0, slowest]) / drift * b.step_seconds if drift > 0 else math.inf
+    if needed <= p.lookback_seconds_:
+        return p.lookback_seconds_
+    doublings = math.ceil(math.log2(needed / p.lookback_seconds_))
+    return min(p.max_lookback_seconds, p.lookback_seconds_ * 2.0 ** doublings)
+
+
+__all__ = ["MEMBER_RATE_SHARE", "REPLACED", "TailExcessDetector", "TailExcessParams", "implied_lookback"]

@@ -9,11 +9,14 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
-from core.detection import Detection
+from core.detection import Detection, RecoveryRule, Side, threshold_or_baseline
 from core.query import Series
 from detectors import _robust
 from detectors._grid import align
-from detectors.base import DetectorParams, Offload
+from detectors.base import DetectorParams, DetectorStatus, Offload
+
+# The statuses a row can have (only OK rows can fire), bound as module names for the row checks.
+OK, NO_DATA, STALE = DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.STALE
 
 
 class ThresholdParams(DetectorParams):
@@ -38,6 +41,11 @@ class ThresholdParams(DetectorParams):
             raise ValueError("confirm_points must be <= confirm_window_points")
         return self
 
+    @property
+    def recovery_rule(self) -> RecoveryRule:
+        """Firing above `threshold` it recovers below it; firing below, above."""
+        return RecoveryRule(Side.BELOW if self.direction == "above" else Side.ABOVE, self.threshold)
+
 
 @dataclass(frozen=True)
 class ThresholdBatch:
@@ -51,6 +59,7 @@ class ThresholdBatch:
     recent: NDArray[np.bool_]  # (S, P) the last M valid points
     count: NDArray[np.int_]  # (S,) breaches among `recent`
     episode_start: NDArray[np.int_]  # (S,) column of the episode's first breach, -1 if none
+    status: NDArray[np.int8]  # (S,) OK, NO_DATA (no point in the window) or STALE
 
 
 def threshold_breaches(
@@ -68,13 +77,13 @@ def threshold_breaches(
     recent = _robust.last_valid_mask(valid, p.confirm_window_points)
     count: NDArray[np.int_] = np.sum(breach & recent, axis=1)
     latest = _robust.last_true_index(valid)
-    fresh = (latest >= 0) & (
-        np.where(latest >= 0, ts[np.maximum(latest, 0)] if ts.size else 0.0, -np.inf)
-        >= now - p.max_staleness_seconds
-    )
-    fired = fresh & (count >= p.confirm_points)
+    latest_t = np.where(latest >= 0, ts[np.maximum(latest, 0)] if ts.size else 0.0, -np.inf)
+    status = np.full(x.shape[0], OK, dtype=np.int8)
+    status[latest_t < now - p.max_staleness_seconds] = STALE
+    status[latest < 0] = NO_DATA
+    fired = (status == OK) & (count >= p.confirm_points)
     start = _robust.episode_start_index(breach, valid, p.confirm_window_points - p.confirm_points)
-    return ThresholdBatch(ts, x, valid, fired, breach, recent, count, np.where(fired, start, -1))
+    return ThresholdBatch(ts, x, valid, fired, breach, recent, count, np.where(fired, start, -1), status)
 
 
 def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, kind: str,
@@ -88,11 +97,11 @@ def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, ki
         "detector": kind, "threshold": p.threshold,
         "details": {"confirm": f"{count}/{p.confirm_window_points} (need {p.confirm_points})"},
     }
-    in_window = np.flatnonzero(b.valid[row])
-    if not in_window.size:
+    status = int(b.status[row])
+    if status == NO_DATA:
         return Detection(fired=False, reason=f"no data in the last {p.window_seconds:g} s", **common)
-    last = int(in_window[-1])
-    if ts[last] < now - p.max_staleness_seconds:
+    last = int(np.flatnonzero(b.valid[row])[-1])
+    if status == STALE:
         return Detection(fired=False, value=float(vs[last]), **common,
                          reason=f"stale: newest point is {now - ts[last]:.0f} s old")
     if not b.fired[row]:
@@ -108,6 +117,7 @@ def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, ki
     return Detection(
         fired=True, value=float(vs[last_hit]), episode_start=float(ts[start]),
         evidence=tuple((float(ts[i]), float(vs[i])) for i in hits), **common,
+        recovery_line=threshold_or_baseline(p.recovery_rule.good, p.threshold, None),
         reason=f"{count}/{p.confirm_window_points} recent points {word} "
                f"{p.threshold:g}; latest breach {vs[last_hit]:.4g}",
     )

@@ -1,19 +1,27 @@
-"""The value-series path of the sequential tail detector: a robust, winsorized CUSUM (Page's
-test) on a series' values against a median/MAD baseline, decided for S series at once."""
+"""ValueCusumDetector (`value_cusum`): a robust, winsorized CUSUM (Page's test) on one series'
+values (a recorded P99.9, a histogram quantile, any level) against a median/MAD baseline, decided
+for S series at once. The sequential test of `tail_excess` for series that are not counters; the
+detector NAB scores (docs/detectors.md)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
+from core.detection import Detection, RecoveryLine, RecoveryRule, Side
+from core.query import Series
 from detectors import _robust
-from detectors.base import DetectorParams
+from detectors._grid import align
+from detectors.base import DetectorParams, DetectorStatus, Offload
+from detectors.sequential.bank import page
 
-# Why a row was or was not decided; only OK rows can fire.
-OK, NO_DATA, SHORT_HISTORY, STALE = range(4)
+# The statuses a row can have (only OK rows can fire), bound as module names for the row checks.
+OK, NO_DATA, SHORT_HISTORY, STALE = (DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.SHORT_HISTORY,
+                                     DetectorStatus.STALE)
 # Mean absolute deviation of normal noise is 0.798 sigma.
 MEAN_DEV_TO_SIGMA = 0.7979
 # Re-reads of the baseline before the excursion's start: each moves the start towards the fixed
@@ -22,7 +30,7 @@ REFINE_PASSES = 3
 
 
 class ValueCusumParams(DetectorParams):
-    """Parameters of the value path. Sigmas are robust ones (1.4826 * MAD of the baseline)."""
+    """Parameters of `value_cusum`. Sigmas are robust ones (1.4826 * MAD of the baseline)."""
 
     direction: Literal["up", "both"] = "up"
     """`up`: only increases are evidence (latency incidents are increases); `both`: a second,
@@ -63,6 +71,27 @@ class ValueCusumParams(DetectorParams):
         """History one decision reads: the baseline and the recent window."""
         return self.baseline_window_seconds + self.recent_window_seconds
 
+    @property
+    def recovery_rule(self) -> RecoveryRule:
+        """An upward episode recovers below its line (with `both`, a downward one draws its line
+        above: each detection says its side)."""
+        return RecoveryRule(Side.BELOW)
+
+    def false_alarm_steps(self) -> float:
+        """The rate the value path runs at, in steps (it has no traffic): the mean run length
+        between false alarms of a CUSUM on unit-variance Gaussian scores with this drift allowance
+        and threshold (Siegmund's approximation, b = h + 1.166). Heavier tails alarm sooner: on NAB
+        the measured rate is in docs/detectors.md."""
+        k, b = self.drift_sigmas, self.threshold_sigmas + 1.166
+        if k <= 0:
+            return b * b  # no drift: the run length of a driftless walk to b
+        return (math.exp(min(2 * k * b, 700.0)) - 2 * k * b - 1) / (2 * k * k)
+
+    def allowance(self, baseline: float, scale: float) -> float:
+        """The drift allowance in the series' unit: how far from `baseline` a point must be to add
+        evidence (as `_statistic` computes it, there in sigmas)."""
+        return max(self.drift_sigmas * scale, self.min_absolute_increase, self.min_relative_change * abs(baseline))
+
 
 @dataclass(frozen=True)
 class ValueCusumBatch:
@@ -79,18 +108,6 @@ class ValueCusumBatch:
     latest: NDArray[np.int_]  # (S,) newest valid column, -1 if none
     direction: NDArray[np.int8]  # (S,) +1 up, -1 down: the side the statistic comes from
     status: NDArray[np.int8]  # (S,) OK, NO_DATA, SHORT_HISTORY or STALE
-
-
-def _page_cusum(increments: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.int_]]:
-    """Page's S_t = max(0, S_{t-1} + inc_t) for every column, in closed form, and per row the
-    column after the last S == 0 (where the current excursion began; 0 if it never touched 0).
-
-    S_t = C_t - min(0, min_{j<=t} C_j) with C the cumulative sum: no Python loop over columns.
-    """
-    c = np.cumsum(increments, axis=1)
-    s = c - np.minimum(np.minimum.accumulate(c, axis=1), 0.0)
-    last_zero = _robust.last_true_index(s <= 0.0)
-    return s, last_zero + 1
 
 
 def _baseline(
@@ -125,11 +142,11 @@ def _statistic(
         step = np.clip(dev - allowance[:, None], -p.max_step_sigmas, p.max_step_sigmas)
         return np.where(valid, step, 0.0)
 
-    s_up, start = _page_cusum(increments(z))
+    s_up, start = page(increments(z))
     stat = s_up[:, -1]
     side = np.ones(x.shape[0], dtype=np.int8)
     if p.direction == "both":
-        s_dn, start_dn = _page_cusum(increments(-z))
+        s_dn, start_dn = page(increments(-z))
         down = s_dn[:, -1] > stat
         stat = np.where(down, s_dn[:, -1], stat)
         start = np.where(down, start_dn, start)
@@ -214,3 +231,84 @@ def evaluate_value_cusum(
         direction=side,
         status=status,
     )
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if np.isfinite(v) else "nan"
+
+
+def value_detection(b: ValueCusumBatch, row: int, grid: NDArray[np.float64], p: ValueCusumParams,
+                    kind: str) -> Detection:
+    """The Detection for one row, with a one-line reason either way."""
+    status, latest, start = int(b.status[row]), int(b.latest[row]), int(b.episode_start[row])
+    stat, h = float(b.statistic[row]), float(b.threshold[row])
+    base, value, scale = float(b.baseline[row]), float(b.value[row]), float(b.scale[row])
+    side = int(b.direction[row])
+    details: dict[str, Any] = {"scale": scale, "truncated": bool(b.truncated[row]), "direction": side,
+                               "assumed": {"false_alarm_steps_gaussian": p.false_alarm_steps()}}
+
+    def make(fired: bool, reason: str, **kw: Any) -> Detection:
+        return Detection(detector=kind, fired=fired, reason=reason,
+                         value=value if np.isfinite(value) else None,
+                         baseline=base if np.isfinite(base) else None, threshold=h,
+                         score=stat / h if h > 0 else None, details=details, **kw)
+
+    if status == NO_DATA:
+        return make(False, "no data: no finite points in the lookback window")
+    if status == STALE:
+        return make(False, f"stale: newest point at {grid[latest]:.0f} is older than "
+                           f"{p.max_staleness_seconds:g} s")
+    if status == SHORT_HISTORY:
+        return make(False, f"too little history: fewer than {p.min_baseline_points} baseline points")
+    what = f"CUSUM {stat:.2f} (line {h:.2f}), latest {_fmt(value)}, baseline {_fmt(base)}"
+    if not b.fired[row]:
+        if b.truncated[row]:
+            return make(False, f"{what}: the excursion reaches back past the lookback, its start is "
+                               "unknown (not acted on again; not a recovery either)")
+        return make(False, what)
+    # `h` is in sigmas of the statistic; the line the series itself recovers across is where a point
+    # stops adding evidence: the baseline (read before the excursion) plus the drift allowance.
+    allowance = p.allowance(base, scale)
+    line = (RecoveryLine(base + allowance, Side.BELOW, "baseline + allowance") if side > 0
+            else RecoveryLine(base - allowance, Side.ABOVE, "baseline - allowance"))
+    return make(True, what, episode_start=float(grid[start]), evidence=((float(grid[latest]), value),),
+                recovery_line=line)
+
+
+class ValueCusumDetector:
+    """Sequential detector on one value series per target. Stateless: each cycle recomputes the test
+    from the queried range, so restarts and failovers lose nothing and one episode keeps one start."""
+
+    kind: ClassVar[str] = "value_cusum"
+    Params: ClassVar[type[DetectorParams]] = ValueCusumParams
+
+    def __init__(self, params: ValueCusumParams | Mapping[str, Any]) -> None:
+        self.params = (params if isinstance(params, ValueCusumParams)
+                       else ValueCusumParams.model_validate(params))
+
+    @property
+    def lookback_seconds(self) -> float:
+        return self.params.lookback_seconds
+
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+        """Nothing to prepare: everything comes from the queried range."""
+        return None
+
+    def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
+        """Decide on one series (a companion plays no part). Never raises for bad data: returns
+        fired=False with a reason."""
+        arrays = _robust.series_arrays(series.timestamps, series.values)
+        if isinstance(arrays, str):
+            return Detection(self.kind, False, arrays)
+        ts, vs = arrays
+        return value_detection(evaluate_value_cusum(self.params, ts, vs[None, :], now), 0, ts, self.params, self.kind)
+
+    def detect_many(self, series: Sequence[Series], now: float,
+                    companions: Sequence[Series | None] | None = None) -> list[Detection]:
+        """Aligns the series on one grid and decides all rows at once. Raises on malformed series
+        (see `align`)."""
+        if not series:
+            return []
+        grid, values = align(series)
+        batch = evaluate_value_cusum(self.params, grid, values, now)
+        return [value_detection(batch, i, grid, self.params, self.kind) for i in range(len(series))]

@@ -1,5 +1,5 @@
-"""Stream the value path of the sequential tail detector (detectors/value_cusum.py) over every NAB
-series with one parameter set and print NAB scores. Run: python -m evaluation.cusum_eval."""
+"""Stream the `value_cusum` detector's test (detectors/value_cusum.py) over every NAB series with
+one parameter set and print NAB scores. Run: python -m evaluation.cusum_eval."""
 from __future__ import annotations
 
 import argparse

@@ -9,21 +9,25 @@ may instead take its slow path on rare inputs, switched on and off through a fau
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import sys
 import sysconfig
 import tempfile
 import textwrap
+import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from tritonclient.http.aio import InferenceServerClient
 
 from lab.ports import LOOPBACK, free_port
 from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, environ_with
 
 # Quantile:allowed-error pairs for Triton's summaries; 0.999 is the tail tailguard watches.
-SUMMARY_QUANTILES = "0.5:0.05,0.9:0.01,0.99:0.001,0.999:0.0001"
+SUMMARY_QUANTILES = "0.5:0.05,0.9:0.01,0.95:0.005,0.99:0.001,0.999:0.0001,0.9999:0.00001"
 
 
 def _wheel_paths() -> tuple[Path, Path]:
@@ -222,6 +226,7 @@ class TritonServer(LocalServer):
         workdir: Path | None = None,
         ready_timeout_seconds: float = DEFAULT_READY_TIMEOUT_SECONDS,
         extra_args: Iterable[str] = (),
+        host: str = LOOPBACK,
     ) -> None:
         """
         Args:
@@ -230,30 +235,27 @@ class TritonServer(LocalServer):
             workdir: Where the log goes; defaults to a fresh temp folder.
             ready_timeout_seconds: How long `start()` waits for ``/v2/health/ready``.
             extra_args: More ``tritonserver`` flags, appended last.
+            host: The loopback address the HTTP API binds (another 127.0.0.x gives a second
+                replica the same port, as pods of one Service have).
         """
+        self.host = host
         self.model_repository = Path(model_repository)
         self.models = tuple(models)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tailguard-triton-"))
         self.ready_timeout_seconds = ready_timeout_seconds
         self.extra_args = tuple(extra_args)
         self.http_port = free_port()
-        self.grpc_port = free_port()
         self.metrics_port = free_port()
 
     @property
     def http_url(self) -> str:
         """``host:port`` of the HTTP API, the form `tritonclient.http` expects."""
-        return f"{LOOPBACK}:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def base_url(self) -> str:
         """The HTTP API as a full URL, e.g. ``http://127.0.0.1:8000``."""
         return f"http://{self.http_url}"
-
-    @property
-    def grpc_url(self) -> str:
-        """``host:port`` of the GRPC API."""
-        return f"{LOOPBACK}:{self.grpc_port}"
 
     @property
     def metrics_target(self) -> str:
@@ -283,10 +285,9 @@ class TritonServer(LocalServer):
             *(f"--load-model={name}" for name in self.models),
             f"--backend-directory={server_dir / 'backends'}",
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-            f"--http-address={LOOPBACK}",
+            f"--http-address={self.host}",
             f"--http-port={self.http_port}",
-            f"--grpc-address={LOOPBACK}",
-            f"--grpc-port={self.grpc_port}",
+            "--allow-grpc=false",  # nothing here speaks gRPC: one port fewer to race for on a busy host
             f"--metrics-address={LOOPBACK}",
             f"--metrics-port={self.metrics_port}",
             "--allow-gpu-metrics=false",
@@ -325,3 +326,26 @@ class TritonServer(LocalServer):
                      self.ready_timeout_seconds, env=self.env())
 
 
+def served_versions(server: TritonServer, model: str | None = None) -> list[str]:
+    """The versions Triton reports READY, sorted: of `model`, or of every model when None (for a
+    server that serves one). Blocking: from async code, run it in a thread."""
+    request = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        index = json.load(response)
+    return sorted(e["version"] for e in index if (model is None or e.get("name") == model) and e.get("state") == "READY")
+
+
+async def load_version(server: TritonServer, model: str, version: int | list[int] | None) -> None:
+    """Serve one version of `model` pinned, several, or (None) what the repository says: the
+    newest version, re-read from disk, as a deploy does."""
+    client = InferenceServerClient(server.http_url, conn_timeout=60)
+    try:
+        if version is None:
+            await client.load_model(model)
+        else:
+            versions = version if isinstance(version, list) else [version]
+            config = await client.get_model_config(model)
+            config["version_policy"] = {"specific": {"versions": versions}}
+            await client.load_model(model, config=json.dumps(config))
+    finally:
+        await client.close()

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from actions.base import Action
 from core.promql import render_query
 from core.target import ServiceRef, Target
-from detectors.base import Detector
+from detectors.base import Detector, DetectorParams
 from policies.schema import DetectorTrigger, Policy
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -70,7 +70,7 @@ class BoundAction:
 class BoundDetector:
     index: int  # position in the policy's triggers list
     trigger: DetectorTrigger
-    params: BaseModel
+    params: DetectorParams
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,18 @@ class LoadedPolicy:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def gate_for(self, alert_index: int) -> BoundDetector | None:
+        """The detector trigger whose evidence gates the alert trigger at `alert_index` (None: the
+        alert is not gated, or, on a policy that did not load, nothing could gate it)."""
+        trigger = self.spec.triggers[alert_index]
+        gate = trigger.alert.gate if trigger.alert is not None else None
+        if gate is None:
+            return None
+        if gate.detector is not None:
+            return next((d for d in self.detectors if d.index == gate.detector), None)
+        able = [d for d in self.detectors if d.params.gives_budget_evidence]
+        return able[0] if len(able) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,40 @@ def load_policies_text(
     if errors:
         raise PolicyLoadError(errors)
     return PolicySet(tuple(loaded), hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16])
+
+
+def policy_document(policy: LoadedPolicy) -> dict[str, Any]:
+    """The policy as a JSON document (field aliases as written in YAML) that `restore_policy` reads back:
+    what a decision journals of the policy it started with."""
+    return policy.spec.model_dump(mode="json", by_alias=True)
+
+
+def restore_policy(document: Mapping[str, Any], source: str, actions: Mapping[str, type[Action]]) -> LoadedPolicy:
+    """The policy a `policy_document` describes, its actions bound with this registry (its detector
+    triggers are not bound: a restored policy runs steps and reverts, it does not detect).
+
+    Raises:
+        PolicyLoadError: the document no longer validates (an action kind or a parameter this
+            version does not know).
+    """
+    errors: list[PolicyError] = []
+    try:
+        spec = Policy.model_validate(dict(document))
+    except ValidationError as exc:
+        raise PolicyLoadError(_pydantic_errors(exc, source, str(document.get("name")), prefix="")) from None
+    bound = []
+    for i, action in enumerate(spec.actions):
+        cls = actions.get(action.type)
+        if cls is None:
+            errors.append(PolicyError(source, spec.name, f"actions[{i}].type", f"unknown action type {action.type!r}"))
+            continue
+        try:
+            bound.append(BoundAction(action.type, cls.Params.model_validate(action.params())))
+        except ValidationError as exc:
+            errors.extend(_pydantic_errors(exc, source, spec.name, prefix=f"actions[{i}]"))
+    if errors:
+        raise PolicyLoadError(errors)
+    return LoadedPolicy(spec, source, _target(spec), tuple(bound))
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -310,9 +356,19 @@ def _parse_one(
             continue
         try:
             params = detector_cls.Params.model_validate(trig.detector.params)
+            problem = params.query_problem(trig.detector.query, trig.detector.companion_query)
+            if problem is not None:
+                errors.append(PolicyError(where, spec.name, f"triggers[{i}].detector.query", problem))
             bound_detectors.append(BoundDetector(i, trig.detector, params))
         except ValidationError as exc:
             errors.extend(_pydantic_errors(exc, where, spec.name, prefix=f"triggers[{i}].detector.params"))
+    loaded = LoadedPolicy(spec, where, _target(spec), tuple(bound_actions), tuple(bound_detectors))
+    for i, trig in enumerate(spec.triggers):
+        if trig.alert is None or trig.alert.gate is None or len(errors) != before:
+            continue
+        bound = loaded.gate_for(i)
+        if bound is None or not bound.params.gives_budget_evidence:
+            errors.append(PolicyError(where, spec.name, f"triggers[{i}].alert.gate", GATE_NEEDS))
     if spec.verify is not None:
         try:  # an unknown placeholder is a load error, not a verification that fails at run time
             render_query(spec.verify.query, {"model": spec.target.model, "namespace": spec.target.namespace})
@@ -322,8 +378,12 @@ def _parse_one(
         errors.append(PolicyError(where, spec.name, "verify", VERIFY_REQUIRED))
     if len(errors) != before:
         return None
-    return LoadedPolicy(spec, where, _target(spec), tuple(bound_actions), tuple(bound_detectors))
+    return loaded
 
+
+GATE_NEEDS = ("a gate needs one detector trigger of this policy that counts requests above a line (tail_excess); "
+              "with several, name it with `detector: <its trigger index>`")
+"""The error of a gate that nothing in the policy could feed (one line)."""
 
 VERIFY_REQUIRED = (
     "required: this policy acts on alerts only, and an alert carries no line to check recovery against; "

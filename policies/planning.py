@@ -2,14 +2,14 @@
 without I/O."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from actions.base import Step
+from core.detection import RecoveryLine, Side
 from core.promql import render_query
 from core.query import Sample
-from core.signal import Signal, SignalSource
+from core.signal import Signal, SignalSource, UnsidedLine
 from policies.guards import GuardDecision
 from policies.loader import BoundDetector, LoadedPolicy
 from policies.recovery import RecoveryCondition
@@ -103,8 +103,8 @@ def _max_gap(interval: float) -> float:
 def recovery_check(policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None:
     """The recovery check for `policy` acting on `signal`, or None when there is none: the verify
     block when the policy has one; else, for a detector signal, the detector's own query held on
-    the good side of the line it drew at the episode's start (its `threshold`, else its
-    `baseline`), never a line computed later from data the incident has contaminated."""
+    the good side of the line its detection drew at the episode's start (`Signal.recovery_line`),
+    never a line computed later from data the incident has contaminated."""
     target = policy.target
     values = {"model": target.model, "namespace": target.namespace}
     verify = policy.spec.verify
@@ -114,25 +114,32 @@ def recovery_check(policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None
         return RecoveryCheck(render_query(verify.query, values), condition, verify.interval,
                              verify.on_not_recovered, "verify", target.model)
     bound = _signal_detector(policy, signal)
-    # A query that is not a level (counters) or not PromQL (read from Triton) draws no line a
-    # Prometheus verify could hold: such a policy checks recovery only through its verify block.
-    if bound is None or bound.trigger.source != "prometheus" or signal.details.get("input") == "counters":
+    # A query that is not PromQL (read from Triton) draws no line a Prometheus verify could hold;
+    # nor does one that is not a level (counters: the detection draws none).
+    if bound is None or bound.trigger.source != "prometheus":
         return None
-    line, drawn = _line(signal.details, "threshold"), "threshold"
-    if line is None:
-        line, drawn = _line(signal.details, "baseline"), "baseline"
+    line = _sided(signal.recovery_line, bound)
     if line is None:
         return None
     defaults = VerifySpec.model_fields
     hold, within = float(defaults["hold"].default), float(defaults["within"].default)
     interval = min(bound.trigger.interval, within)
-    # A detector firing above its line (latency) recovers below it; one firing below (throughput), above.
-    fires_below = getattr(bound.params, "direction", "above") == "below"
-    condition = RecoveryCondition(None if fires_below else line, line if fires_below else None, hold, within,
-                                  _max_gap(interval))
+    below = line.level if line.good is Side.BELOW else None
+    above = line.level if line.good is Side.ABOVE else None
+    condition = RecoveryCondition(below, above, hold, within, _max_gap(interval))
     return RecoveryCheck(render_query(bound.trigger.query, values), condition, interval,
-                         defaults["on_not_recovered"].default, f"detector {bound.trigger.type} {drawn} at episode start",
+                         defaults["on_not_recovered"].default,
+                         f"detector {bound.trigger.type} {line.drawn_from} at episode start",
                          target.model, bound.trigger.model_label)
+
+
+def _sided(line: RecoveryLine | UnsidedLine | None, bound: BoundDetector) -> RecoveryLine | None:
+    """The signal's line with its side; a line journaled before lines carried one (a signal pending
+    across an upgrade) takes the side its detector's parameters say, as the check did then."""
+    if not isinstance(line, UnsidedLine):
+        return line
+    rule = bound.params.recovery_rule
+    return line.sided(rule.good) if rule is not None else None
 
 
 def _signal_detector(policy: LoadedPolicy, signal: Signal) -> BoundDetector | None:
@@ -145,19 +152,11 @@ def _signal_detector(policy: LoadedPolicy, signal: Signal) -> BoundDetector | No
     return found[0] if found else None
 
 
-def _line(details: Mapping[str, Any], key: str) -> float | None:
-    value = details.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def recovery_warning(policy: LoadedPolicy) -> str | None:
     """Why some signals of `policy` get no recovery check after acting (for `tailguard validate`)."""
     if policy.spec.verify is not None:
         return None
-    if any(b.trigger.source != "prometheus" or getattr(b.params, "input", None) == "counters"
-           for b in policy.detectors):
+    if any(b.trigger.source != "prometheus" or b.params.recovery_rule is None for b in policy.detectors):
         return ("its tail_excess / source: triton signals get no recovery check after acting (no verify "
                 "block, and their query draws no line to hold)")
     if not any(t.alert for t in policy.spec.triggers):

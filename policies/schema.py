@@ -21,6 +21,9 @@ from pydantic import (
 from core.durations import parse_duration
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# A Kubernetes Service's cluster DNS name (<service>.<namespace>.svc[.<cluster domain>]): one virtual
+# address in front of every pod. A pod's own name under a headless Service has one label more.
+_SERVICE_NAME = re.compile(r"^https?://[^./:]+\.[^./:]+\.svc(\.cluster\.local)?\.?(:\d+)?/?$", re.IGNORECASE)
 
 
 def _seconds(value: Any) -> float:
@@ -60,6 +63,11 @@ class TritonSpec(Strict):
         for url in self.endpoints:
             if not re.match(r"^https?://[^/\s]+/?$", url):
                 raise ValueError(f"endpoint {url!r} must look like http://host:port")
+            if _SERVICE_NAME.match(url):
+                raise ValueError(f"endpoint {url!r} is a Service's load-balanced name: a load and the verify after "
+                                 "it would reach different pods; name each pod (a StatefulSet's "
+                                 "<pod>.<service>.<namespace>.svc, or its address), or use `service:` (its "
+                                 "EndpointSlices)")
         for url in self.metrics_endpoints:
             if not re.match(r"^https?://[^/\s]+(/\S*)?$", url):
                 raise ValueError(f"metrics endpoint {url!r} must look like http://host:8002/metrics")
@@ -72,6 +80,20 @@ class TargetSpec(Strict):
     triton: TritonSpec | None = None
 
 
+class GateSpec(Strict):
+    """Let an alert act only when the policy's detector evidence does not show the version within
+    its budget: a veto, journaled with why, when every version of the target is shown within it at
+    `error` (the detector's lookback, Wald's acceptance); otherwise the alert acts, so a breach the
+    detector has not confirmed yet still gets the backstop."""
+
+    detector: int | None = None
+    """The index of the detector trigger whose evidence gates (default: the policy's only one
+    that counts requests above a line, tail_excess)."""
+    error: float = Field(0.01, gt=0, lt=0.5)
+    """How often a veto may be wrong: a version really at the smallest regression the detector
+    watches (2x the budget) is shown within budget at most this often."""
+
+
 class AlertTrigger(Strict):
     """Fires on an Alertmanager alert with this name whose labels match."""
 
@@ -81,6 +103,7 @@ class AlertTrigger(Strict):
     # alert about another model never acts on this target.
     target_label: str | None = Field("model", alias="targetLabel")
     include_resolved: bool = Field(False, alias="includeResolved")
+    gate: GateSpec | None = None
 
 
 class DetectorTrigger(Strict):

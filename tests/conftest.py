@@ -1,13 +1,18 @@
-"""Shared fixtures: real local servers (lab), the Kubernetes API emulator, and a leak check."""
+"""Shared fixtures: real local servers (lab), the Kubernetes API emulator, a notify sink, a leak check,
+and the check that every test starting a process is marked (tests/support/spawn_guard.py)."""
 from __future__ import annotations
 
 import asyncio
 from typing import AsyncIterator
 
+import numpy.testing  # noqa: F401  (runs `lscpu` when first imported: here, not inside a unit test)
 import pytest
 
+from tests.support.helpers import NotifySink
+
 pytest_plugins = ["tests.support.lab_fixtures", "tests.support.kube.conftest_plugin",
-                  "tests.support.postgres", "tests.support.journal_backends"]
+                  "tests.support.postgres", "tests.support.journal_backends",
+                  "tests.support.spawn_guard"]
 
 
 @pytest.fixture(autouse=True)
@@ -21,3 +26,10 @@ async def no_leftover_tasks(request: pytest.FixtureRequest) -> AsyncIterator[Non
         for t in left:
             t.cancel()
         pytest.fail(f"test left {len(left)} asyncio task(s) running: {[t.get_name() for t in left]}")
+
+
+@pytest.fixture
+async def sink() -> AsyncIterator[NotifySink]:
+    """A loopback endpoint that records what the `notify` action posts (`sink.url`, `sink.received`)."""
+    async with NotifySink() as s:
+        yield s

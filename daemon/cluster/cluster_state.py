@@ -20,7 +20,10 @@ import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from daemon.storage.journal import AsyncJournal, JournalError, SharedState
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
+from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd, SharedState
+from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
 from policies.loader import PolicySet
 from policies.schema import Guards
@@ -74,11 +77,16 @@ class StateDocument:
     def shared(self) -> SharedState:
         """The journal's view of the sections beyond pins and marks."""
         return SharedState(
-            tuple((t, float(e["at"]), float(e["endedAt"]), str(e["reason"])) for t, e in self.ends.items()),
-            tuple((t, v, str(m["reason"]), float(m["at"])) for (t, v), m in self.bad.items()),
-            tuple((t, v, float(c["at"]), str(c["reason"])) for (t, v), c in self.clears.items()),
-            tuple((t, str(f["reason"]), at, float(f["until"])) for (t, at), f in self.freezes.items()),
-            tuple((t, float(lift["at"]), str(lift["reason"]), float(lift["until"])) for t, lift in self.lifts.items()))
+            pin_ends=tuple(PinEnd(target=t, at=float(e["at"]), ended_at=float(e["endedAt"]), reason=str(e["reason"]))
+                           for t, e in self.ends.items()),
+            bad_marks=tuple(BadMark(target=t, version=v, reason=str(m["reason"]), at=float(m["at"]))
+                            for (t, v), m in self.bad.items()),
+            bad_clears=tuple(BadClear(target=t, version=v, at=float(c["at"]), reason=str(c["reason"]))
+                             for (t, v), c in self.clears.items()),
+            freezes=tuple(FreezeMark(target=t, reason=str(f["reason"]), at=at, until=float(f["until"]))
+                          for (t, at), f in self.freezes.items()),
+            lifts=tuple(Lift(target=t, at=float(lift["at"]), reason=str(lift["reason"]), until=float(lift["until"]))
+                        for t, lift in self.lifts.items()))
 
 
 def _nest(entries: Mapping[Key, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -178,7 +186,7 @@ def merge_documents(a: StateDocument, b: StateDocument, since: float, cap: int, 
 
 def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[str, str, float]],
                      shared: SharedState | None = None) -> StateDocument:
-    """The document for a journal's pins, executed marks and shared state (Journal.shared_state)."""
+    """The document for a journal's pins, executed marks and shared state (ClusterMerge.shared_state)."""
     grouped: dict[str, list[float]] = {}
     for policy, target, at in marks:
         grouped.setdefault(f"{policy}|{target}", []).append(at)
@@ -186,11 +194,11 @@ def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[st
     return StateDocument(
         {p["target"]: {"model": p["model"], "version": int(p["version"]), "at": float(p["at"])} for p in pins},
         {k: tuple(sorted(v)) for k, v in grouped.items()},
-        {t: {"at": at, "endedAt": ended, "reason": reason} for t, at, ended, reason in extra.pin_ends},
-        {(t, v): {"at": at, "reason": reason} for t, v, reason, at in extra.bad_marks},
-        {(t, v): {"at": at, "reason": reason} for t, v, at, reason in extra.bad_clears},
-        {(t, at): {"reason": reason, "until": until} for t, reason, at, until in extra.freezes},
-        {t: {"at": at, "reason": reason, "until": until} for t, at, reason, until in extra.lifts})
+        {e.target: {"at": e.at, "endedAt": e.ended_at, "reason": e.reason} for e in extra.pin_ends},
+        {(m.target, m.version): {"at": m.at, "reason": m.reason} for m in extra.bad_marks},
+        {(c.target, c.version): {"at": c.at, "reason": c.reason} for c in extra.bad_clears},
+        {(f.target, f.at): {"reason": f.reason, "until": f.until} for f in extra.freezes},
+        {lift.target: {"at": lift.at, "reason": lift.reason, "until": lift.until} for lift in extra.lifts})
 
 
 def guard_horizon(policies: PolicySet) -> tuple[float, int]:
@@ -217,7 +225,7 @@ class ClusterState:
         request_timeout_seconds: Bound on each API call.
     """
 
-    def __init__(self, api: ApiClient, namespace: str, name: str, journal: AsyncJournal, metrics: Metrics,
+    def __init__(self, api: ApiClient, namespace: str, name: str, journal: Journal, metrics: Metrics,
                  horizon: Callable[[], tuple[float, int]], *, on_change: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.time, retry_seconds: float = 2.0,
                  max_backoff_seconds: float = 30.0, request_timeout_seconds: float = 10.0) -> None:
@@ -276,14 +284,7 @@ class ClusterState:
             else:
                 ok = True
             wait = None if ok else min(self.retry_seconds * 2 ** (self._failures - 1), self.max_backoff_seconds)
-            stopping = asyncio.ensure_future(stop.wait())
-            woken = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({stopping, woken}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-                woken.cancel()
-                await asyncio.gather(stopping, woken, return_exceptions=True)
+            await wait_or_stop(stop, wait, self._wake)
 
     async def _step(self, fn: Callable[[], Any]) -> bool:
         try:
@@ -321,8 +322,8 @@ class ClusterState:
         marks = [(policy, target, at) for key, times in current.marks.items()
                  for policy, target in [key.split("|", 1)] for at in times]
         try:
-            changed, added, other = await self._journal.merge_cluster_state(pins, marks, since, current.shared(),
-                                                                            self._clock())
+            changed, added, other = await self._journal.cluster.merge.in_thread(pins, marks, since, current.shared(),
+                                                                                self._clock())
         except JournalError as exc:
             raise ClusterStateError(str(exc)) from exc
         if epoch != self._epoch:
@@ -341,8 +342,9 @@ class ClusterState:
         now = self._clock()
         keep = min(since, now - TOMBSTONE_SECONDS)
         try:
-            ours = journal_document(await self._journal.pins(), await self._journal.executed_marks(since),
-                                    await self._journal.shared_state(keep, now))
+            ours = journal_document(await self._journal.pins.live.in_thread(),
+                                    await self._journal.decisions.executed_marks.in_thread(since),
+                                    await self._journal.cluster.shared_state.in_thread(keep, now))
         except JournalError as exc:
             raise ClusterStateError(str(exc)) from exc
         for attempt in range(1, MAX_CONFLICT_RETRIES + 1):

@@ -6,18 +6,26 @@ spaces, commas or newlines; a bare model means `default/model`) and `freezeReaso
 Who set a key is the field manager that owns it in `metadata.managedFields` (`kubectl-edit`,
 `kubectl-patch`, `kubectl-client-side-apply` ...), as the API server records it on every write.
 
-Reading is I/O (`read_control`); what the data declares is pure (`declared_freezes`).
+Reading is I/O (`read_control`); what the data declares is pure (`declared_freezes`); the loop
+that makes the journal's freezes follow it is `ControlFollower`.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
+import structlog
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from daemon.common.lifecycle import wait_or_stop
+from daemon.common.metrics import Metrics
+from daemon.storage.errors import JournalError
+
+log = structlog.get_logger("tailguard.service")
 
 DAEMON_SCOPE = "*"  # as the journal's freezes row names the whole daemon
 FREEZE_KEY, TARGETS_KEY, REASON_KEY = "freeze", "freezeTargets", "freezeReason"
@@ -99,3 +107,49 @@ async def read_control(api: ApiClient, namespace: str, name: str,
     raw = api.sanitize_for_serialization(obj)
     meta = raw.get("metadata") or {}
     return dict(raw.get("data") or {}), list(meta.get("managedFields") or [])
+
+
+ApplyFreezes = Callable[[list[tuple[str, str, str]], Callable[[str], str], str], Awaitable[Any]]
+"""(desired (scope, reason, by), who lifted a scope, where) -> the journal agrees (FreezeControl.apply_configmap)."""
+
+
+class ControlFollower:
+    """Makes the journal's ConfigMap freezes follow the control ConfigMap, on the replica that acts.
+    A read that fails concludes nothing (no freeze is lifted because the API was unreachable).
+
+    Args:
+        api: The Kubernetes client.
+        namespace: The ConfigMap's namespace.
+        name: control.configMap.
+        poll_interval_seconds: control.pollIntervalSeconds (a read's timeout is at most 10 s of it).
+        apply: Journals the freezes declared and lifts those cleared.
+        may_act: Only the replica that acts reads and applies.
+        metrics: A read or apply that fails counts under `control`.
+    """
+
+    def __init__(self, api: ApiClient, namespace: str, name: str, poll_interval_seconds: float,
+                 apply: ApplyFreezes, may_act: Callable[[], bool], metrics: Metrics) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._name = name
+        self._interval = poll_interval_seconds
+        self._apply = apply
+        self._may_act = may_act
+        self._metrics = metrics
+
+    async def run(self, stop: asyncio.Event) -> None:
+        where = f"{self._namespace}/{self._name}"
+        timeout = min(self._interval, 10.0)
+        while not stop.is_set():
+            if self._may_act():
+                try:
+                    read = await read_control(self._api, self._namespace, self._name, timeout)
+                    data, managed = read if read is not None else ({}, [])
+                    desired, problems = declared_freezes(data, managed, where)
+                    for problem in problems:
+                        log.warning("control ConfigMap entry skipped", configmap=where, problem=problem)
+                    await self._apply(desired, lambda scope: clearing_manager(scope, managed), where)
+                except (ControlConfigMapError, JournalError) as exc:
+                    self._metrics.faults.labels("control").inc()
+                    log.warning("control ConfigMap not applied; will retry", configmap=where, error=str(exc))
+            await wait_or_stop(stop, self._interval)

@@ -15,7 +15,7 @@ import structlog
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, DiscoveryV1Api
 
-from actions.base import static_endpoints
+from actions.base import Replicas, static_endpoints
 from core.outcome import PermanentError
 from core.target import ServiceRef, Target
 from daemon.common.config import KubernetesSettings
@@ -189,3 +189,38 @@ def endpoints_resolver(api: ApiClient | None) -> Callable[[Target], Awaitable[li
         return await static_endpoints(target)
 
     return endpoints
+
+
+def replica_urls(slices: list[Any], ref: ServiceRef) -> Replicas:
+    """Every endpoint of `slices` as `scheme://address:port`, ready and not ready (terminating ones
+    are leaving and left out), each sorted: the replicas an all-or-nothing rollback counts."""
+    ready: set[str] = set()
+    not_ready: set[str] = set()
+    for eps in slices:
+        port = next((p for p in (eps.ports or []) if _port_matches(p, ref)), None)
+        if port is None or port.port is None:
+            continue  # warned about by ready_urls
+        for ep in eps.endpoints or []:
+            cond = ep.conditions
+            if cond is not None and cond.terminating is True:
+                continue
+            into = not_ready if cond is not None and cond.ready is False else ready
+            into.update(f"{ref.scheme}://{_host(address)}:{port.port}" for address in ep.addresses or [])
+    return Replicas(tuple(sorted(ready)), tuple(sorted(not_ready - ready)))
+
+
+def replicas_resolver(api: ApiClient | None) -> Callable[[Target], Awaitable[Replicas]]:
+    """deps.replicas: every endpoint of a Service's EndpointSlices, ready or not, when the target
+    names one; else the static endpoints (all counted ready: reading them tells)."""
+
+    async def replicas(target: Target) -> Replicas:
+        ref = target.triton_service
+        if ref is not None:
+            if api is None:
+                raise PermanentError(f"{target.key}: triton.service needs kubernetes.mode in-cluster or kubeconfig")
+            result = await DiscoveryV1Api(api).list_namespaced_endpoint_slice(
+                ref.namespace, label_selector=f"{SERVICE_NAME_LABEL}={ref.name}")
+            return replica_urls(list(result.items or []), ref)
+        return Replicas(tuple(await static_endpoints(target)))
+
+    return replicas

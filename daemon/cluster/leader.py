@@ -5,6 +5,22 @@ for leaseDurationSeconds *as observed locally* (so clocks need not agree), write
 (resourceVersion), and a leader that cannot renew within renewDeadlineSeconds steps down. Since
 renewDeadline < leaseDuration and the deadline counts from when the last successful renew was
 *sent*, the old leader stops acting before any other replica can see the Lease as expired.
+
+Writes to a system that cannot fence writers (Triton's model control: no term, no
+compare-and-swap) need more, since "stops acting" is only as good as the old leader's next look at
+its clock. A leader paused (SIGSTOP, a stalled node, a GC) after it decided to write does not look
+until it runs again. So: `may_write()` reads the renew deadline on the monotonic clock right before
+each such write, whatever the election loop last saw (a paused leader resumed past its deadline
+sends nothing), and a new leader waits `write_fence_seconds` after it took over, the Lease duration
+plus the write's request timeout, before its first such write, then re-observes: a write the old
+leader sent before its deadline has landed or timed out by then. The window that remains: a write
+whose check passed just before the old leader's deadline and whose bytes then sat (the process
+paused between the check and the send, or the network held them) for longer than that wait; and a
+request Triton keeps executing after its client gave up. docs/design-notes.md says more.
+
+A replica that could renew but cannot do the work (its journal writes fail: `may_lead` says why)
+must not keep the Lease either: it steps down, hands the Lease back, and does not campaign until
+`may_lead` clears, so a replica that can work takes over at its next round.
 """
 from __future__ import annotations
 
@@ -21,6 +37,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from daemon.common.config import LeaderElectionSettings
+from daemon.common.lifecycle import wait_or_stop
 
 log = structlog.get_logger("tailguard.leader")
 
@@ -54,13 +71,16 @@ class LeaderElector:
         monotonic: Local time for expiry and deadlines (immune to wall-clock jumps).
         sleep: Waits between attempts (tests may speed it up).
         release_on_stop: On a clean stop, hand the Lease back so a successor need not wait.
+        may_lead: Why this replica must not hold the Lease now (its journal cannot be written), or
+            None; asked every round.
     """
 
     def __init__(self, api: ApiClient, settings: LeaderElectionSettings, identity: str,
                  on_change: Callable[[bool], None], *, wall: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 release_on_stop: bool = True) -> None:
+                 release_on_stop: bool = True,
+                 may_lead: Callable[[], str | None] = lambda: None) -> None:
         if settings.renew_deadline_seconds >= settings.lease_duration_seconds:
             raise LeaderElectionError(
                 f"renewDeadlineSeconds ({settings.renew_deadline_seconds}) must be below "
@@ -74,9 +94,18 @@ class LeaderElector:
         self._on_change = on_change
         self._wall, self._monotonic, self._sleep = wall, monotonic, sleep
         self._release_on_stop = release_on_stop
+        self._may_lead = may_lead
+        self.standing_aside: str | None = None  # why this replica does not campaign now (may_lead)
         self._observed = _Observed()
         self._last_renew = -math.inf
         self.is_leader = False
+        # When this replica last took the Lease over (monotonic), and whether from a holder that may
+        # still be writing (the Lease was held, not handed back or created): the write fence.
+        self._acquired_at: float | None = None
+        self._from_holder = False
+        self._seen_holder: str | None = None
+        self._created = False  # the last attempt created the Lease: nobody held it before
+        self._seen_duration = float(math.ceil(settings.lease_duration_seconds))
         self.transitions: int | None = None  # the Lease's leaseTransitions as this replica last wrote it
 
     # ---- state --------------------------------------------------------------------------------
@@ -102,10 +131,7 @@ class LeaderElector:
                 wait = self.settings.retry_period_seconds
                 if self.is_leader:
                     wait = min(wait, max(0.0, self._deadline_left()))
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=wait)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_or_stop(stop, wait)
         finally:
             if self.is_leader:
                 self._set(False, "stopping")
@@ -113,6 +139,8 @@ class LeaderElector:
                     await asyncio.shield(self._release())
 
     async def _round(self) -> None:
+        if await self._stand_aside():
+            return
         if self.is_leader and self._deadline_left() <= 0:
             self._set(False, "renew deadline passed")
         budget = self._deadline_left() if self.is_leader else self.settings.renew_deadline_seconds
@@ -124,9 +152,30 @@ class LeaderElector:
             log.warning("lease request timed out", identity=self.identity)
         if ok:
             self._last_renew = sent  # counted from when it was sent: the conservative side
+            if not self.is_leader:  # a takeover: its fence counts from when the winning write was sent
+                self._acquired_at = None if self._created else sent
+                self._from_holder = self._seen_holder is not None
             self._set(True, "acquired lease")
         elif self.is_leader and self._deadline_left() <= 0:
             self._set(False, "could not renew within renewDeadlineSeconds")
+
+    async def _stand_aside(self) -> bool:
+        """While `may_lead` names a reason: step down (handing the Lease back) and do not campaign.
+        Whether this round stands aside."""
+        reason = self._may_lead()
+        if reason is None:
+            if self.standing_aside is not None:
+                log.info("may lead again; campaigning", identity=self.identity)
+                self.standing_aside = None
+            return False
+        if self.standing_aside is None:
+            log.warning("cannot do the leader's work; not holding the Lease", identity=self.identity, reason=reason)
+        self.standing_aside = reason
+        if self.is_leader:
+            self._set(False, reason)
+            self._last_renew = -math.inf
+            await self._release()  # the next replica need not wait leaseDurationSeconds
+        return True
 
     async def _try_acquire_or_renew(self) -> bool:
         """One attempt; True when this replica holds the Lease now. Never raises for API errors."""
@@ -143,11 +192,16 @@ class LeaderElector:
             return False
         spec = lease.spec
         holder = spec.holder_identity or None
+        # Held by anyone but this process (a previous incarnation under the same name counts): a
+        # takeover of it waits out that holder's writes.
+        self._seen_holder = holder if not self.is_leader else None
+        self._created = False
         rv = lease.metadata.resource_version
         now = self._monotonic()
         if rv != self._observed.resource_version:
             self._observed = _Observed(rv, holder, now)
         duration = spec.lease_duration_seconds or s.lease_duration_seconds
+        self._seen_duration = float(duration)  # what the holder wrote: the fence waits that long
         if holder not in (None, self.identity) and now < self._observed.at + duration:
             return False  # held by another replica that renewed within its lease duration
         taking_over = holder != self.identity
@@ -164,9 +218,28 @@ class LeaderElector:
             self.transitions = transitions
         return landed
 
+    # ---- writes that cannot be fenced ------------------------------------------------------------
+
+    def may_write(self) -> bool:
+        """Whether this replica may send a write that nothing downstream fences, now: it leads and
+        its renew deadline has not passed on the monotonic clock (checked afresh, not the election
+        loop's last look: right after a pause the loop may not have run yet)."""
+        return self.is_leader and self._deadline_left() > 0
+
+    def write_fence_seconds(self, request_timeout_seconds: float) -> float:
+        """How long this replica must still wait, after taking the Lease over, before its first write
+        that nothing downstream fences: the Lease duration the old holder wrote (when it had not handed
+        the Lease back) plus that write's request timeout, counted from the takeover; 0 when it
+        created the Lease or the wait is over."""
+        if self._acquired_at is None:
+            return 0.0
+        lease = self._seen_duration if self._from_holder else 0.0
+        return max(0.0, self._acquired_at + lease + request_timeout_seconds - self._monotonic())
+
     async def _create(self) -> bool:
         stamp = _micro_time(self._wall())
         metadata = {"labels": {"app.kubernetes.io/managed-by": "tailguard"}}
+        self._seen_holder, self._created = None, True  # the first holder ever: no earlier writer to wait for
         landed = await self._write(  # 409 AlreadyExists: another replica created it first
             self._api.create_namespaced_lease(self.settings.lease_namespace,
                                               self._body(metadata, stamp, stamp, 0)),

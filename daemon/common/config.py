@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class _Section(BaseModel):
@@ -93,6 +95,16 @@ class JournalSettings(_Section):
     shared_poll_seconds: float = Field(1.0, gt=0, le=60, alias="sharedPollSeconds")
     """PostgreSQL: how often every replica recounts the shared backlog (backpressure) and the leader
     looks for signals other replicas journaled besides their notices (the backstop for a lost one)."""
+    statement_timeout_seconds: float = Field(5.0, gt=0, le=300, alias="statementTimeoutSeconds")
+    """PostgreSQL: the server's statement_timeout (a transaction left idle is ended after half of
+    it); a statement left unanswered 1 s past it has its connection cut (a silent partition).
+    Both backends: a write waits at most twice this for another write in progress, then fails (503)."""
+    write_failure_seconds: float = Field(5.0, gt=0, le=600, alias="writeFailureSeconds")
+    """Journal writes failing, or one stalled, this long: the replica turns not ready (/readyz says
+    why) and a leader steps down and hands its Lease back, so a replica that can write takes over."""
+    probe_interval_seconds: float = Field(1.0, gt=0, le=60, alias="probeIntervalSeconds")
+    """A replica without writes of its own for this long probes the journal (an empty transaction),
+    so a journal that went away is noticed before the next signal needs it."""
 
     @model_validator(mode="after")
     def _dsn_only_for_postgres(self) -> "JournalSettings":
@@ -144,6 +156,9 @@ class LeaderElectionSettings(_Section):
 class LogSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
+    access: Literal["off", "debug", "info"] = "info"
+    """The level of the access log (a line per HTTP request; probes and scrapes one level lower:
+    /healthz, /readyz and /metrics are at debug); off: none."""
 
 
 class ExecutorSettings(_Section):
@@ -161,7 +176,8 @@ class ExecutorSettings(_Section):
     """A target whose remediation did not help (verify, onNotRecovered: escalate) is frozen this long:
     no policy acts on it until then, or until `tailguard unfreeze` lifts it."""
     notification_queue_size: int = Field(1000, ge=1, alias="notificationQueueSize")
-    """Outcome notifications waiting to be sent; past it the oldest is dropped (and counted as a fault)."""
+    """Outcome notifications waiting per receiver; past it a routine notice is dropped before any
+    escalation (and counted as a fault)."""
 
 
 class BlastRadiusSettings(_Section):
@@ -176,7 +192,9 @@ class BlastRadiusSettings(_Section):
     common_cause_share: float | None = Field(None, gt=0, lt=1, alias="commonCauseShare")
     """As commonCauseTargets, as a fraction (0-1) of the targets the policies name."""
     common_cause_span_seconds: float = Field(60.0, gt=0, alias="commonCauseSpanSeconds")
-    """The span within which signals on many targets count as one burst with a likely shared cause."""
+    """The span within which signals on many targets count as one burst with a likely shared cause,
+    counted by arrival (when the journal received each): a signal is held until a span after its
+    arrival, then judged on the signals that arrived within a span before or after it."""
 
 
 NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed",
@@ -227,6 +245,31 @@ class Settings(_Section):
     """Where outcomes (acted, recovered, not_recovered, escalated, failed) are posted; never blocks acting."""
     log: LogSettings = Field(default_factory=LogSettings)
 
+    @model_validator(mode="after")
+    def _fits_together(self) -> "Settings":
+        """Checks across sections: a config that cannot run fails at load, in one line naming the field."""
+        problem = _cross_field_problem(self)
+        if problem is not None:
+            raise PydanticCustomError("settings", problem)
+        return self
+
+
+def _cross_field_problem(settings: Settings) -> str | None:
+    """The first setting that does not fit with the others, worded for the operator; None when all fit."""
+    le, kube_off = settings.leader_election, settings.kubernetes.mode == "off"
+    if le.enabled and kube_off:
+        return "leaderElection.enabled needs kubernetes.mode in-cluster or kubeconfig"
+    if settings.control.config_map is not None and kube_off:
+        return "control.configMap needs kubernetes.mode in-cluster or kubeconfig"
+    if le.enabled and le.renew_deadline_seconds >= le.lease_duration_seconds:
+        return (f"leaderElection.renewDeadlineSeconds ({le.renew_deadline_seconds:g}) must be below "
+                f"leaseDurationSeconds ({le.lease_duration_seconds:g}): a leader must stop acting before "
+                "its Lease can be taken")
+    if le.enabled and le.retry_period_seconds >= le.renew_deadline_seconds:
+        return (f"leaderElection.retryPeriodSeconds ({le.retry_period_seconds:g}) must be below "
+                f"renewDeadlineSeconds ({le.renew_deadline_seconds:g})")
+    return None
+
 
 class ConfigError(Exception):
     pass
@@ -245,7 +288,9 @@ def load_settings(path: Path | None) -> Settings:
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as exc:
-        lines = [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        # A check across sections has no location of its own: its message names the field.
+        lines = [f"{path}: {'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}{e['msg']}"
+                 for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from exc
     base = path.parent
     settings.policies.path = _resolve(base, settings.policies.path)
@@ -356,3 +401,60 @@ def api_tokens(settings: ApiSettings) -> list[ApiTokenEntry]:
             raise ConfigError(f"{where}: tokens {entry.name!r} and another entry are the same secret")
         out.append(ApiTokenEntry(entry.name, entry.token.strip(), frozenset(entry.scopes)))
     return out
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """What the settings point at in the environment and in mounted files, read and checked
+    together where the settings are resolved, before anything starts."""
+
+    webhook_token: str | None
+    """The bearer token Alertmanager sends; None only with webhook.allowUnauthenticated."""
+    api_tokens: list[ApiTokenEntry]
+    tls: ssl.SSLContext | None
+    """The server's certificate and key, loaded (listen.tls); None: plain HTTP."""
+
+
+def resolve_secrets(settings: Settings) -> Secrets:
+    """Read the webhook token, the operator tokens and the TLS certificate, and check them together.
+
+    Raises:
+        ConfigError: a file cannot be read or holds no valid value, no webhook token without
+            webhook.allowUnauthenticated, or an API token equal to the webhook token.
+    """
+    token, tokens = resolve_tokens(settings)
+    return Secrets(token, tokens, server_ssl_context(settings.listen.tls))
+
+
+def resolve_tokens(settings: Settings) -> tuple[str | None, list[ApiTokenEntry]]:
+    """The webhook token and the operator tokens, read and checked together (at start, and again
+    when their files change: daemon/http/secret_reload.py).
+
+    Raises:
+        ConfigError: as `resolve_secrets`.
+    """
+    token = webhook_token(settings.webhook)
+    if token is None and not settings.webhook.allow_unauthenticated:
+        raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
+                          "(or webhook.allowUnauthenticated: true for local experiments)")
+    tokens = api_tokens(settings.api)
+    if token is not None and any(t.token == token for t in tokens):
+        raise ConfigError("an API token equals the webhook token: give Alertmanager and operators "
+                          "different secrets")
+    return token, tokens
+
+
+def server_ssl_context(tls: TlsSettings | None) -> ssl.SSLContext | None:
+    """The HTTPS server context of listen.tls; None for plain HTTP.
+
+    Raises:
+        ConfigError: the certificate or key cannot be loaded.
+    """
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"listen.tls: cannot load {tls.cert_file} / {tls.key_file}: {exc}") from exc
+    return context

@@ -65,7 +65,25 @@ class DetectorGauges:
         finally:  # counted also when a later pair raises, as one by one
             if dropped:
                 self.dropped.labels(policy).inc(dropped)
+        self.forget(policy, trigger, keep_at=now)  # a series gone from the answer: its gauges go with it
         return dropped
+
+    def forget(self, policy: str, trigger: int, keep_at: float | None = None) -> int:
+        """Remove the gauges of a policy's trigger (those not evaluated at `keep_at`, or all): data
+        that went away (a failed query, a vanished series) must not keep showing its last values."""
+        seen, index = self._seen.get(policy, {}), str(trigger)
+        gone = [k for k, at in seen.items() if k[0] == index and (keep_at is None or at != keep_at)]
+        for key in gone:
+            del seen[key]
+            self._remove(policy, key)
+        return len(gone)
+
+    def _remove(self, policy: str, key: tuple[str, str, str]) -> None:
+        for gauge in (self.value, self.baseline, self.threshold, self.score, self.fired):
+            try:
+                gauge.remove(policy, *key)
+            except KeyError:  # never set (a failed set): nothing to remove
+                pass
 
     def _export(self, policy: str, seen: dict[tuple[str, str, str], float], key: tuple[str, str, str],
                 d: Detection, now: float) -> bool:
@@ -88,11 +106,7 @@ class DetectorGauges:
     def _evict_idle(self, policy: str, seen: dict[tuple[str, str, str], float], now: float) -> None:
         for key in [k for k, at in seen.items() if now - at > self.idle_seconds]:
             del seen[key]
-            for gauge in (self.value, self.baseline, self.threshold, self.score, self.fired):
-                try:
-                    gauge.remove(policy, *key)
-                except KeyError:  # never set (a failed set): nothing to remove
-                    pass
+            self._remove(policy, key)
 
 
 def _number(value: float | None) -> float:
@@ -130,13 +144,29 @@ class Metrics:
         self.policy_reload_errors = Counter("tailguard_policy_reload_errors_total",
                                             "Policy reloads rejected as invalid.", registry=r)
         self.prometheus_up = Gauge("tailguard_prometheus_up",
-                                   "1 when the last Prometheus query succeeded.", registry=r)
+                                   "0 when every Prometheus query group's last fetch failed (Prometheus away); "
+                                   "a partial failure shows in tailguard_query_up.", registry=r)
+        self.prometheus_up.set(1)
+        self.query_up = Gauge("tailguard_query_up",
+                              "Per detector query group: 1 when its last fetch succeeded from every source, "
+                              "0 when it failed or some source (a Triton replica) could not be read.",
+                              ["group", "source"], registry=r)
         self.stale_queries = Gauge("tailguard_stale_queries",
-                                   "Detector queries whose data is stale (Prometheus failing).",
+                                   "Detector query groups whose data is stale or partial (their source failing).",
                                    registry=r)
+        self.no_data = Gauge("tailguard_detector_no_data",
+                             "1 while a policy's detector trigger gets no series for its model (its metrics "
+                             "vanished: the target is not watched by it).", ["policy", "trigger"], registry=r)
         self.detections = Counter("tailguard_detections_total", "Detector verdicts by policy and result.",
                                   ["policy", "detector", "fired"], registry=r)
         self.is_leader = Gauge("tailguard_is_leader", "1 when this replica may act.", registry=r)
+        self.journal_up = Gauge("tailguard_journal_up",
+                                "0 while journal writes fail (or one is stalled) past journal.writeFailureSeconds: "
+                                "the replica is not ready and does not lead.", registry=r)
+        self.journal_up.set(1)
+        self.clock_step = Gauge("tailguard_clock_step_seconds",
+                                "How far the system clock has stepped since the daemon started (system minus the "
+                                "daemon's steady clock); the daemon's windows do not follow steps.", registry=r)
         self.frozen = Gauge("tailguard_frozen", "1 when the global freeze switch is on.", registry=r)
         self.shadow_decisions = Counter("tailguard_shadow_decisions_total",
                                         "Decisions of shadow triggers (never applied), by policy and what "

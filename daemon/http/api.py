@@ -1,4 +1,5 @@
-"""The operator API: status, runtime freeze and unfreeze, approvals, unpin; and its OpenAPI document.
+"""The operator API: status, runtime freeze and unfreeze, approvals, unpin, bad versions (list, mark,
+clear); and its OpenAPI document.
 
 Every call but the OpenAPI document needs a named token (`api.tokensFile`): `read` for status and
 approvals, `write` for freeze, unfreeze, approve and unpin. Only the leader acts. On a journal the
@@ -20,15 +21,17 @@ from aiohttp import hdrs, web
 from pydantic import ValidationError
 
 from daemon.common.config import Settings
-from daemon.http.auth import Caller, TokenSet
-from daemon.http.bodies import (ApproveRequest, Body, ClearBadVersionRequest, FreezeRequest, UnfreezeRequest,
-                                UnpinRequest)
+from daemon.http.auth import TOKEN_NAME, Caller, TokenSet
+from daemon.http.bodies import (ApproveRequest, Body, ClearBadVersionRequest, FreezeRequest, MarkBadVersionRequest,
+                                UnfreezeRequest, UnpinRequest)
 from daemon.http.intake import BodyError, decode_body, field_path
 from daemon.http.openapi import openapi_document
 from daemon.http.responses import answer_and_close, error
 from daemon.http.status import StatusInputs, build_status
-from daemon.storage.journal import DAEMON_SCOPE, FOREVER, Approval, AsyncJournal, JournalError, JournalValueError
-from daemon.workers.approvals import approval_view
+from daemon.storage.errors import JournalError, JournalValueError
+from daemon.storage.journal import Journal
+from daemon.storage.records import DAEMON_SCOPE, FOREVER
+from daemon.workers.approvals import ApprovalOutcome, ApprovalResult, approval_view
 from daemon.workers.freezes import FreezeControl, FreezeError, freeze_as_dict, target_key
 
 log = structlog.get_logger("tailguard.api")
@@ -43,7 +46,7 @@ class Operator(Protocol):
     settings: Settings
     identity: str
     api_tokens: TokenSet
-    journal: AsyncJournal
+    journal: Journal
     freezes: FreezeControl
 
     def may_act(self) -> bool:
@@ -55,8 +58,8 @@ class Operator(Protocol):
     async def status_inputs(self) -> StatusInputs:
         """What the status document shows, read now."""
 
-    async def approve(self, approval_id: int, by: str, reason: str) -> tuple[int, str, Approval | None]:
-        """Approve a pending plan: (HTTP status, one-line message, the approval)."""
+    async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
+        """Approve a pending plan: what came of it (`approval_status` gives its HTTP status)."""
 
     def known_targets(self) -> set[str]:
         """The targets the active policies name."""
@@ -81,6 +84,7 @@ async def _admit(request: web.Request, scope: str, *, leader_only: bool = False)
         why = ("no API tokens are configured (api.tokensFile)" if not len(svc.api_tokens)
                else "missing or invalid bearer token")
         return await answer_and_close(request, error(401, why, **{"WWW-Authenticate": "Bearer"}))
+    request[TOKEN_NAME] = caller.name
     if scope not in caller.scopes:
         return await answer_and_close(request, error(403, f"token {caller.name!r} lacks the {scope!r} scope"))
     if not svc.may_act() and (leader_only or not svc.journal.shared):
@@ -221,12 +225,27 @@ async def post_approve(request: web.Request, svc: Operator, caller: Caller, _: N
     body = await _json_body(request, ApproveRequest)
     if isinstance(body, web.Response):
         return body
-    status, message, approval = await svc.approve(int(text), caller.name, body.reason)
-    if status >= 400:
-        return error(status, message)
-    assert approval is not None
-    return web.json_response({"message": message, "approval": approval_view(approval, svc.freezes.now())},
-                             status=status)
+    result = await svc.approve(int(text), caller.name, body.reason)
+    status = approval_status(result.outcome)
+    if result.outcome is not ApprovalOutcome.STARTED:
+        return error(status, result.message)
+    assert result.approval is not None
+    return web.json_response({"message": result.message,
+                              "approval": approval_view(result.approval, svc.freezes.now())}, status=status)
+
+
+def approval_status(outcome: ApprovalOutcome) -> int:
+    """The HTTP status of an approve call: 202 started; 404 no such approval; 409 not pending, past its
+    deadline, its policy gone or changed, or a freeze in force (it stays pending: lift, then approve).
+    Every outcome is named: a new one fails mypy here until it has its status."""
+    match outcome:
+        case ApprovalOutcome.STARTED:
+            return 202
+        case ApprovalOutcome.NOT_FOUND:
+            return 404
+        case (ApprovalOutcome.NOT_PENDING | ApprovalOutcome.EXPIRED | ApprovalOutcome.POLICY_CHANGED
+              | ApprovalOutcome.FROZEN):
+            return 409
 
 
 def _bad_version_view(mark: Any) -> dict[str, Any]:
@@ -238,7 +257,7 @@ def _bad_version_view(mark: Any) -> dict[str, Any]:
 async def get_bad_versions(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
     """The versions of `?target=` marked bad (rolled back from), which `to: previous` skips."""
     key = _scope(svc, request.query.get("target") or "", must_be_known=False)
-    marks = await svc.journal.bad_versions(key, include_cleared="all" in request.query)
+    marks = await svc.journal.bad_versions.of.in_thread(key, include_cleared="all" in request.query)
     return web.json_response({"target": key, "badVersions": [_bad_version_view(m) for m in marks]})
 
 
@@ -246,11 +265,27 @@ async def get_bad_versions(request: web.Request, svc: Operator, caller: Caller, 
 async def post_clear_bad_version(request: web.Request, svc: Operator, caller: Caller,
                                  body: ClearBadVersionRequest) -> web.StreamResponse:
     key = _scope(svc, body.target, must_be_known=False)
-    if not await svc.journal.clear_bad(key, body.version, f"{body.reason} (by {caller.name} via api)"):
+    if not await svc.journal.bad_versions.clear.in_thread(key, body.version,
+                                                          f"{body.reason} (by {caller.name} via api)"):
         return error(409, f"version {body.version} of {key} is not marked bad")
     svc.state_recorded()
     log.warning("bad-version mark cleared", target=key, version=body.version, by=caller.name, reason=body.reason)
     return web.json_response({"cleared": {"target": key, "version": body.version}})
+
+
+@operator_call(WRITE, MarkBadVersionRequest)
+async def post_mark_bad_version(request: web.Request, svc: Operator, caller: Caller,
+                                body: MarkBadVersionRequest) -> web.StreamResponse:
+    """Mark a version of a target a policy names bad: `to: previous` skips it, `to: N` refuses it."""
+    key = _scope(svc, body.target, must_be_known=True)
+    if key == DAEMON_SCOPE:
+        raise FreezeError(422, "target: required")
+    reason = f"{body.reason} (by {caller.name} via api)"
+    if not await svc.journal.bad_versions.mark.in_thread(key, body.version, reason):
+        return error(409, f"version {body.version} of {key} is already marked bad")
+    svc.state_recorded()
+    log.warning("version marked bad", target=key, version=body.version, by=caller.name, reason=body.reason)
+    return web.json_response({"marked": {"target": key, "version": body.version, "reason": reason}}, status=201)
 
 
 @operator_call(WRITE, UnpinRequest)
@@ -258,7 +293,7 @@ async def post_unpin(request: web.Request, svc: Operator, caller: Caller, body: 
     key = _scope(svc, body.target, must_be_known=False)
     if key == DAEMON_SCOPE:
         raise FreezeError(422, "target: required")
-    ended = await svc.journal.end_pin(key, f"{body.reason} (by {caller.name} via api)")
+    ended = await svc.journal.pins.end.in_thread(key, f"{body.reason} (by {caller.name} via api)")
     if ended is None:
         return error(409, f"no pin on {key}")
     svc.state_recorded()
@@ -281,4 +316,5 @@ def add_routes(app: web.Application, operator: Operator, expect_handler: Any) ->
     app.router.add_post("/api/v1/unpin", post_unpin, expect_handler=expect_handler)
     app.router.add_get("/api/v1/bad-versions", get_bad_versions, expect_handler=expect_handler)
     app.router.add_post("/api/v1/bad-versions/clear", post_clear_bad_version, expect_handler=expect_handler)
+    app.router.add_post("/api/v1/bad-versions/mark", post_mark_bad_version, expect_handler=expect_handler)
     app.router.add_get("/api/v1/openapi.json", get_openapi, expect_handler=expect_handler)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
+import sys
+import time
 from typing import Any, Awaitable, Callable, Protocol
 
 import aiohttp
@@ -17,9 +19,12 @@ from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.http.responses import answer_and_close, error
 from daemon.http.api import Operator, add_routes
+from daemon.http.auth import TOKEN_NAME
 from daemon.http.intake import BodyError, PayloadError
 from daemon.http.webhook_fast import read_webhook
-from daemon.storage.journal import AsyncJournal, JournalBackpressure, JournalError, JournalValueError
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
+from daemon.workers.signal_intake import Refusal, SignalIntake
 
 log = structlog.get_logger("tailguard.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -30,7 +35,8 @@ class Daemon(Operator, Protocol):
 
     settings: Settings
     metrics: Metrics
-    journal: AsyncJournal
+    journal: Journal
+    intake: SignalIntake
     webhook_token: str | None
 
     def may_act(self) -> bool:
@@ -72,23 +78,46 @@ def _route(request: web.Request) -> str:
     return request.path if request.path in ours else "unmatched"
 
 
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: one level lower
+
+
 @web.middleware
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Count every response by route and status; an unexpected exception becomes a JSON 500 that is
-    counted and logged once (one line in JSON format) instead of aiohttp's plain-text traceback."""
-    metrics = request.app[SERVICE].metrics
+    """Count every response by route and status, and write its access log line; an unexpected
+    exception becomes a JSON 500 that is counted and logged once (one line in JSON format) instead
+    of aiohttp's plain-text traceback."""
+    svc = request.app[SERVICE]
+    metrics = svc.metrics
     route = _route(request)
+    started = time.monotonic()
+    status = 500
     try:
         response = await handler(request)
+        status = response.status
     except web.HTTPException as exc:  # the router's 404/405: aiohttp renders them
         metrics.http_responses.labels(route, str(exc.status)).inc()
+        status = exc.status
         raise
     except Exception:
         metrics.faults.labels("http").inc()
         log.exception("unhandled error in request handler; answered 500", method=request.method, route=route)
         response = error(500, "internal error; the daemon's log has the details")
+    finally:
+        access_log(svc.settings.log.access, request, route, status, time.monotonic() - started)
     metrics.http_responses.labels(route, str(response.status)).inc()
     return response
+
+
+def access_log(level: str, request: web.Request, route: str, status: int, seconds: float) -> None:
+    """One line per request: no body, no query string (an approval link's), no header but the token's name."""
+    if level == "off":
+        return
+    # Always to stderr, as the daemon's configured logs go: a process whose structlog is not configured
+    # (a test running the CLI beside the daemon) keeps its stdout for what it prints.
+    access = structlog.wrap_logger(structlog.PrintLogger(file=sys.stderr), logger_name="tailguard.access")
+    emit = access.debug if level == "debug" or route in QUIET_ROUTES else access.info
+    emit("request", method=request.method, path=request.path[:256], route=route, status=status,
+         duration_ms=round(seconds * 1000, 1), remote=request.remote, token=request.get(TOKEN_NAME))
 
 
 async def receive_alerts(request: web.Request) -> web.Response:
@@ -118,6 +147,7 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given_bytes, token.encode()):
             return await answer_and_close(
                 request, error(401, "missing or invalid bearer token", **{"WWW-Authenticate": "Bearer"}))
+        request[TOKEN_NAME] = "webhook"
     in_flight = request.app[IN_FLIGHT]
     if not in_flight.try_enter():
         return await answer_and_close(request, error(
@@ -163,24 +193,17 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
     # Counted by the enum members (cheap to hash), each one's .value read once.
     for status, count in collections.Counter([s.status for s in signals]).items():
         svc.metrics.alerts_received.labels(status.value).inc(count)
-    try:
-        # Committed rows go to the workers' backlog from inside the journal, before this returns.
-        new, duplicates = await svc.journal.record_signals(signals)
-    except JournalValueError as exc:  # cannot be stored however often it is sent: no retry
-        return error(422, str(exc))
-    except JournalBackpressure as exc:
-        log.warning("backlog full; asking Alertmanager to retry", error=str(exc))
+    # Committed rows go to the workers' backlog from inside the journal, before this returns.
+    recorded = await svc.intake.record(signals, resent=True)
+    if recorded.refused is Refusal.INVALID:  # cannot be stored however often it is sent: no retry
+        return error(422, recorded.error)
+    if recorded.refused is Refusal.BUSY:
         return error(503, "backlog full; retry", **{"Retry-After": "5"})
-    except JournalError as exc:
-        svc.metrics.faults.labels("journal").inc()
-        log.error("journal write failed; asking Alertmanager to retry", error=str(exc))
+    if recorded.refused is Refusal.UNAVAILABLE:
         return error(503, "journal unavailable; retry", **{"Retry-After": "5"})
-    svc.metrics.alerts_deduplicated.inc(duplicates)
-    for (source, name), count in collections.Counter([(s.source, s.name) for _, s in new]).items():
-        svc.metrics.signals.labels(source.value, name).inc(count)
-    log.info("webhook accepted", alerts=len(signals), new=len(new), duplicates=duplicates,
+    log.info("webhook accepted", alerts=len(signals), new=recorded.new, duplicates=recorded.duplicates,
              group=group_key)
-    return web.json_response({"accepted": len(new), "duplicates": duplicates})
+    return web.json_response({"accepted": recorded.new, "duplicates": recorded.duplicates})
 
 
 async def healthz(request: web.Request) -> web.Response:

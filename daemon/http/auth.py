@@ -11,9 +11,15 @@ import hmac
 from dataclasses import dataclass
 from typing import Iterable
 
+from aiohttp import web
+
 from daemon.common.config import API_SCOPES, ApiTokenEntry
 
 ANONYMOUS = "anonymous"
+
+
+TOKEN_NAME: web.RequestKey[str] = web.RequestKey("token_name", str)
+"""The request key a handler sets to the name of the token that authenticated it (the access log's)."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,14 @@ class ClearBadVersionRequest(Body):
     reason: str = Field("cleared by the API", min_length=1, max_length=1000)
 
 
+class MarkBadVersionRequest(Body):
+    target: str = Field(min_length=1, max_length=300)
+    """namespace/model of a target a policy names (a bare model means default/model)."""
+    version: int = Field(ge=1, le=2**53)
+    reason: str = Field(min_length=1, max_length=1000)
+    """Required: why the version is bad (journaled with the token's name)."""
+
+
 class UnpinRequest(Body):
     target: str = Field(min_length=1, max_length=300)
     reason: str = Field("ended by the API", min_length=1, max_length=1000)

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from daemon.http.bodies import ApproveRequest, ClearBadVersionRequest, FreezeRequest, UnfreezeRequest, UnpinRequest
+from daemon.http.bodies import (ApproveRequest, ClearBadVersionRequest, FreezeRequest, MarkBadVersionRequest,
+                                UnfreezeRequest, UnpinRequest)
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 
@@ -90,6 +91,12 @@ def openapi_document() -> dict[str, Any]:
                 "summary": "Clear a version's bad mark (journaled), so `to: previous` may choose it again.",
                 "operationId": "clearBadVersion", "security": write, "requestBody": _body(ClearBadVersionRequest),
                 "responses": _answers(200, "{cleared: {target, version}}", *body_errors)}},
+            "/api/v1/bad-versions/mark": {"post": {
+                "summary": "Mark a version of a target a policy names bad (journaled with the token's name): "
+                           "`to: previous` skips it and `to: N` refuses it until it is cleared; 409 when "
+                           "already marked.",
+                "operationId": "markBadVersion", "security": write, "requestBody": _body(MarkBadVersionRequest),
+                "responses": _answers(201, "{marked: {target, version, reason}}", *body_errors)}},
             "/api/v1/openapi.json": {"get": {
                 "summary": "This document.", "operationId": "openapi", "security": [],
                 "responses": {"200": {"description": "OpenAPI 3.1"}}}},

@@ -6,17 +6,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
-from daemon.storage.journal import Approval
+from core.timestamps import iso_utc
+from daemon.storage.records import Approval
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
 from policies.loader import PolicySet
 
 
-def _iso(unix: float | None) -> str | None:
-    return None if unix is None else datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
+def _iso_or_none(unix: float | None) -> str | None:
+    return None if unix is None else iso_utc(unix)
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,14 @@ class StatusInputs:
     last_reload_at: float | None
     last_reload_error: str | None
     freezes: FreezeView
-    latest: Sequence[Mapping[str, Any]] = ()  # Journal.latest_decisions
+    latest: Sequence[Mapping[str, Any]] = ()  # Decisions.latest
     guards: Mapping[tuple[str, str], tuple[float | None, int]] = field(default_factory=dict)  # guard_history
     pins: Sequence[Mapping[str, Any]] = ()
     approvals: Sequence[Approval] = ()  # pending
     stale_queries: Sequence[Mapping[str, Any]] = ()
+    vanished: Sequence[Mapping[str, Any]] = ()  # detector triggers whose answers hold no series of their model
+    # (policy, trigger index) -> the last cycle's most telling verdict: what the test assumed
+    detectors: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
 
 
 def build_status(i: StatusInputs) -> dict[str, Any]:
@@ -59,12 +62,14 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
                 "policy": p.name, "enabled": p.spec.enabled, "approval": p.spec.approval,
                 "dryRun": guards.dry_run,
                 "lastDecision": _decision(decision) if decision else None,
-                "lastActionAt": _iso(last),
+                "lastActionAt": _iso_or_none(last),
                 "cooldownSeconds": guards.cooldown,
                 "cooldownLeftSeconds": round(max(0.0, last + guards.cooldown - i.now), 1) if last is not None else 0.0,
                 "actionsInWindow": count, "maxActions": guards.max_actions,
                 "windowSeconds": guards.max_actions_window,
                 "pendingApproval": approval.id if approval else None,
+                "detectors": [{"trigger": index, **dict(view)} for (name, index), view in sorted(i.detectors.items())
+                              if name == p.name],
             })
         own = [d for (_, t), d in latest.items() if t == key]
         newest = max(own, key=lambda d: d["id"]) if own else None
@@ -73,31 +78,32 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
         targets.append({
             "target": key,
             "lastSignal": {"name": newest["signal_name"], "source": newest["signal_source"],
-                           "at": _iso(newest["signal_at"])} if newest else None,
+                           "at": _iso_or_none(newest["signal_at"])} if newest else None,
             "lastDecision": _decision(newest) if newest else None,
             "pin": {"model": pin["model"], "version": pin["version"], "fromVersion": pin.get("from_version"),
-                    "at": _iso(pin["at"]), "decision": pin.get("decision_id"), "reason": pin.get("reason") or ""}
+                    "at": _iso_or_none(pin["at"]), "decision": pin.get("decision_id"), "reason": pin.get("reason") or ""}
             if pin else None,
             "freeze": freeze_as_dict(freeze, i.now) if freeze else None,
             "policies": rows,
         })
     return {
         "replica": i.replica, "role": "leader" if i.leader else "follower", "acting": i.acting,
-        "generatedAt": _iso(i.now),
+        "generatedAt": _iso_or_none(i.now),
         "freeze": i.freezes.as_dict(i.now),
         "policies": {"loaded": i.policies_loaded, "count": len(i.policies.policies),
                      "enabled": len(i.policies.enabled), "digest": i.policies.digest,
-                     "lastReloadAt": _iso(i.last_reload_at), "errors": i.last_reload_error,
+                     "lastReloadAt": _iso_or_none(i.last_reload_at), "errors": i.last_reload_error,
                      "items": [{"name": p.name, "enabled": p.spec.enabled, "target": p.target.key,
                                 "approval": p.spec.approval, "source": p.source} for p in i.policies.policies]},
         "targets": targets,
         "approvals": [approval_view(a, i.now) for a in i.approvals],
         "staleQueries": [dict(q) for q in i.stale_queries],
+        "vanishedMetrics": [dict(v) for v in i.vanished],
     }
 
 
 def _decision(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": d["id"], "policy": d["policy"], "state": d["state"], "reason": d["reason"], "at": _iso(d["at"])}
+    return {"id": d["id"], "policy": d["policy"], "state": d["state"], "reason": d["reason"], "at": _iso_or_none(d["at"])}
 
 
 def _short(text: str, limit: int) -> str:
@@ -161,6 +167,14 @@ def render_table(doc: Mapping[str, Any]) -> str:
     lines.append("")
     for r in (header, *rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    detectors = [(t["target"], p["policy"], d) for t in doc["targets"] for p in t["policies"]
+                 for d in p.get("detectors", [])]
+    if detectors:
+        lines.append("")
+        lines.append("detectors (the last cycle's most telling verdict, with what the test assumed):")
+        for target, policy, d in detectors:
+            lines.append(f"  {target} {policy} trigger {d['trigger']} {d['detector']} {d['series']}: "
+                         f"{_short(d['reason'], 160)}")
     if doc["approvals"]:
         lines.append("")
         lines.append("pending approvals:")
@@ -171,4 +185,8 @@ def render_table(doc: Mapping[str, Any]) -> str:
     lines.append("")
     lines.append("stale queries: " + ("none" if not stale else "; ".join(
         _short(f"{q.get('query')} ({q.get('error')})", 120) for q in stale)))
+    vanished = doc.get("vanishedMetrics") or []
+    if vanished:  # only then: a steady table keeps its shape
+        lines.append("no data (not watched): " + "; ".join(
+            f"{v.get('policy')} trigger {v.get('trigger')} since {v.get('since')}" for v in vanished))
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -90,11 +91,15 @@ def wants_log_scale(values: Sequence[float]) -> bool:
     return max(positive) / min(positive) > 100 and all(v > 0 for v in values if math.isfinite(v))
 
 
-def y_cap(values: Sequence[float], thresholds: Sequence[float], headroom: float = 2.5) -> float | None:
-    """An upper y limit for a linear panel whose values shoot past `headroom` x its highest threshold, else None."""
+def y_cap(values: Sequence[float], thresholds: Sequence[float], headroom: float = 2.5,
+          brief: float = 0.95) -> float | None:
+    """An upper y limit for a linear panel whose values shoot past `headroom` x its highest
+    threshold in a brief spike, else None. What the series holds for long (its `brief` quantile)
+    stays in view: a canary at 5x the budget for minutes is the story, not a spike to clip."""
     if not values or not thresholds or max(thresholds) <= 0:
         return None
-    cap = max(thresholds) * headroom
+    held = float(np.quantile(np.asarray(values, dtype=float), brief))
+    cap = max(max(thresholds) * headroom, held * 1.2)
     return cap if max(values) > cap else None
 
 
@@ -224,13 +229,16 @@ def _draw_panel(ax: Axes, report: Report, panel: str, origin: float, divisor: fl
 
 
 def _draw_spans(axes: list[Axes], report: Report, origin: float, end: float, divisor: float) -> None:
+    named: set[str] = set()  # an alert pending twice is one legend entry, not two
     for span in report.spans:
         stop = span.end if span.end is not None else end
         # Pending lighter than firing: the rule's `for:` wait is visible beside the action.
         colour = "#ffbb78" if "pending" in span.label.lower() else "#ff9896"
+        label = span.label if span.label not in named else None
+        named.add(span.label)
         for j, ax in enumerate(axes):
             ax.axvspan((span.start - origin) / divisor, (stop - origin) / divisor, color=colour, alpha=0.3,
-                       label=span.label if j == 0 else None, linewidth=0)
+                       label=label if j == 0 else None, linewidth=0)
 
 
 def _draw_markers(axes: list[Axes], ordered: list[Marker], xs: list[float], levels: list[int]) -> None:

@@ -14,13 +14,23 @@ from urllib3.util.retry import Retry
 from core.query import QueryResult, Sample, Series
 
 
-class RangeResult:
-    """A range query's answer: series, or an error. Empty series means no data."""
+MALFORMED = (PrometheusApiClientException, requests.RequestException, ValueError, KeyError, TypeError,
+             IndexError, AttributeError)
+"""What a failed or malformed answer raises (an answer of 200 without `data`: KeyError; `data` not an
+object, points not pairs: TypeError, IndexError, ValueError): each is the query's error, never the poller's."""
 
-    def __init__(self, query: str, series: list[Series] | None = None, error: str | None = None) -> None:
+
+class RangeResult:
+    """A range query's answer: series, or an error. Empty series means no data. `partial` names the
+    sources that could not be read when others were (source: triton, one replica unreachable): the
+    series are those of the sources read."""
+
+    def __init__(self, query: str, series: list[Series] | None = None, error: str | None = None,
+                 partial: tuple[str, ...] = ()) -> None:
         self.query = query
         self.series = series or []
         self.error = error
+        self.partial = partial
 
     @property
     def no_data(self) -> bool:
@@ -43,16 +53,16 @@ class PrometheusClient:
         """Instant query -> QueryResult (samples / no data / error); never raises for remote errors."""
         try:
             data = await asyncio.to_thread(self._api.custom_query, promql)
-        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
+            samples = []
+            for item in data:
+                if "value" not in item:
+                    continue
+                value = float(item["value"][1])
+                if math.isnan(value):
+                    continue  # NaN (e.g. 0/0 rates) is no data, never a healthy zero
+                samples.append(Sample(dict(item.get("metric", {})), value))
+        except MALFORMED as exc:
             return QueryResult(promql, error=f"{type(exc).__name__}: {exc}")
-        samples = []
-        for item in data:
-            if "value" not in item:
-                continue
-            value = float(item["value"][1])
-            if math.isnan(value):
-                continue  # NaN (e.g. 0/0 rates) is no data, never a healthy zero
-            samples.append(Sample(dict(item.get("metric", {})), value))
         return QueryResult(promql, tuple(samples))
 
     async def query_range(self, promql: str, start: float, end: float, step_seconds: float) -> RangeResult:
@@ -63,10 +73,11 @@ class PrometheusClient:
                 datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc),
                 f"{max(step_seconds, 0.001):g}s",
             )
-        except (PrometheusApiClientException, requests.RequestException, ValueError) as exc:
-            return RangeResult(promql, error=f"{type(exc).__name__}: {exc}")
-        stamps: dict[tuple[Any, ...], tuple[float, ...]] = {}
-        return RangeResult(promql, [_series(item, stamps) for item in data])
+            stamps: dict[tuple[Any, ...], tuple[float, ...]] = {}
+            series = [_series(item, stamps) for item in data]
+        except MALFORMED as exc:
+            return RangeResult(promql, error=f"malformed or failed answer: {type(exc).__name__}: {exc}")
+        return RangeResult(promql, series)
 
 
 def _series(item: dict[str, Any], stamps: dict[tuple[Any, ...], tuple[float, ...]]) -> Series:

@@ -72,7 +72,8 @@ def parse_exposition(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
 class _History:
     """Samples of one scraped series, oldest first, bounded."""
 
-    points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    # Two hours and a little at one scrape a second: tail_excess's longest lookback (slow traffic).
+    points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=7_300))
 
 
 class TritonMetricsSource:
@@ -93,7 +94,8 @@ class TritonMetricsSource:
     async def query_range(self, query: str, start: float, end: float, step_seconds: float,
                           endpoints: Iterable[str]) -> RangeResult:
         """Series of `query` (a selector) between start and end from every endpoint; an endpoint
-        that cannot be scraped makes the whole answer an error (never a silent partial)."""
+        that cannot be scraped is named in the answer's `partial` (never a silent partial) and the
+        others' series are returned; every endpoint failing is the answer's error."""
         try:
             name, matchers = parse_selector(query)
         except SelectorError as exc:
@@ -102,10 +104,12 @@ class TritonMetricsSource:
         if not urls:
             return RangeResult(query, error="source: triton needs triton.metricsEndpoints or "
                                             "static triton.endpoints on the target")
-        errors = [e for e in await asyncio.gather(*(self._scrape(u) for u in urls)) if e]
-        if errors:
+        outcomes = await asyncio.gather(*(self._scrape(u) for u in urls))
+        errors = tuple(e for e in outcomes if e)
+        if len(errors) == len(urls):
             return RangeResult(query, error="; ".join(errors))
-        return RangeResult(query, self._select(name, matchers, urls, start, end))
+        read = [u for u, e in zip(urls, outcomes) if not e]  # one replica down leaves the others watched
+        return RangeResult(query, self._select(name, matchers, read, start, end), partial=errors)
 
     def _select(self, name: str, matchers: Mapping[str, str], urls: list[str], start: float,
                 end: float) -> list[Series]:

@@ -1,8 +1,8 @@
 """What the journal needs from a database: one connection's worth of statements inside a
 transaction, the few SQL fragments that differ per database, and versioned migrations.
 
-The journal (daemon/storage/journal.py) writes its SQL once, with `?` placeholders, in the subset
-that SQLite and PostgreSQL share; a backend runs it and supplies the rest."""
+The journal's repositories (daemon/storage/signals.py, pins.py ...) write their SQL once, with `?`
+placeholders, in the subset that SQLite and PostgreSQL share; a backend runs it and supplies the rest."""
 from __future__ import annotations
 
 import time

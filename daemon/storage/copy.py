@@ -3,7 +3,8 @@ transaction on the target, so a SQLite journal moves to PostgreSQL with its hist
 freezes and approvals, and dedup keeps holding for the signals it already had."""
 from __future__ import annotations
 
-from daemon.storage.journal import Journal, JournalError
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
 
 # Parents before children (foreign keys); schema_migrations is each journal's own.
 TABLES = ("signals", "decisions", "steps", "approvals", "evaluations", "pins", "pin_history", "bad_versions",
@@ -39,11 +40,9 @@ def copy_journal(source: Journal, target: Journal) -> dict[str, int]:
             reset()
         return counts
 
-    def committed(_: dict[str, int]) -> None:
-        target._pending = int(target._db.query(
-            "SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"])
-
-    return target._tx(run, after_commit=committed)
+    copied = target._tx(run)
+    target.signals.refresh_pending()  # the copied pending signals count for backpressure
+    return copied
 
 
 def _quoted(column: str) -> str:

@@ -14,7 +14,8 @@ from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from daemon.storage.backend import SIGNALS_CHANNEL
-from daemon.storage.journal import Journal, JournalError
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
 
 if TYPE_CHECKING:
     import psycopg

@@ -1,17 +1,28 @@
 """The shared journal database: PostgreSQL through psycopg 3 and its connection pool (several
-replicas, one history). Its schema and migrations live here; the journal's SQL is shared
-(daemon/storage/journal.py) and written with `?` placeholders, turned into psycopg's `%s` here."""
+replicas, one history). Its schema and migrations live here; the journal's SQL is shared (its
+repositories, daemon/storage/journal.py) and written with `?` placeholders, turned into psycopg's
+`%s` here."""
 from __future__ import annotations
 
+import functools
+import itertools
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+import structlog
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from daemon.storage.backend import Cursor, Migration, UnstorableText, apply_migrations
+
+log = structlog.get_logger("tailguard.journal")
 
 # The SQLite schema (sqlite_backend.SCHEMA) in PostgreSQL's types: 64-bit integers as SQLite's,
 # DOUBLE PRECISION for unix times (REAL is 4 bytes here), identity ids that accept explicit
@@ -154,16 +165,116 @@ MIGRATIONS = (
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
 )
 
-# The server ends a session that holds a transaction open this long without a statement: a replica
-# frozen mid-transaction (a long GC pause, a stopped VM) would otherwise keep its row locks, the
-# leadership row among them, and block the next leader's takeover until its TCP connection died.
-# The journal's transactions never wait on anything outside the database, so seconds are plenty.
-IDLE_IN_TRANSACTION_TIMEOUT = "5s"
+DEFAULT_STATEMENT_TIMEOUT_SECONDS = 5.0
+"""journal.statementTimeoutSeconds' default: the journal's statements take milliseconds."""
+CUT_GRACE_SECONDS = 1.0
+"""A statement unanswered this long past the statement timeout has its connection cut: the server
+would have answered by then (with the statement's result or its cancellation), so the network is
+what holds the answer back."""
 
 
-def _configure_session(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+def _configure_session(statement_timeout_seconds: float, conn: psycopg.Connection[Any]) -> None:
+    """Bounds set on every connection the pool opens.
+
+    statement_timeout: a statement (a write waiting for a row lock, a migration waiting for the
+    schema lock) fails after it instead of waiting without end. idle_in_transaction_session_timeout
+    (half of it, so that a write waiting for a frozen session's row lock outlasts that session):
+    the server ends a session that holds a transaction open this long without a statement. A replica frozen mid-transaction (a long GC pause, a stopped VM, a silent partition)
+    would otherwise keep its row locks, the leadership row among them, and block the next leader's
+    takeover until its TCP connection died. The journal's transactions never wait on anything
+    outside the database, so seconds are plenty."""
+    millis = max(2, round(statement_timeout_seconds * 1000))
+    conn.execute(f"SET statement_timeout = {millis}")
+    conn.execute(f"SET idle_in_transaction_session_timeout = {millis // 2}")
     conn.commit()
+
+
+def connection_options(dsn: str, statement_timeout_seconds: float, connect_timeout_seconds: float) -> dict[str, Any]:
+    """libpq options for the pool's connections, each only where the DSN does not set it:
+
+    - TCP keepalives (first probe after the statement timeout of silence, then one a second, three
+      unanswered drop the connection) and tcp_user_timeout (data sent and unacknowledged that long
+      drops it): after a silent partition a connection fails in seconds, where Linux's defaults
+      take about 15 minutes (keepalives after 2 hours; 15 retransmissions);
+    - connect_timeout: a connection attempt to an unreachable server fails in seconds.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = conninfo_to_dict(dsn)
+    idle = max(1, round(statement_timeout_seconds))
+    wanted: dict[str, Any] = {
+        "keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 1, "keepalives_count": 3,
+        "tcp_user_timeout": round((statement_timeout_seconds + CUT_GRACE_SECONDS + 3) * 1000),
+        "connect_timeout": max(1, round(connect_timeout_seconds)),
+    }
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
+class StatementWatchdog:
+    """Cuts the connection of a statement left unanswered past `bound_seconds`.
+
+    The server bounds a statement it received (statement_timeout); nothing bounds one whose answer
+    the network holds back: libpq waits on its socket without a timeout, so a write stalled by a
+    silent partition would hold the journal's lock until the kernel gave up on the connection.
+    Each statement registers its connection (`watching`); a thread started with the first one
+    shuts down the socket of any registered past the bound. The blocked call then fails at once
+    ("server closed the connection"), its transaction is rolled back, the pool discards the
+    connection, and the journal's lock is free again. Costs a dict entry per statement.
+    """
+
+    def __init__(self, bound_seconds: float) -> None:
+        self.bound_seconds = bound_seconds
+        self.cuts = 0  # connections cut (tests)
+        self._watched: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    @contextmanager
+    def watching(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        token = next(self._tokens)
+        with self._lock:
+            self._watched[token] = (time.monotonic(), conn)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="journal-statement-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watched.pop(token, None)
+
+    def _run(self) -> None:
+        tick = min(0.25, self.bound_seconds / 4)
+        while not self._closed.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                late = [(token, conn) for token, (began, conn) in self._watched.items()
+                        if now - began > self.bound_seconds]
+                for token, _ in late:
+                    del self._watched[token]  # cut once
+            for _, conn in late:
+                self._cut(conn, now)
+
+    def _cut(self, conn: psycopg.Connection[Any], now: float) -> None:
+        try:
+            fd = conn.pgconn.socket
+        except psycopg.Error:  # closed meanwhile: nothing to cut
+            return
+        try:
+            # shutdown() on a duplicate acts on the shared socket: libpq's wait returns (EOF) and
+            # the call fails; closing the duplicate leaves the original descriptor to psycopg.
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed or never connected
+            return
+        self.cuts += 1
+        log.warning("journal statement unanswered past its bound; connection cut",
+                    bound_seconds=self.bound_seconds)
+
+    def close(self) -> None:
+        self._closed.set()
 
 
 # pg_advisory_xact_lock key of schema migrations ("tailjrnl" as a 64-bit integer).
@@ -213,10 +324,15 @@ class PostgresBackend:
     reads take their own (they run beside the writer). The pool replaces connections that broke
     (a database restart or failover), so one failed transaction is answered 503, not every later one.
 
+    Every statement is bounded: by the server's statement_timeout, and by `StatementWatchdog`
+    when its answer does not arrive (a silent partition); idle connections by TCP keepalives.
+
     Args:
         dsn: libpq connection string or URI (postgresql://user:password@host:port/db?sslmode=...).
         pool_size: Most connections held (one writer, the rest for reads).
         connect_timeout_seconds: How long a transaction or read waits for a connection.
+        statement_timeout_seconds: The server's statement_timeout (and idle-in-transaction
+            timeout); a statement unanswered past it plus CUT_GRACE_SECONDS has its connection cut.
     """
 
     name = "postgres"
@@ -227,11 +343,16 @@ class PostgresBackend:
     # the row) waits for it, and every write after the takeover sees the new term.
     share_lock = " FOR SHARE"
 
-    def __init__(self, dsn: str, pool_size: int = 4, connect_timeout_seconds: float = 10.0) -> None:
+    def __init__(self, dsn: str, pool_size: int = 4, connect_timeout_seconds: float = 10.0,
+                 statement_timeout_seconds: float = DEFAULT_STATEMENT_TIMEOUT_SECONDS) -> None:
         self.dsn = dsn
+        self.statement_timeout_seconds = statement_timeout_seconds
+        self.watchdog = StatementWatchdog(statement_timeout_seconds + CUT_GRACE_SECONDS)
+        options = connection_options(dsn, statement_timeout_seconds, connect_timeout_seconds)
         self._pool = ConnectionPool(dsn, min_size=1, max_size=max(2, pool_size), timeout=connect_timeout_seconds,
-                                    kwargs={"row_factory": dict_row}, configure=_configure_session, open=False,
-                                    name="tailguard-journal")
+                                    kwargs={"row_factory": dict_row, **options},
+                                    configure=functools.partial(_configure_session, statement_timeout_seconds),
+                                    open=False, name="tailguard-journal")
         try:
             self._pool.open(wait=True, timeout=connect_timeout_seconds)
         except BaseException:
@@ -245,8 +366,9 @@ class PostgresBackend:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         _check(params)
         if self._conn is not None:
-            return self._conn.execute(_translate(sql), params)
-        with self._pool.connection() as conn:
+            with self.watchdog.watching(self._conn):
+                return self._conn.execute(_translate(sql), params)
+        with self._pool.connection() as conn, self.watchdog.watching(conn):
             cur = conn.execute(_translate(sql), params)
             return _Done(cur.fetchall() if cur.description else [], cur.rowcount)
 
@@ -254,19 +376,22 @@ class PostgresBackend:
         for row in rows:
             _check(row)
         if self._conn is None:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as conn, self.watchdog.watching(conn):
                 conn.cursor().executemany(_translate(sql), rows)
             return
-        self._conn.cursor().executemany(_translate(sql), rows)
+        with self.watchdog.watching(self._conn):
+            self._conn.cursor().executemany(_translate(sql), rows)
 
     def execute_script(self, script: str) -> None:
         assert self._conn is not None, "execute_script runs inside a transaction"
-        self._conn.execute(script.encode())  # no parameters: several statements in one round trip
+        with self.watchdog.watching(self._conn):
+            self._conn.execute(script.encode())  # no parameters: several statements in one round trip
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         _check(params)
-        with self._pool.connection() as conn:
-            return conn.execute(_translate(sql), params).fetchall()
+        with self._pool.connection() as conn, self.watchdog.watching(conn):
+            rows: list[Any] = conn.execute(_translate(sql), params).fetchall()
+        return rows
 
     def begin(self) -> None:
         self._conn = self._pool.getconn()  # psycopg opens the transaction with the first statement
@@ -275,7 +400,8 @@ class PostgresBackend:
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
-                conn.commit()
+                with self.watchdog.watching(conn):
+                    conn.commit()
             finally:
                 self._pool.putconn(conn)  # a broken connection is discarded by the pool
 
@@ -284,7 +410,8 @@ class PostgresBackend:
         if conn is None:
             return
         try:
-            conn.rollback()
+            with self.watchdog.watching(conn):
+                conn.rollback()
         except psycopg.Error:
             pass  # the connection is gone: so is its transaction
         finally:
@@ -315,3 +442,4 @@ class PostgresBackend:
     def close(self) -> None:
         self.rollback()
         self._pool.close()
+        self.watchdog.close()

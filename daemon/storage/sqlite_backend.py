@@ -1,5 +1,6 @@
 """The embedded journal database: one SQLite file in WAL mode (a single replica, local runs, the
-demo). Its schema and migrations live here; the journal's SQL is shared (daemon/storage/journal.py)."""
+demo). Its schema and migrations live here; the journal's SQL is shared (its repositories,
+daemon/storage/journal.py)."""
 from __future__ import annotations
 
 import sqlite3

@@ -26,13 +26,15 @@ from daemon.common.metrics import Metrics
 from daemon.report import Marker, Report, Threshold, render_html, render_png
 from daemon.report import Series as ReportSeries
 from daemon.sources.prometheus import PrometheusClient, RangeResult
-from daemon.storage.journal import AsyncJournal, Journal
+from daemon.storage.journal import Journal
 from daemon.workers.poller import Poller, QueryGroup
-from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, merge_series, window
+from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, describe_actions, merge_series, window
+from daemon.workers.replay_alerts import COUNT_WINDOW, alert_signal_at, alerts_query, firing_onsets, scrape_interval
 from daemon.workers.shadow import trigger_index
 from detectors.base import Detector
-from policies.loader import PolicySet
-from policies.matching import matching_policies
+from policies.gate import GateVerdict, gate_verdict
+from policies.loader import LoadedPolicy, PolicySet
+from policies.matching import alert_trigger_matches, matching_policies
 
 MAX_EVALUATIONS = 200_000
 """Poll cycles one backtest may replay (all triggers together); a longer range needs a larger --step."""
@@ -91,7 +93,7 @@ class BacktestResult:
     evaluations: int = 0
     fired: list[Fired] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # (policy, trigger index) -> (query, interval, series of the target over the range, threshold param)
+    # (policy, trigger index) -> (query, interval, series of the target over the range, the line its params fix)
     panels: dict[tuple[str, int], tuple[str, float, list[Series], float | None]] = field(default_factory=dict)
 
     @property
@@ -126,14 +128,24 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
     async def offload(fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
+    gates: dict[str, dict[str, GateVerdict]] = {}  # alert signal's dedup key -> policy -> gate at onset
     try:
-        poller = Poller(prom, AsyncJournal(journal), Metrics(), detectors, emit, offload, clock=lambda: clock[0])
+        poller = Poller(prom, journal, Metrics(), detectors, emit, offload, clock=lambda: clock[0])
         poller.sync(policies)
+        await _triton_through_prometheus(poller, prom, result, start, end)
         timeline = await _timeline(poller, prom, result, start, end, step)
-        for at, group in timeline:
+        alerts = await _alert_onsets(policies, prom, result, start, end)
+        cycles = 0
+        events: list[tuple[float, QueryGroup | Signal]] = [*timeline, *alerts]
+        for at, item in sorted(events, key=lambda e: (e[0], isinstance(e[1], Signal))):
             clock[0] = at
-            await poller.poll_group(group, at)
-        result.evaluations = len(timeline)
+            if isinstance(item, Signal):  # after the poll cycles of the same moment, as live
+                gates[item.dedup_key] = _gates(policies, poller, item, at)
+                await emit(item)
+            else:
+                cycles += 1
+                await poller.poll_group(item, at)
+        result.evaluations = cycles
     finally:
         prom.close()
         journal.close()
@@ -142,11 +154,102 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
         result.notes.append("freeze: true in the settings: every plan is blocked")
     for signal, at in fired:
         for policy in matching_policies(policies.policies, signal):
-            result.fired.append(Fired(signal, at, guards.decide(policy, signal, at)))
-    result.notes.append("not replayed: runtime freezes, approvals, Alertmanager silences, blast-radius limits and "
-                        "alert triggers (history of the journal and Alertmanager); plans name the actions, the "
-                        "steps are planned from the target's state when the daemon runs them")
+            gate = gates.get(signal.dedup_key, {}).get(policy.name)
+            if gate is not None and gate.veto:
+                decision = ReplayDecision(at, policy.name, policy.target.key, "blocked", gate.reason,
+                                          describe_actions(policy))
+            else:
+                decision = guards.decide(policy, signal, at)
+            result.fired.append(Fired(signal, at, decision))
+    for policy in policies.enabled:
+        for index, trigger in enumerate(policy.spec.triggers):
+            if trigger.schedule is not None:
+                result.notes.append(f"{policy.name} trigger #{index} (schedule every {trigger.schedule.every:g}s): "
+                                    "not replayed: a tick acts on the target's live state, which history lacks")
+    result.notes.append("not replayed anywhere: runtime freezes, approvals, Alertmanager silences and grouping "
+                        "delays (group_wait), blast-radius limits (history of the journal and Alertmanager); plans "
+                        "name the actions, the steps are planned from the target's state when the daemon runs them")
     return result
+
+
+async def _triton_through_prometheus(poller: Poller, prom: ReplayPrometheus, result: BacktestResult,
+                                     start: float, end: float) -> None:
+    """A `source: triton` trigger has no history of its own: it is replayed through the same
+    metric as Prometheus stored it, on Prometheus' scrape interval (coarser than the live reads)."""
+    for key, group in list(poller.groups.items()):
+        if group.source != "triton":
+            continue
+        names = ", ".join(f"{w.policy.name} trigger #{w.bound.index}" for w in group.watches)
+        counts = await PrometheusClient.query_range(prom, f"count_over_time({group.query}[{COUNT_WINDOW:g}s])",
+                                                    start, end, COUNT_WINDOW)
+        every = scrape_interval(counts.series) if counts.error is None else None
+        if every is None:
+            why = counts.error or "Prometheus stored no sample of it over the range (does it scrape Triton?)"
+            result.notes.append(f"{names} (source: triton, {group.query}): not replayed: {why}")
+            del poller.groups[key]
+            continue
+        result.notes.append(f"{names} (source: triton, {group.query}): replayed through Prometheus' copy of the "
+                            f"metric, one step per scrape interval ({every:g} s) where live it reads Triton "
+                            f"every {group.interval:g} s: detection can come up to one scrape later")
+        group.source, group.endpoints, group.interval = "prometheus", (), every
+
+
+async def _alert_onsets(policies: PolicySet, prom: ReplayPrometheus, result: BacktestResult, start: float,
+                        end: float) -> list[tuple[float, Signal]]:
+    """Each alert trigger's firing onsets in [start, end] from Prometheus' `ALERTS` series, as the
+    webhook's signals; a trigger without such a series says why it replays nothing."""
+    step = max(1.0, (end - start) / 20_000)
+    out: dict[str, tuple[float, Signal]] = {}
+    for policy in policies.enabled:
+        for index, trigger in enumerate(policy.spec.triggers):
+            alert = trigger.alert
+            if alert is None:
+                continue
+            query = alerts_query(alert, {"model": policy.target.model, "namespace": policy.target.namespace})
+            found = await PrometheusClient.query_range(prom, query, start, end, step)
+            label = f"{policy.name} trigger #{index} (alert {alert.name})"
+            if found.error is not None:
+                result.notes.append(f"{label}: not replayed: {found.error}")
+                continue
+            onsets = [(at, alert_signal_at(at, labels)) for at, labels in firing_onsets(found.series, step)]
+            mine = [(at, s) for at, s in onsets if alert_trigger_matches(alert, policy, s)]
+            if not found.series:
+                result.notes.append(f"{label}: not replayed: no {query} in this Prometheus over the range (the rule "
+                                    "is evaluated elsewhere, another Prometheus or a ruler, or it never fired)")
+                continue
+            result.notes.append(f"{label}: replayed from {query}, {len(mine)} onset(s) of firing, each at the "
+                                f"first sample Prometheus wrote (to {step:g} s); live, Alertmanager's group_wait "
+                                "comes on top")
+            out.update((s.dedup_key, (at, s)) for at, s in mine)
+    return sorted(out.values(), key=lambda e: e[0])
+
+
+def _gates(policies: PolicySet, poller: Poller, signal: Signal, at: float) -> dict[str, GateVerdict]:
+    """Per policy the signal concerns, the gate of its first gated alert trigger the signal matches,
+    weighed on the gating detector's replayed verdicts at `at` (as `EvidenceReader.gate`)."""
+    out = {}
+    for policy in matching_policies(policies.policies, signal):
+        verdict = _gate(policy, poller, signal, at)
+        if verdict is not None:
+            out[policy.name] = verdict
+    return out
+
+
+def _gate(policy: LoadedPolicy, poller: Poller, signal: Signal, at: float) -> GateVerdict | None:
+    for index, trigger in enumerate(policy.spec.triggers):
+        alert = trigger.alert
+        if alert is None or alert.gate is None or not alert_trigger_matches(alert, policy, signal):
+            continue
+        bound = policy.gate_for(index)
+        latest = poller.latest(policy.name, bound.index) if bound is not None else None
+        label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
+        # A triton trigger replayed on the scrape interval: its evidence is as fresh as one step.
+        steps = [g.interval for g in poller.groups.values() for w in g.watches
+                 if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
+        interval = max([latest.interval, *steps]) if latest else 0.0
+        return gate_verdict(latest.verdicts if latest else None, latest.at if latest else None,
+                            interval, at, alert.gate.error, label)
+    return None
 
 
 async def _timeline(poller: Poller, prom: ReplayPrometheus, result: BacktestResult, start: float, end: float,
@@ -181,9 +284,9 @@ async def _timeline(poller: Poller, prom: ReplayPrometheus, result: BacktestResu
             mine = [s for s in window(history.series, start, end)
                     if s.labels.get(watch.bound.trigger.model_label, watch.policy.target.model)
                     == watch.policy.target.model]
-            limit = watch.bound.params.model_dump().get("threshold")
+            rule = watch.bound.params.recovery_rule
             result.panels[(watch.policy.name, watch.bound.index)] = (
-                group.query, group.interval, mine, float(limit) if isinstance(limit, (int, float)) else None)
+                group.query, group.interval, mine, rule.fixed_level if rule is not None else None)
         timeline.extend((start + k * every, n, group) for k in range(count))
     timeline.sort(key=lambda item: (item[0], item[1]))
     return [(at, group) for at, _, group in timeline]
@@ -227,12 +330,9 @@ def json_records(result: BacktestResult) -> list[dict[str, Any]]:
 
 
 def _threshold_text(s: Signal) -> str:
-    threshold, baseline = s.details.get("threshold"), s.details.get("baseline")
-    if isinstance(threshold, (int, float)):
-        return f" (threshold {threshold:g})"
-    if isinstance(baseline, (int, float)):
-        return f" (baseline {baseline:g})"
-    return ""
+    """The line the signal's detection drew, as ` (threshold 316.2)`; nothing when it drew none."""
+    line = s.recovery_line
+    return f" ({line.drawn_from} {line.level:g})" if line is not None else ""
 
 
 def build_report(result: BacktestResult) -> Report:
@@ -245,9 +345,9 @@ def build_report(result: BacktestResult) -> Report:
             name = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "__name__") or query[:40]
             series.append(ReportSeries(name, s.timestamps, s.values, "", panel))
         lines = {limit} if limit is not None else set()
-        lines |= {float(f.signal.details["threshold"]) for f in result.fired
+        lines |= {line.level for f in result.fired
                   if f.decision.policy == policy and trigger_index(f.signal) == index
-                  and isinstance(f.signal.details.get("threshold"), (int, float))}
+                  and (line := f.signal.recovery_line) is not None}
         thresholds.extend(Threshold(v, f"{policy} threshold {v:g}", panel) for v in sorted(lines)[:3])
     markers: list[Marker] = []
     rows: list[tuple[str, ...]] = []

@@ -1,9 +1,10 @@
 """One builder from settings to the parts that decide and act, shared by the service and `simulate`.
 
-`build_parts` is synchronous and opens nothing but the journal; `Parts.connect` opens the clients
-the settings name (Prometheus, Kubernetes, HTTP) and lends them to actions through `ActionDeps`;
-`Parts.close` stops the executor's recovery watches and the notifier, then closes them all, the
-journal last.
+`build_parts` is synchronous and opens nothing but the journal: it makes the clients the settings
+name that connect lazily (Prometheus, Alertmanager) and gives the executor everything it reaches
+(silences, the range query, the approval base URL, the notifier) when it builds it; `Parts.connect`
+opens the rest (Kubernetes, HTTP) and lends them to actions through `ActionDeps`; `Parts.close`
+stops the executor's recovery watches and the notifier, then closes every client, the journal last.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from typing import Any, Callable, Mapping
 import aiohttp
 
 from actions.base import Action, ActionDeps
-from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder
+from daemon.cluster.kube import create_api_client, endpoints_resolver, event_recorder, replicas_resolver
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.sources.alertmanager import AlertmanagerClient
 from daemon.sources.prometheus import PrometheusClient
-from daemon.storage.journal import AsyncJournal, Journal
+from daemon.storage.journal import Journal
+from daemon.workers.evidence import LatestVerdicts
 from daemon.workers.executor import Executor
 from daemon.workers.state import ExecutorState
 from daemon.workers.notifier import Notifier
@@ -32,7 +34,7 @@ class Parts:
     """The journal, the executor with its state, the outcome notifier, and the clients lent to actions."""
 
     settings: Settings
-    journal: AsyncJournal
+    journal: Journal
     state: ExecutorState
     deps: ActionDeps
     executor: Executor
@@ -44,7 +46,7 @@ class Parts:
 
     async def connect(self, *, events_as: str | None, clock: Callable[[], float] = time.time,
                       http: bool = True) -> None:
-        """Open the clients the settings name and lend them to actions.
+        """Open the Kubernetes and HTTP clients the settings name and lend them to actions.
 
         Args:
             events_as: reportingInstance of the Kubernetes Events actions record; None records none
@@ -57,29 +59,17 @@ class Parts:
         """
         if http:
             self.deps.http = aiohttp.ClientSession()
-        if self.settings.prometheus.url:
-            self.prometheus = PrometheusClient(self.settings.prometheus.url,
-                                               self.settings.prometheus.timeout_seconds)
-            self.deps.query = self.prometheus.query
-            self.executor.query_range = self.prometheus.query_range
-        am = self.settings.alertmanager
-        if am.url:
-            self.alertmanager = AlertmanagerClient(am.url, am.timeout_seconds)
-            metrics = self.metrics
-            self.executor.silences = SilenceChecker(
-                self.alertmanager.silences, clock,
-                on_result=lambda result: metrics.silence_checks.labels(result).inc() if metrics else None)
         self.kube = await create_api_client(self.settings.kubernetes)
         if self.kube is not None:
             self.deps.kube = self.kube
             if events_as is not None:
                 self.deps.record_event = event_recorder(self.kube, events_as, clock)
         self.deps.endpoints = endpoints_resolver(self.kube)
+        self.deps.replicas = replicas_resolver(self.kube)
 
     async def close(self) -> None:
         """Stop the recovery watches (unsettled ones stay pending in the journal for the next start)
-        and the notifier (queued events get a short grace), close every client `connect` opened,
-        then the journal."""
+        and the notifier (queued events get a short grace), close every client, then the journal."""
         await self.executor.close()
         await self.notifier.close()
         if self.kube is not None:
@@ -94,7 +84,7 @@ class Parts:
         if self.alertmanager is not None:
             await self.alertmanager.close()
             self.alertmanager = None
-        self.journal.sync.close()
+        self.journal.close()
 
 
 def base_url(settings: Settings, port: int | None = None) -> str:
@@ -110,21 +100,38 @@ def base_url(settings: Settings, port: int | None = None) -> str:
 def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal: Journal, metrics: Metrics, *,
                 policies: PolicySet | None = None, may_act: Callable[[], bool] = lambda: True,
                 clock: Callable[[], float] = time.time,
-                on_recorded: Callable[[], None] = lambda: None) -> Parts:
-    """The parts for `settings`, acting on `journal`; nothing is opened but the journal given.
+                on_recorded: Callable[[], None] = lambda: None,
+                approval_base_url: Callable[[], str] | None = None,
+                latest: LatestVerdicts | None = None) -> Parts:
+    """The parts for `settings`, acting on `journal`; nothing is opened but the journal given (the
+    Prometheus and Alertmanager clients connect on first use).
 
     Args:
         policies: The active set; empty until the caller loads one.
         may_act: False while this replica may not act (not the leader).
         on_recorded: Called after an executed plan or a pin is journaled (shared cluster state).
+        approval_base_url: How operators reach the API, read whenever an approval notification is
+            made (a service knows its port only once it listens); default `base_url(settings)`.
     """
     deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
     state = ExecutorState(policies if policies is not None else PolicySet(), frozen=settings.freeze)
-    async_journal = AsyncJournal(journal)
-    deps.known_bad = async_journal.known_bad
+    deps.known_bad = journal.bad_versions.known.in_thread
     notifier = Notifier(settings.notifications, metrics, settings.executor.notification_queue_size)
-    executor = Executor(async_journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
-                        on_recorded=on_recorded, notify=notifier.publish,
+    prometheus = None
+    if settings.prometheus.url:
+        prometheus = PrometheusClient(settings.prometheus.url, settings.prometheus.timeout_seconds)
+        deps.query = prometheus.query
+    alertmanager, silences = None, None
+    if settings.alertmanager.url:
+        alertmanager = AlertmanagerClient(settings.alertmanager.url, settings.alertmanager.timeout_seconds)
+        silences = SilenceChecker(alertmanager.silences, clock,
+                                  on_result=lambda result: metrics.silence_checks.labels(result).inc())
+    executor = Executor(journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
+                        on_recorded=on_recorded, notify=notifier.publish, silences=silences,
+                        query_range=prometheus.query_range if prometheus is not None else None, latest=latest,
+                        approval_base_url=approval_base_url or (lambda: base_url(settings)),
                         escalation_freeze_seconds=settings.executor.escalation_freeze_seconds,
-                        blast_radius=settings.blast_radius, approval_base_url=base_url(settings))
-    return Parts(settings, async_journal, state, deps, executor, notifier, metrics=metrics)
+                        blast_radius=settings.blast_radius,
+                        max_signal_age_seconds=settings.executor.max_signal_age_seconds)
+    return Parts(settings, journal, state, deps, executor, notifier, prometheus=prometheus,
+                 alertmanager=alertmanager, metrics=metrics)

@@ -1,11 +1,11 @@
 """The service: wires settings, journal, policies, executor, poller, scheduler and the HTTP app,
-and runs them as named tasks that start together and stop in order."""
+and runs them as components of one supervisor, started together and stopped in a stated order."""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import multiprocessing
-import ssl
 import time
 from typing import Any, Callable, Mapping
 
@@ -14,98 +14,128 @@ from aiohttp import web
 
 from actions.base import Action
 from core.signal import Signal
+from core.target import ServiceRef
 from daemon.cluster.cluster_state import ClusterState, guard_horizon
-from daemon.cluster.control_configmap import ControlConfigMapError, clearing_manager, declared_freezes, read_control
+from daemon.cluster.control_configmap import ControlFollower
+from daemon.cluster.endpoint_watch import EndpointWatch
+from daemon.http.secret_reload import RELOAD_SECONDS, SecretReloader
 from daemon.cluster.kube import identity
+from daemon.cluster.objects import KubeObjectReader
 from daemon.cluster.leader import LeaderElector
-from daemon.common.config import ConfigError, Settings, api_tokens, journal_store, webhook_token
+from daemon.common.clock import SteadyClock
+from daemon.common.config import ApiTokenEntry, Settings, journal_store, resolve_secrets
+from daemon.common.lifecycle import Loop, Supervisor, wait_or_stop
 from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
 from daemon.http.app import build_app
 from daemon.http.auth import TokenSet
 from daemon.http.status import StatusInputs
 from daemon.sources.prometheus import PrometheusClient
-from daemon.storage.journal import Approval, Journal, JournalBackpressure, JournalError
-from daemon.storage.journal_notices import JournalNotices, notices_for
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
 from daemon.wiring.parts import base_url, build_parts
-from daemon.workers.approvals import ApprovalExpiry
+from daemon.workers.approvals import ApprovalExpiry, ApprovalResult
 from daemon.workers.backlog import Backlog
 from daemon.workers.freezes import FreezeControl
+from daemon.workers.journal_upkeep import JournalProbe, JournalPruner, SharedJournalWatch
 from daemon.workers.pins import PinReconciler
 from daemon.sources.triton_metrics import TritonMetricsSource
 from daemon.workers.poller import Poller
+from daemon.workers.policy_reload import PolicyReloader
 from daemon.workers.scheduler import run_schedules
+from daemon.workers.signal_intake import SignalIntake
 from detectors.base import Detector
-from policies.loader import PolicyLoadError, PolicySet, load_policies
+from policies.loader import PolicySet
 
 log = structlog.get_logger("tailguard.service")
-NOTICE_PAUSE_SECONDS = 0.1
-"""After another replica's signals woke the leader: their group commits come in bursts; read once per pause."""
 
 
 class Service:
+    """The daemon: builds its parts from the settings, runs its loops as components of one
+    supervisor (start), and stops them in a stated order (stop)."""
+
     def __init__(
         self,
         settings: Settings,
         actions: Mapping[str, type[Action]],
         detectors: Mapping[str, type[Detector]],
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.actions = actions
         self.detectors = detectors
-        self.clock = clock
+        # The daemon's Unix time: by default one that a step of the system clock does not move
+        # (daemon/common/clock.py), shared with the journal's stamps, which its windows compare
+        # with. A clock a test passes is the daemon's only; the journal keeps the system clock.
+        # `wall` is the system clock the steady one starts from (a test steps it).
+        steady = SteadyClock(wall=wall) if clock is None else None
+        self.clock: Callable[[], float] = steady if steady is not None else clock or time.time
+        clock = self.clock
         self.metrics = Metrics()
-        self.webhook_token = webhook_token(settings.webhook)
-        if self.webhook_token is None and not settings.webhook.allow_unauthenticated:
-            raise ConfigError("no webhook token: set webhook.tokenFile or TAILGUARD_WEBHOOK_TOKEN "
-                              "(or webhook.allowUnauthenticated: true for local experiments)")
-        tokens = api_tokens(settings.api)
-        if self.webhook_token is not None and any(t.token == self.webhook_token for t in tokens):
-            raise ConfigError("an API token equals the webhook token: give Alertmanager and operators "
-                              "different secrets")
-        self.api_tokens = TokenSet(tokens, allow_anonymous=settings.api.allow_unauthenticated)
-        journal = Journal(journal_store(settings.journal), max_pending=settings.journal.max_pending)
+        if steady is not None:
+            self.metrics.clock_step.set_function(steady.step_seconds)
+        secrets = resolve_secrets(settings)  # before anything opens: a bad secret fails here, in one line
+        self.webhook_token, self._tls = secrets.webhook_token, secrets.tls
+        self.secret_reload_seconds = RELOAD_SECONDS  # token files are looked at this often (tests shorten it)
+        self.api_tokens = TokenSet(secrets.api_tokens, allow_anonymous=settings.api.allow_unauthenticated)
+        js = settings.journal
+        journal = Journal(journal_store(js), max_pending=js.max_pending,
+                          statement_timeout_seconds=js.statement_timeout_seconds,
+                          lock_timeout_seconds=2 * js.statement_timeout_seconds,
+                          clock=steady if steady is not None else time.time)
         self.parts = build_parts(settings, actions, journal, self.metrics,
-                                 may_act=self.may_act, clock=clock, on_recorded=self._state_recorded)
+                                 may_act=self.may_act, clock=clock, on_recorded=self._state_recorded,
+                                 approval_base_url=self.approval_base_url, latest=self._latest_verdicts)
         self.journal, self.state = self.parts.journal, self.parts.state
         self.deps, self.executor = self.parts.deps, self.parts.executor
+        if settings.leader_election.enabled:
+            self.deps.write_fence = self._write_fence  # every Triton write passes it first
         self.metrics.frozen.set(int(settings.freeze))
+        self.intake = SignalIntake(self.journal, self.metrics)  # the webhook's and the detectors' one path
+        self.supervisor = Supervisor(self.metrics)
+        self._stop = self.supervisor.stopping
         self.is_leader = not settings.leader_election.enabled
         # Under leader election a replica acts only once the journal handed it a term (its fencing
         # token): the writes of a leader that was replaced meanwhile are refused by the journal.
         self.term_held = not settings.leader_election.enabled
         self._term_task: asyncio.Task[None] | None = None
-        self._acting_flipped = asyncio.Event()  # the shared-journal loop looks again at once
         self._was_acting = False  # may_act() as last seen: a takeover resumes open recovery checks
         self.metrics.is_leader.set(int(self.is_leader))
-        self.policies_loaded = False
-        self.last_reload_error: str | None = None
-        self.last_reload_at: float | None = None  # the last reload that read a valid set
         self.freezes = FreezeControl(self.journal, self.metrics, settings.freeze, on_recorded=self._state_recorded,
                                      clock=clock)
         self.approvals = ApprovalExpiry(self.journal, self.parts.notifier.publish, self.metrics,
-                                        self.executor.approval_base_url, self.may_act, clock)
+                                        self.approval_base_url, self.may_act, clock)
         # Pending signals reach the executor only while this replica may act: a follower (or a new
         # leader before it imported the shared state) leaves them in the journal, untouched.
         self.backlog = Backlog(self.journal, lambda: self.state.policies.policies, self.executor.process,
                                self.metrics, settings.executor.queue_size, may_take=self._may_take_signals,
                                max_age_seconds=settings.executor.max_signal_age_seconds,
                                clock=clock)
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[Any]] = []
+        self.reloader = PolicyReloader(settings.policies, actions, detectors, self.state, self.metrics,
+                                       self._policies_swapped, clock)
+        self.journal_watch = SharedJournalWatch(self.journal, self.metrics, self.backlog, self.may_act,
+                                                settings.journal.shared_poll_seconds)
         self._runner: web.AppRunner | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.poller: Poller | None = None
         self.port: int | None = None
         self.identity = identity()  # holderIdentity and Event reportingInstance (POD_NAME or host_pid)
         self.elector: LeaderElector | None = None
-        self._elector_task: asyncio.Task[None] | None = None
         self.cluster_state: ClusterState | None = None  # shared pins/guard marks, with leader election
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
                                   settings.executor.pin_reconcile_interval_seconds,
-                                  on_recorded=self._state_recorded)
+                                  on_recorded=self._state_recorded, actions=actions)
+        # How stop() ends what start() began (each step copes with a start that failed before it),
+        # after the HTTP runner's cleanup, which start() pushes: no webhook is taken from then on.
+        self.supervisor.on_stop_in_order(
+            self.supervisor.cancel_tasks,  # the workers, loops and takeover work; the elector goes on
+            lambda: self.journal.signals.on_intake(None),
+            self._flush_cluster_state,  # the last plans and pins shared while this replica holds the Lease
+            self._hand_back_lease,
+            self._shut_pool,
+            self.parts.close)  # the clients, then the journal
 
     @property
     def kube(self) -> Any:
@@ -116,12 +146,49 @@ class Service:
     def prometheus(self) -> PrometheusClient | None:
         return self.parts.prometheus
 
+    @property
+    def policies_loaded(self) -> bool:
+        """A valid policy set is active (before that, nothing is taken from the journal)."""
+        return self.reloader.loaded
+
+    @property
+    def last_reload_error(self) -> str | None:
+        return self.reloader.last_error
+
+    @property
+    def last_reload_at(self) -> float | None:
+        """When the last reload read a valid set."""
+        return self.reloader.last_at
+
     # ---- state queries ----------------------------------------------------------------------
+
+    def _latest_verdicts(self, policy: str, trigger_index: int) -> Any:
+        """The poller's last verdicts of a detector trigger (the alert gates weigh them)."""
+        return self.poller.latest(policy, trigger_index) if self.poller is not None else None
 
     def may_act(self) -> bool:
         # A new leader first takes a term and (with a journal per replica) imports the cluster
         # state: acting before would forget the old leader's cooldowns and pins.
         return self.is_leader and self.term_held and (self.cluster_state is None or self.cluster_state.imported)
+
+    async def _write_fence(self, request_timeout_seconds: float) -> str | None:
+        """Before a write nothing downstream fences (Triton): wait until a takeover's fence has
+        passed (`LeaderElector.write_fence_seconds`), then None when this replica may write now,
+        else why not. The caller re-observes after it returns (what it read before may be stale)."""
+        elector = self.elector
+        if elector is None:
+            return None if self.may_act() else "this replica may not act"
+        while (wait := elector.write_fence_seconds(request_timeout_seconds)) > 0 and not self._stop.is_set():
+            log.info("waiting out the takeover fence before a Triton write: the old leader's writes land or time "
+                     "out first", seconds=round(wait, 1))
+            await wait_or_stop(self._stop, wait)
+        if self._stop.is_set():
+            return "stopping"
+        if not (elector.may_write() and self.may_act()):
+            why = "this replica no longer holds the Lease (its renew deadline passed, or it was replaced)"
+            log.warning("Triton write not sent", reason=why)
+            return why
+        return None
 
     def _may_take_signals(self) -> bool:
         """Whether the backlog may hand pending signals to the executor (or mark them processed):
@@ -139,7 +206,7 @@ class Service:
                 self._term_task = None
             self.term_held = False
             if leader and not self._stop.is_set():
-                self._term_task = asyncio.create_task(self._take_term(), name="take-term")
+                self._term_task = self.supervisor.spawn("take-term", self._take_term())
         self.is_leader = leader
         self._acting_changed()
 
@@ -149,11 +216,11 @@ class Service:
         transitions = self.elector.transitions if self.elector is not None else None
         while self.is_leader and not self._stop.is_set():
             try:
-                term = await self.journal.take_term(self.identity, transitions)
+                term = await self.journal.terms.take.in_thread(self.identity, transitions)
             except JournalError as exc:
                 self.metrics.faults.labels("journal").inc()
                 log.error("could not take a leadership term in the journal; retrying", error=str(exc))
-                await asyncio.sleep(1.0)
+                await wait_or_stop(self._stop, 1.0)
                 continue
             log.info("leadership term taken", term=term.term, lease_transitions=transitions)
             self.term_held = True
@@ -164,14 +231,13 @@ class Service:
         """may_act() may have flipped (leadership, the shared state imported)."""
         acting = self.may_act()
         if acting != self._was_acting:
-            self._acting_flipped.set()
+            self.journal_watch.acting_flipped()
         self.metrics.is_leader.set(int(acting))
         self.backlog.acting_changed()
         took_over, self._was_acting = acting and not self._was_acting, acting
         if took_over and self.policies_loaded and not self._stop.is_set():
             # Recovery checks and reverts a previous leader left open (journaled); idempotent.
-            self._tasks.append(asyncio.create_task(self._resume_verifications(),
-                                                   name="resume-verifications"))
+            self.supervisor.spawn("resume-verifications", self._resume_verifications())
 
     def _state_recorded(self) -> None:
         if self.cluster_state is not None:
@@ -181,20 +247,28 @@ class Service:
         """Something shared was journaled by an operator call (the cluster state publishes it)."""
         self._state_recorded()
 
+    def journal_trouble(self) -> str | None:
+        """Why the journal counts as unavailable now: its writes failing (or one stalled) for
+        journal.writeFailureSeconds; None while it works. Never blocks."""
+        return self.journal.write_health().trouble(self.settings.journal.write_failure_seconds)
+
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
         # Followers are ready too: a rolling update waits for readiness, and a follower must be
         # able to take over. Webhooks that reach a follower are journaled when the journal is
-        # shared; with a journal per replica they get 503 and Alertmanager retries.
-        ready = self.policies_loaded
+        # shared; with a journal per replica they get 503 and Alertmanager retries. A replica
+        # whose journal cannot be written is not ready: it would answer every webhook 503.
+        journal_error = self.journal_trouble()
+        ready = self.policies_loaded and journal_error is None
         view = self.freezes.last
-        fence = self.journal.sync.fence
+        fence = self.journal.fence
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
-                "acting": self.may_act(), "journal": self.journal.sync.backend,
+                "acting": self.may_act(), "journal": self.journal.backend, "journal_error": journal_error,
                 "term": fence.term if fence is not None and self.term_held else None,
                 "policies": len(self.state.policies.policies), "frozen": view.frozen,
                 "freeze": view.as_dict(self.clock()), "frozen_targets": sorted(view.targets),
-                "stale_queries": stale, "last_reload_error": self.last_reload_error}
+                "stale_queries": stale, "vanished_metrics": self.poller.vanished() if self.poller else [],
+                "last_reload_error": self.last_reload_error}
 
     # ---- operator API ---------------------------------------------------------------------------
 
@@ -219,8 +293,13 @@ class Service:
     def known_targets(self) -> set[str]:
         return {p.target.key for p in self.state.policies.policies}
 
-    async def approve(self, approval_id: int, by: str, reason: str) -> tuple[int, str, Approval | None]:
+    async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
         return await self.executor.approve(approval_id, by, reason)
+
+    def approval_base_url(self) -> str:
+        """Named in approval notifications: api.externalUrl, else the port the API listens on once
+        it does (the configured one before)."""
+        return base_url(self.settings, self.port)
 
     async def status_inputs(self) -> StatusInputs:
         """What `GET /api/v1/status` shows, read from the journal now. Raises JournalError."""
@@ -229,118 +308,56 @@ class Service:
         view = await self.freezes.view()
         guards = {}
         for p in policies.policies:
-            guards[(p.name, p.target.key)] = await self.journal.guard_history(
+            guards[(p.name, p.target.key)] = await self.journal.decisions.guard_history.in_thread(
                 p.name, p.target.key, p.spec.guards.max_actions_window, now)
         return StatusInputs(
             now=now, replica=self.identity, leader=self.is_leader, acting=self.may_act(), policies=policies,
             policies_loaded=self.policies_loaded, last_reload_at=self.last_reload_at,
             last_reload_error=self.last_reload_error, freezes=view,
-            latest=await self.journal.latest_decisions(), guards=guards, pins=await self.journal.pins(),
-            approvals=await self.journal.approvals("pending"),
-            stale_queries=self.poller.stale_queries() if self.poller else [])
-
-    async def _control_loop(self) -> None:
-        """Make the journal's ConfigMap freezes follow the control ConfigMap, on the replica that acts.
-        A read that fails concludes nothing (no freeze is lifted because the API was unreachable)."""
-        control = self.settings.control
-        assert control.config_map is not None
-        namespace = control.namespace or self.settings.leader_election.lease_namespace
-        where = f"{namespace}/{control.config_map}"
-        timeout = min(control.poll_interval_seconds, 10.0)
-        while not self._stop.is_set():
-            if self.may_act() and self.kube is not None:
-                try:
-                    read = await read_control(self.kube, namespace, control.config_map, timeout)
-                    data, managed = read if read is not None else ({}, [])
-                    desired, problems = declared_freezes(data, managed, where)
-                    for problem in problems:
-                        log.warning("control ConfigMap entry skipped", configmap=where, problem=problem)
-                    await self.freezes.apply_configmap(
-                        desired, lambda scope: clearing_manager(scope, managed), where)
-                except (ControlConfigMapError, JournalError) as exc:
-                    self.metrics.faults.labels("control").inc()
-                    log.warning("control ConfigMap not applied; will retry", configmap=where, error=str(exc))
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=control.poll_interval_seconds)
-            except asyncio.TimeoutError:
-                pass
+            latest=await self.journal.decisions.latest.in_thread(), guards=guards,
+            pins=await self.journal.pins.live.in_thread(),
+            approvals=await self.journal.approvals.all.in_thread("pending"),
+            stale_queries=self.poller.stale_queries() if self.poller else [],
+            vanished=self.poller.vanished() if self.poller else [],
+            detectors=self.poller.telling() if self.poller else {})
 
     # ---- signals ----------------------------------------------------------------------------
 
     async def emit(self, signal: Signal) -> None:
-        """Journal a detector or schedule signal; the journal hands it to the backlog (duplicates
-        are dropped)."""
-        if not self.may_act():
-            return
-        try:
-            new, _ = await self.journal.record_signals([signal])
-        except JournalBackpressure as exc:
-            self.metrics.faults.labels("journal").inc()
-            log.warning("journal backlog full; signal dropped", error=str(exc), signal=signal.dedup_key)
-            return
-        except JournalError as exc:
-            self.metrics.faults.labels("journal").inc()
-            log.error("could not journal signal", error=str(exc), signal=signal.dedup_key)
-            return
-        for _, s in new:
-            self.metrics.signals.labels(s.source.value, s.name).inc()
+        """Journal a detector or schedule signal through the intake (the journal hands it to the
+        backlog; duplicates are dropped); nothing while this replica may not act."""
+        if self.may_act():
+            await self.intake.record([signal], resent=False)
 
     # ---- policies ---------------------------------------------------------------------------
 
     def load_policies(self) -> PolicySet:
         """Load and swap in the policy set. Raises PolicyLoadError and keeps the old set."""
-        new = load_policies(self.settings.policies.path, self.actions, self.detectors)
-        self._swap(new)
-        return new
+        return self.reloader.load()
 
     async def reload_policies(self) -> None:
-        """One reload: a changed valid set is swapped in; any failure keeps the active set and is
-        reported (`last_reload_error` in /readyz, tailguard_policy_reload_errors_total). Never raises."""
-        try:
-            new = await asyncio.to_thread(load_policies, self.settings.policies.path, self.actions,
-                                          self.detectors)
-            self.last_reload_at = self.clock()
-            if new.digest != self.state.policies.digest or not self.policies_loaded:
-                self._swap(new)
-            elif self.last_reload_error is not None:  # fixed back to the active set
-                log.info("policy reload valid again; the active set is unchanged", digest=new.digest)
-                self.last_reload_error = None
-        except PolicyLoadError as exc:
-            self._reload_failed(str(exc))
-        except Exception as exc:  # a fault outside the loader's checks must not end reloading
-            self._reload_failed(f"unexpected error while loading policies: {type(exc).__name__}: {exc}",
-                                unexpected=True)
+        """One reload (PolicyReloader.reload): a failure keeps the active set and is reported. Never raises."""
+        await self.reloader.reload()
 
-    def _reload_failed(self, error: str, unexpected: bool = False) -> None:
-        if error != self.last_reload_error:  # counted once per distinct error, not once per interval
-            self.metrics.policy_reload_errors.inc()
-            if unexpected:
-                log.exception("policy reload failed; keeping the active set", errors=error)
-            else:
-                log.error("policy reload rejected; keeping the active set", errors=error)
-        self.last_reload_error = error
-
-    def _swap(self, new: PolicySet) -> None:
-        self.state.policies = new
+    def _policies_swapped(self, new: PolicySet) -> None:
         self.backlog.policies_changed()
-        self.policies_loaded = True
-        self.last_reload_error = None
-        self.metrics.policies_loaded.set(len(new.policies))
         if self.poller is not None:
             self.poller.sync(new)
-        log.info("policies loaded", count=len(new.policies), digest=new.digest,
-                 names=[p.name for p in new.policies])
-
-    async def _reload_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=self.settings.policies.reload_interval_seconds)
-                return
-            except asyncio.TimeoutError:
-                pass
-            await self.reload_policies()
 
     # ---- workers ----------------------------------------------------------------------------
+
+    def _tokens_changed(self, webhook_token: str | None, api_tokens: list[ApiTokenEntry]) -> None:
+        """Rotated token files (daemon/http/secret_reload.py): the next request is checked against them."""
+        self.webhook_token = webhook_token
+        self.api_tokens = TokenSet(api_tokens, allow_anonymous=self.settings.api.allow_unauthenticated)
+
+    def _watched_services(self) -> set[ServiceRef]:
+        """The Triton Services of enabled policies: their EndpointSlices are watched."""
+        return {p.target.triton_service for p in self.state.policies.enabled if p.target.triton_service is not None}
+
+    def _endpoints_ready(self, service: ServiceRef, urls: list[str]) -> None:
+        """Replicas of `service` turned ready: the pins of its targets are looked at now."""
+        self.pins.follow(p.target.key for p in self.state.policies.enabled if p.target.triton_service == service)
 
     async def _resume_verifications(self) -> None:
         """Resume recovery checks in flight before a restart or failover (policies must be loaded:
@@ -351,87 +368,6 @@ class Service:
         except JournalError as exc:
             self.metrics.faults.labels("journal").inc()
             log.error("could not resume recovery checks", error=str(exc))
-
-    async def _prune_loop(self) -> None:
-        """Keep the journal bounded: a daemon runs for months, schedule ticks alone add 1,440 a day."""
-        settings = self.settings.journal
-        while not self._stop.is_set():
-            try:
-                pruned = await self.journal.prune(self.clock() - settings.retention_days * 86400)
-                if any(pruned.values()):
-                    log.info("journal pruned", retention_days=settings.retention_days, **pruned)
-            except JournalError as exc:  # a busy journal is pruned next time; recorded, not fatal
-                self.metrics.faults.labels("journal").inc()
-                log.warning("journal prune failed", error=str(exc))
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=settings.prune_interval_seconds)
-            except asyncio.TimeoutError:
-                pass
-
-    async def _shared_journal_loop(self) -> None:
-        """On a journal the replicas share: recount the backlog (every replica, for backpressure) and,
-        on the leader, take the signals other replicas journaled. A failed read is recorded and
-        tried again next round."""
-        interval = self.settings.journal.shared_poll_seconds
-        notices = notices_for(self.journal.sync)
-        try:
-            while not self._stop.is_set():
-                self._acting_flipped.clear()  # before the look: a flip during it cuts the next wait short
-                if notices is not None and self.may_act():
-                    await self._listen(notices)  # before the count: a commit after it is heard, one before counted
-                try:
-                    pending = await self.journal.refresh_pending()
-                    if self.backlog.look_again(pending):
-                        log.debug("signals journaled by other replicas; reading the pending set", pending=pending)
-                except JournalError as exc:
-                    self.metrics.faults.labels("journal").inc()
-                    log.warning("could not count pending signals in the shared journal", error=str(exc))
-                await self._until_next_look(notices, interval)
-        finally:
-            if notices is not None:
-                await notices.close()
-
-    async def _until_next_look(self, notices: JournalNotices | None, interval: float) -> None:
-        """The poll interval, cut short by a change of acting (a new leader reads the backlog and
-        starts listening at once) and, on the leader of a PostgreSQL journal, by another replica's
-        committed signals (then a short pause, so that a burst of them is read once)."""
-        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._stop.wait()),
-                                           asyncio.ensure_future(self._acting_flipped.wait())}
-        heard = asyncio.ensure_future(notices.wait(interval)) if notices is not None and self.may_act() else None
-        if heard is not None:
-            waits.add(heard)
-        try:
-            await asyncio.wait(waits, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiting in waits:
-                waiting.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
-        if heard is None or heard.cancelled():
-            return
-        try:
-            noticed = heard.result()
-        except JournalError as exc:  # the poll goes on; the next round connects again
-            self._notices_failed(exc)
-            await self._stopped_within(interval)
-            return
-        if noticed:
-            await self._stopped_within(NOTICE_PAUSE_SECONDS)
-
-    async def _listen(self, notices: JournalNotices) -> None:
-        try:
-            await notices.listen()
-        except JournalError as exc:  # the wait after the count tries again; the poll goes on meanwhile
-            self._notices_failed(exc)
-
-    def _notices_failed(self, exc: JournalError) -> None:
-        self.metrics.faults.labels("journal").inc()
-        log.warning("journal notices failed; polling the shared backlog meanwhile", error=str(exc))
-
-    async def _stopped_within(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-        except asyncio.TimeoutError:
-            pass
 
     async def drain(self) -> None:
         """Wait until every signal journaled so far is processed (tests, demo, simulate)."""
@@ -449,15 +385,15 @@ class Service:
     # ---- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.settings.leader_election.enabled and self.settings.kubernetes.mode == "off":
-            raise ConfigError("leaderElection.enabled needs kubernetes.mode in-cluster or kubeconfig")
+        sup = self.supervisor
         await self.parts.connect(events_as=self.identity, clock=self.clock)
         if self.parts.prometheus is not None:
             http = self.parts.deps.http
             triton_metrics = TritonMetricsSource(http, clock=self.clock) if http is not None else None
+            cluster = KubeObjectReader(self.kube) if self.kube is not None else None
             self.poller = Poller(self.parts.prometheus, self.journal, self.metrics, self.detectors, self.emit,
                                  self.offload, self.settings.prometheus.max_backoff_seconds, self.clock,
-                                 triton_metrics)
+                                 triton_metrics, cluster=cluster)
         if self.settings.leader_election.enabled and self.kube is not None and not self.journal.shared:
             # A journal per replica: pins, guard marks and freezes cross a failover through a ConfigMap.
             # A shared journal already holds them for the next leader.
@@ -467,11 +403,11 @@ class Service:
                 lambda: guard_horizon(self.state.policies),
                 on_change=self._acting_changed, clock=self.clock,
                 retry_seconds=le.retry_period_seconds, request_timeout_seconds=le.renew_deadline_seconds)
-            self._tasks.append(asyncio.create_task(self.cluster_state.run(self._stop), name="cluster-state"))
+            sup.start("cluster-state", self.cluster_state)
         if self.settings.leader_election.enabled and self.kube is not None:
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
-                                         self.set_leader)
-            self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader-election")
+                                         self.set_leader, may_lead=self.journal_trouble)
+            sup.start("leader-election", self.elector, joined=True)
         await self.reload_policies()
         if not self.policies_loaded:  # not ready (and nothing taken from the journal) until a reload succeeds
             log.error("no valid policies at start; not ready", errors=self.last_reload_error)
@@ -479,25 +415,35 @@ class Service:
             await self._resume_verifications()
         # From now on every committed signal reaches the backlog; what was journaled before a crash
         # or restart (acknowledged, not processed) is read back by the refill once this replica may act.
-        self.journal.on_signals(self.backlog.admit)
+        self.journal.signals.on_intake(self.backlog.admit)
+        # The backlog's loops end only when cancelled.
         for n in range(self.settings.executor.workers):
-            self._tasks.append(asyncio.create_task(self.backlog.work(), name=f"worker-{n}"))
-        self._tasks.append(asyncio.create_task(self.backlog.refill(), name="backlog-refill"))
-        self._tasks.append(asyncio.create_task(self.backlog.mark_unmatched(), name="backlog-unmatched"))
-        self._tasks.append(asyncio.create_task(self._reload_loop(), name="policy-reload"))
-        self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
+            sup.start(f"worker-{n}", Loop(lambda _: self.backlog.work()), fault="backlog")
+        sup.start("backlog-refill", Loop(lambda _: self.backlog.refill()), fault="backlog")
+        sup.start("backlog-unmatched", Loop(lambda _: self.backlog.mark_unmatched()), fault="backlog")
+        sup.start("policy-reload", self.reloader)
+        sup.start("journal-prune", JournalPruner(self.journal, self.metrics, self.settings.journal, self.clock))
+        sup.start("journal-probe", JournalProbe(self.journal, self.metrics, self.settings.journal.probe_interval_seconds,
+                                                self.journal_trouble))
         if self.journal.shared:
-            self._tasks.append(asyncio.create_task(self._shared_journal_loop(), name="shared-journal"))
-        self._tasks.append(asyncio.create_task(
-            run_schedules(lambda: self.state.policies, self.emit, self._stop, self.clock), name="scheduler"))
+            sup.start("shared-journal", self.journal_watch)
+        sup.start("scheduler", Loop(functools.partial(run_schedules, lambda: self.state.policies, self.emit,
+                                                      clock=self.clock)))
         if self.poller is not None:
-            self._tasks.append(asyncio.create_task(self.poller.run(self._stop), name="poller"))
-        self._tasks.append(asyncio.create_task(self.pins.run(self._stop), name="pin-reconciler"))
-        self._tasks.append(asyncio.create_task(self.approvals.run(self._stop), name="approval-expiry"))
-        if self.settings.control.config_map is not None:
-            if self.kube is None:
-                raise ConfigError("control.configMap needs kubernetes.mode in-cluster or kubeconfig")
-            self._tasks.append(asyncio.create_task(self._control_loop(), name="control-configmap"))
+            sup.start("poller", self.poller)
+        sup.start("pin-reconciler", self.pins)
+        if self.kube is not None:  # replicas that turn ready get their pins at once (the pass is the backstop)
+            sup.start("endpoint-watch", EndpointWatch(self.kube, self._watched_services, self._endpoints_ready,
+                                                      self.metrics))
+        sup.start("secret-reload", SecretReloader(self.settings, self._tokens_changed, self.metrics,
+                                                  self.secret_reload_seconds))
+        sup.start("approval-expiry", self.approvals)
+        control = self.settings.control
+        if control.config_map is not None and self.kube is not None:  # kubernetes.mode is not off (checked at load)
+            namespace = control.namespace or self.settings.leader_election.lease_namespace
+            sup.start("control-configmap", ControlFollower(self.kube, namespace, control.config_map,
+                                                           control.poll_interval_seconds,
+                                                           self.freezes.apply_configmap, self.may_act, self.metrics))
         try:
             await self.freezes.view()
         except JournalError as exc:  # shown as not frozen until the next read succeeds
@@ -506,53 +452,35 @@ class Service:
         app = build_app(self)
         self._runner = web.AppRunner(app, access_log=None,
                                      shutdown_timeout=self.settings.listen.shutdown_timeout_seconds)
+        sup.on_stop(self._runner.cleanup)  # the first step of stop(): no more webhooks
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.listen.host, self.settings.listen.port,
-                           ssl_context=self._ssl_context())
+                           ssl_context=self._tls)
         await site.start()
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self.settings.listen.port
-        if self.settings.api.external_url is None:  # named in approval notifications
-            self.executor.approval_base_url = self.approvals.base_url = base_url(self.settings, self.port)
         log.info("tailguard listening", host=self.settings.listen.host, port=self.port,
-                 journal=self.journal.sync.describe(), policies=str(self.settings.policies.path))
+                 journal=self.journal.describe(), policies=str(self.settings.policies.path))
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        tls = self.settings.listen.tls
-        if tls is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"listen.tls: cannot load {tls.cert_file} / {tls.key_file}: {exc}") from exc
-        return context
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._runner is not None:
-            await self._runner.cleanup()  # stop taking webhooks first
-        if self._term_task is not None:
-            self._tasks.append(self._term_task)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        self.journal.on_signals(None)
+    async def _flush_cluster_state(self) -> None:
         if self.cluster_state is not None:
             # Share the last plans and pins before the Lease is handed back (bounded per request).
             await self.cluster_state.flush()
-        if self._elector_task is not None:
-            # It saw _stop: it steps down and hands the Lease back (bounded), after the workers stopped.
-            try:
-                await asyncio.wait_for(self._elector_task, timeout=2 * self.settings.leader_election.retry_period_seconds + 1)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                pass
-            self._elector_task = None
+
+    async def _hand_back_lease(self) -> None:
+        # The elector saw stop: it steps down and hands the Lease back (bounded).
+        await self.supervisor.join(self.supervisor.task("leader-election"),
+                                   2 * self.settings.leader_election.retry_period_seconds + 1)
+
+    def _shut_pool(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        await self.parts.close()
+
+    async def stop(self) -> None:
+        """Stop taking webhooks, stop the workers and loops, share the cluster state, hand the Lease
+        back, close the clients (the steps start() pushed); a second call does nothing."""
+        await self.supervisor.stop()
 
     async def __aenter__(self) -> "Service":
         try:
@@ -566,4 +494,3 @@ class Service:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
-

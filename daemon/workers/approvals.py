@@ -1,29 +1,42 @@
 """Approvals: plans of policies with `approval: required` wait for an operator until a deadline.
 
-The executor journals such a plan (decision `blocked`, "awaiting approval N") and announces it; an
-operator approves it with `tailguard approve N` or `POST /api/v1/approvals/N/approve` (a token with
-the `write` scope); `ApprovalExpiry` expires the ones whose deadline passed and announces that.
-The notification carries the command and the call, never a link that approves by itself.
+`ApprovalGate` journals such a plan for the executor (decision `blocked`, "awaiting approval N") and
+announces it; an operator approves it with `tailguard approve N` or `POST /api/v1/approvals/N/approve`
+(a token with the `write` scope): `ApprovalGate.approve` answers an `ApprovalResult` (the HTTP layer
+maps it to a status code) and applies the plan in a task of its own; `ApprovalExpiry` expires the
+ones whose deadline passed and announces that. The notification carries the command and the call,
+never a link that approves by itself.
 """
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
 
+from core.timestamps import iso_utc
+from core.decision import DecisionState
+from core.signal import Signal
+from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import Approval, AsyncJournal, JournalError
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
+from daemon.storage.records import Approval
+from daemon.workers.progress import StepProgress, journaled_plan, policy_runs_plan, step_progress
+from daemon.workers.state import ExecutorState
+from policies.guards import GuardDecision
+from policies.loader import LoadedPolicy
+from policies.planning import Plan
 
 log = structlog.get_logger("tailguard.approvals")
+executor_log = structlog.get_logger("tailguard.executor")  # the gate's lines are the executor's work
 
 Notify = Callable[[Mapping[str, Any]], None]
-
-
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
+BaseUrl = Callable[[], str]
+"""How operators reach the API, read when a notification is made (the port is known once it listens)."""
 
 
 def approval_instructions(approval_id: int, base_url: str) -> dict[str, str]:
@@ -39,18 +52,200 @@ def approval_instructions(approval_id: int, base_url: str) -> dict[str, str]:
 def approval_event(event: str, approval: Approval, base_url: str, message: str, **extra: Any) -> dict[str, Any]:
     """An approval notification: what waits (or waited), until when, and how to approve it."""
     return {"event": event, "policy": approval.policy, "target": approval.target, "message": message,
-            "decision": approval.decision_id, "approval": approval.id, "deadline": _iso(approval.deadline),
-            "at": _iso(time.time()), **approval_instructions(approval.id, base_url), **extra}
+            "decision": approval.decision_id, "approval": approval.id, "deadline": iso_utc(approval.deadline),
+            "at": iso_utc(time.time()), **approval_instructions(approval.id, base_url), **extra}
 
 
 def approval_view(approval: Approval, now: float) -> dict[str, Any]:
     """An approval as the API and `tailguard status` show it."""
     return {"id": approval.id, "decision": approval.decision_id, "policy": approval.policy,
-            "target": approval.target, "status": approval.status, "requestedAt": _iso(approval.requested_at),
-            "deadline": _iso(approval.deadline), "secondsLeft": max(0.0, round(approval.deadline - now, 1))
+            "target": approval.target, "status": approval.status, "requestedAt": iso_utc(approval.requested_at),
+            "deadline": iso_utc(approval.deadline), "secondsLeft": max(0.0, round(approval.deadline - now, 1))
             if approval.status == "pending" else None,
-            "decidedAt": _iso(approval.decided_at) if approval.decided_at else None,
+            "decidedAt": iso_utc(approval.decided_at) if approval.decided_at else None,
             "decidedBy": approval.decided_by, "reason": approval.reason}
+
+
+def awaiting_reason(approval: Approval) -> str:
+    """Why a new signal's decision is blocked while `approval` waits (one plan per policy and target)."""
+    return f"awaiting approval {approval.id} (decision {approval.decision_id}) until {iso_utc(approval.deadline)}"
+
+
+class ApprovalOutcome(enum.Enum):
+    """What an approve call came to (daemon.http.api maps each to its HTTP status)."""
+
+    STARTED = "started"  # approved: its plan is being applied
+    NOT_FOUND = "not_found"  # no approval with that id
+    NOT_PENDING = "not_pending"  # approved, expired or rejected already (or meanwhile)
+    EXPIRED = "expired"  # past its deadline (ApprovalExpiry has not got to it yet)
+    POLICY_CHANGED = "policy_changed"  # its policy is gone or now runs other actions: left unapplied
+    FROZEN = "frozen"  # a freeze is in force: it stays pending (lift, then approve)
+
+
+@dataclass(frozen=True)
+class ApprovalResult:
+    """The answer to an approve call: the outcome, one line for the operator, and the approval
+    (None only when there is none)."""
+
+    outcome: ApprovalOutcome
+    message: str
+    approval: Approval | None = None
+
+
+FreezeCheck = Callable[[LoadedPolicy, float], Awaitable[GuardDecision | None]]
+"""The runtime freeze in force on the daemon or the policy's target at a time (None: neither)."""
+Finish = Callable[[int, LoadedPolicy, Plan, Mapping[int, StepProgress], Signal], Awaitable[None]]
+"""Runs a decision's plan from its progress, then its recovery check; the caller holds the target lock."""
+
+
+class ApprovalGate:
+    """The executor's plans that wait for an operator: requested, approved and applied, resumed.
+
+    Args:
+        journal: Where approvals and their decisions are.
+        state: The active policies (an approved plan runs only if its policy still runs its actions)
+            and the config's global freeze.
+        metrics: The decision counted blocked while it waits.
+        lock_for: The target lock (one actor at a time on a target).
+        frozen: Approving waits out a runtime freeze (the approval stays pending).
+        finish: Applies an approved plan (the executor's, as for any executed plan).
+        send: Hands a notification over; never blocks, never fails the caller.
+        base_url: Named in the notifications' command and call.
+        clock: Unix time.
+        on_recorded: An approval was journaled (cluster state).
+    """
+
+    def __init__(self, journal: Journal, state: ExecutorState, metrics: Metrics,
+                 lock_for: Callable[[str], asyncio.Lock], frozen: FreezeCheck, finish: Finish, send: Notify,
+                 base_url: BaseUrl, clock: Callable[[], float], on_recorded: Callable[[], None]) -> None:
+        self._journal = journal
+        self._state = state
+        self._metrics = metrics
+        self._lock_for = lock_for
+        self._frozen = frozen
+        self._finish = finish
+        self._send = send
+        self._base_url = base_url
+        self._clock = clock
+        self._on_recorded = on_recorded
+        self._running: set[asyncio.Task[None]] = set()  # approved plans being applied
+
+    async def request(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
+        """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
+        deadline = self._clock() + policy.spec.approval_timeout_seconds
+        approval = await self._journal.approvals.request.in_thread(signal_id, policy.name, policy.target.key,
+                                                                   plan.as_dict(), deadline)
+        self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
+        executor_log.info("plan awaits approval", approval=approval.id, decision=approval.decision_id,
+                          deadline=iso_utc(deadline), plan=[s.summary for s in plan.steps])
+        summary = "; ".join(s.summary for s in plan.steps if not s.noop)
+        self._send(approval_event("approval_requested", approval, self._base_url(),
+                                  f"plan awaits approval {approval.id} until {iso_utc(deadline)}: {summary}"))
+        return approval
+
+    async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
+        """Approve a pending plan and start applying it (in the background): STARTED; else NOT_FOUND,
+        NOT_PENDING, EXPIRED (past its deadline), POLICY_CHANGED (gone or running other actions) or
+        FROZEN (a freeze in force: it stays pending)."""
+        approval = await self._journal.approvals.get.in_thread(approval_id)
+        if approval is None:
+            return ApprovalResult(ApprovalOutcome.NOT_FOUND, f"no approval {approval_id}")
+        if approval.status != "pending":
+            by_whom = f" by {approval.decided_by}" if approval.decided_by else ""
+            return ApprovalResult(ApprovalOutcome.NOT_PENDING,
+                                  f"approval {approval_id} is {approval.status}{by_whom}, not pending", approval)
+        now = self._clock()
+        if approval.deadline <= now:
+            return ApprovalResult(ApprovalOutcome.EXPIRED,
+                                  f"approval {approval_id} passed its deadline {iso_utc(approval.deadline)}", approval)
+        decision = await self._journal.decisions.get.in_thread(approval.decision_id)
+        policy = self._policy(approval.policy)
+        plan = journaled_plan(decision.plan) if decision is not None else None
+        if decision is None or plan is None or not policy_runs_plan(policy, plan):
+            return ApprovalResult(ApprovalOutcome.POLICY_CHANGED,
+                                  f"approval {approval_id}: policy {approval.policy} is gone or now runs other "
+                                  "actions; the plan is left unapplied", approval)
+        async with self._lock_for(policy.target.key):
+            frozen = (GuardDecision(False, "global freeze is on (config)") if self._state.frozen
+                      else await self._frozen(policy, now))
+            if frozen is not None:
+                return ApprovalResult(ApprovalOutcome.FROZEN,
+                                      f"approval {approval_id} stays pending: {frozen.reason}", approval)
+            approved = await self._journal.approvals.approve.in_thread(approval_id, by, reason, now)
+            if approved is None:  # expired or approved by someone else meanwhile
+                return ApprovalResult(ApprovalOutcome.NOT_PENDING, f"approval {approval_id} is no longer pending",
+                                      approval)
+        self._on_recorded()
+        executor_log.info("plan approved", approval=approval_id, by=by, reason=reason,
+                          decision=approved.decision_id)
+        self._send(approval_event("approved", approved, self._base_url(),
+                                  f"approval {approval_id} approved by {by}: {reason}; applying", by=by))
+        await self._start(approved, policy, plan, decision.signal_id, {})
+        return ApprovalResult(ApprovalOutcome.STARTED,
+                              f"approval {approval_id} approved by {by}; applying decision {approved.decision_id}",
+                              approved)
+
+    async def resume(self) -> int:
+        """Go on with approved plans a restart interrupted (decision still `executing`); how many."""
+        started = 0
+        for approval in await self._journal.approvals.all.in_thread("approved"):
+            decision = await self._journal.decisions.get.in_thread(approval.decision_id)
+            if decision is None or decision.state is not DecisionState.EXECUTING:
+                continue
+            if any(t.get_name() == _task_name(approval) for t in self._running):
+                continue
+            policy = self._policy(approval.policy)
+            plan = journaled_plan(decision.plan)
+            if not policy_runs_plan(policy, plan):
+                await self._journal.decisions.finish.in_thread(decision.id, DecisionState.FAILED,
+                                                               f"approved plan not resumed after restart: policy "
+                                                               f"{approval.policy} is gone or now runs other actions")
+                continue
+            progress = step_progress(await self._journal.decisions.steps.in_thread(decision.id))
+            await self._start(approval, policy, plan, decision.signal_id, progress)
+            started += 1
+        return started
+
+    async def wait(self) -> None:
+        """Wait until every approved plan being applied now has finished (tests, demo)."""
+        while self._running:
+            await asyncio.wait(set(self._running))
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the approved plans being applied (what they did not finish is resumed at the next
+        start); the tasks, to be awaited."""
+        running = list(self._running)
+        for task in running:
+            task.cancel()
+        self._running.clear()
+        return running
+
+    def _policy(self, name: str) -> LoadedPolicy | None:
+        return next((p for p in self._state.policies.policies if p.name == name), None)
+
+    async def _start(self, approval: Approval, policy: LoadedPolicy, plan: Plan, signal_id: int,
+                     progress: Mapping[int, StepProgress]) -> None:
+        """Apply an approved plan in a task of its own, with the signal its decision was made for."""
+        stored = await self._journal.signals.get.in_thread(signal_id)
+        task = asyncio.create_task(self._run(approval, policy, plan, stored.payload if stored else None, progress),
+                                   name=_task_name(approval))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _run(self, approval: Approval, policy: LoadedPolicy, plan: Plan, summary: Mapping[str, Any] | None,
+                   progress: Mapping[int, StepProgress]) -> None:
+        signal = Signal.from_summary(dict(summary)) if summary is not None else None
+        if signal is None:  # pruned: apply the plan, no recovery check (it needs the signal)
+            signal = Signal.from_summary({"source": "alert", "name": "approved", "labels": {},
+                                          "dedup_key": plan.signal_key, "observed_at": iso_utc(self._clock())})
+        with structlog.contextvars.bound_contextvars(policy=policy.name, target=policy.target.key,
+                                                     approval=approval.id):
+            async with self._lock_for(policy.target.key):
+                await self._finish(approval.decision_id, policy, plan, progress, signal)
+
+
+def _task_name(approval: Approval) -> str:
+    return f"approved-{approval.id}"
 
 
 class ApprovalExpiry:
@@ -59,31 +254,31 @@ class ApprovalExpiry:
     Args:
         journal: Where approvals are.
         notify: Sends an outcome event; never blocks.
-        base_url: Named in the notification's command and call.
+        base_url: Named in the notification's command and call (read when it is made).
         may_act: Only the leader expires (its journal holds the approvals).
         interval_seconds: Longest wait between checks (a new approval's deadline is never sooner).
     """
 
-    def __init__(self, journal: AsyncJournal, notify: Notify, metrics: Metrics, base_url: str,
+    def __init__(self, journal: Journal, notify: Notify, metrics: Metrics, base_url: BaseUrl,
                  may_act: Callable[[], bool], clock: Callable[[], float] = time.time,
                  interval_seconds: float = 1.0) -> None:
         self._journal = journal
         self._notify = notify
         self._metrics = metrics
-        self.base_url = base_url
+        self._base_url = base_url
         self._may_act = may_act
         self._clock = clock
         self.interval_seconds = interval_seconds
 
     async def expire_due(self) -> list[Approval]:
         """Expire what is due now; each one announced as `approval_expired`."""
-        expired = await self._journal.expire_approvals(self._clock())
+        expired = await self._journal.approvals.expire.in_thread(self._clock())
         for approval in expired:
             log.info("approval expired", approval=approval.id, decision=approval.decision_id,
                      policy=approval.policy, target=approval.target)
             self._notify(approval_event(
-                "approval_expired", approval, self.base_url,
-                f"approval {approval.id} expired at {_iso(approval.deadline)}; the plan was not applied"))
+                "approval_expired", approval, self._base_url(),
+                f"approval {approval.id} expired at {iso_utc(approval.deadline)}; the plan was not applied"))
         return expired
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -94,7 +289,4 @@ class ApprovalExpiry:
                 except JournalError as exc:  # tried again next interval
                     self._metrics.faults.labels("journal").inc()
                     log.warning("could not expire approvals", error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_seconds)
-            except asyncio.TimeoutError:
-                pass
+            await wait_or_stop(stop, self.interval_seconds)

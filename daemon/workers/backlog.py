@@ -11,7 +11,8 @@ import structlog
 from core.decision import DecisionState
 from core.signal import Signal, SignalHead
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import AsyncJournal, JournalError, JournalFenced
+from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
+from daemon.storage.journal import Journal
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.matching import Matchable, matching_policies
@@ -23,6 +24,8 @@ DEFAULT_CACHE_SIZE = 10_000
 MATCHING, UNMATCHED = 0, 1  # the two classes of the backlog
 CLASSES = (MATCHING, UNMATCHED)
 MEMO_SIZE = 4_096  # kinds of signal a read keeps the class of
+JOURNAL_RETRY_MAX_SECONDS = 30.0
+"""The longest wait between retries of a signal whose processing met a journal error."""
 
 
 def signal_class(policies: Sequence[LoadedPolicy], signal: Matchable) -> int:
@@ -72,7 +75,15 @@ class Backlog:
     when it turns true (`acting_changed`) the pending set is read from the start. A signal older than
     `max_age_seconds` (since it was journaled) when a worker takes it is not acted on: its matching
     policies get a `blocked` decision saying it expired (which counts for no guard) and it is marked
-    processed.
+    processed; one a crash left mid-decision goes to the executor, which resumes it only while young
+    and as planned (else `expired`).
+
+    A journal error while a signal is processed (PostgreSQL restarting, a full disk, a dropped
+    connection mid-decision) is retried by the worker holding it, after 1 s, 2 s, 4 s ... up to
+    JOURNAL_RETRY_MAX_SECONDS, while this replica may take signals: the executor then resumes the
+    decision from what the journal has (an apply whose result was not recorded is re-observed). It is
+    never parked until the next start. A value the journal cannot store (JournalValueError) fails
+    again and is not retried; nor is a fenced write (another replica leads: the signal is its).
 
     Args:
         journal: The queue of record.
@@ -84,13 +95,15 @@ class Backlog:
         may_take: Whether signals may go to the executor now (checked on every take).
         max_age_seconds: Age past which a signal is expired instead of processed; None: no bound.
         clock: Unix time, compared with the journal's `received_at`.
+        sleep: Waits between retries after a journal error.
     """
 
-    def __init__(self, journal: AsyncJournal, policies: Callable[[], Sequence[LoadedPolicy]],
+    def __init__(self, journal: Journal, policies: Callable[[], Sequence[LoadedPolicy]],
                  process: Callable[[int, Signal], Awaitable[object]], metrics: Metrics,
                  capacity: int = DEFAULT_CACHE_SIZE, page: int = 1_000, *,
                  may_take: Callable[[], bool] = lambda: True, max_age_seconds: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._journal = journal
         self._policies = policies
         self._process = process
@@ -100,6 +113,7 @@ class Backlog:
         self._may_take = may_take
         self._max_age = max_age_seconds
         self._clock = clock
+        self._sleep = sleep
         # (id, signal, when it was journaled) in id order
         self._matching: collections.deque[tuple[int, Signal, float]] = collections.deque()
         self._unmatched: collections.deque[int] = collections.deque()
@@ -226,7 +240,7 @@ class Backlog:
         self._reading = True
         try:
             while left is None and not end and generation == self._generation:
-                rows = await self._journal.pending_signals(limit=self._page, after_id=last)
+                rows = await self._journal.signals.pending.in_thread(limit=self._page, after_id=last)
                 end = len(rows) < self._page
                 if generation != self._generation:
                     break  # the policies changed or signals may no longer be taken: read again later
@@ -269,22 +283,49 @@ class Backlog:
             signal_id, signal, received_at = self._matching.popleft()
             self._busy += 1
             try:
+                await self._take_one(signal_id, signal, received_at)
+            finally:
+                self._busy -= 1
+                self._forget([signal_id])
+
+    async def _take_one(self, signal_id: int, signal: Signal, received_at: float) -> None:
+        """Process one signal (or expire it), retrying after journal errors with backoff."""
+        attempt = 0
+        while True:
+            try:
                 age = self._clock() - received_at
                 if self._max_age is not None and age > self._max_age:
                     await self._expire(signal_id, signal, age)
                 else:
                     await self._process(signal_id, signal)
+                return
             except JournalFenced as exc:  # another replica took over: the signal is its to finish
                 self._metrics.faults.labels("journal").inc()
                 log.warning("replaced as leader while processing; signal left to the new leader",
                             signal=signal.dedup_key, error=str(exc))
+                return
+            except JournalValueError:  # the same value fails again: left pending, as a bug
+                self._failed.add(signal_id)
+                self._metrics.faults.labels("journal").inc()
+                log.exception("a value of this signal's decision cannot be journaled; left pending",
+                              signal=signal.dedup_key)
+                return
+            except JournalError as exc:  # the journal went away mid-decision: resumed once it is back
+                self._metrics.faults.labels("journal").inc()
+                if not self._may_take():
+                    log.warning("journal failed mid-decision and this replica may no longer act; signal "
+                                "left in the journal", signal=signal.dedup_key, error=str(exc))
+                    return
+                attempt += 1
+                delay = min(JOURNAL_RETRY_MAX_SECONDS, 2.0 ** (attempt - 1))
+                log.warning("journal failed mid-decision; retrying", signal=signal.dedup_key, attempt=attempt,
+                            retry_in_seconds=delay, error=str(exc))
+                await self._sleep(delay)
             except Exception:  # one bad signal must not stop the worker; it stays pending in the journal
                 self._failed.add(signal_id)
                 self._metrics.faults.labels("executor").inc()
                 log.exception("processing failed; signal left pending", signal=signal.dedup_key)
-            finally:
-                self._busy -= 1
-                self._forget([signal_id])
+                return
 
     async def mark_unmatched(self, batch: int = 5_000) -> None:
         """Mark signals that match no policy processed, up to `batch` per transaction, without
@@ -294,7 +335,7 @@ class Backlog:
             ids = [self._unmatched.popleft() for _ in range(min(batch, len(self._unmatched)))]
             self._busy += 1
             try:
-                await self._journal.mark_processed_many(ids)
+                await self._journal.signals.mark_processed.in_thread(ids)
             except JournalError as exc:  # still pending and still held: retried after a pause
                 self._unmatched.extendleft(reversed(ids))
                 self._metrics.faults.labels("journal").inc()
@@ -316,22 +357,22 @@ class Backlog:
         finishes its journaled plan (never abandoned half applied)."""
         reason = f"expired: signal is {age:.0f}s old (max {self._max_age:.0f}s); not acted on"
         policies = matching_policies(self._policies(), signal)
-        unfinished = False
+        # Decisions a crash left executing, of a policy that matches still or not (renamed since).
+        unfinished = bool(await self._journal.decisions.unfinished_for_signal.in_thread(signal_id))
         for policy in policies:
-            existing = await self._journal.decision_for(signal_id, policy.name)
+            existing = await self._journal.decisions.for_signal.in_thread(signal_id, policy.name)
             if existing is not None:
-                unfinished = unfinished or not existing.state.final
                 continue
             plan = blocked_plan(policy, signal, GuardDecision(False, reason))
-            await self._journal.record_decision(signal_id, policy.name, policy.target.key, DecisionState.BLOCKED,
-                                                reason, plan.as_dict(), False)
+            await self._journal.decisions.record.in_thread(signal_id, policy.name, policy.target.key,
+                                                           DecisionState.BLOCKED, reason, plan.as_dict(), False)
             self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
         log.warning("signal expired; not acted on", signal=signal.dedup_key, signal_id=signal_id,
                     age_seconds=round(age), max_age_seconds=self._max_age, policies=[p.name for p in policies])
         if unfinished:
             await self._process(signal_id, signal)
         else:
-            await self._journal.mark_processed(signal_id)
+            await self._journal.signals.mark_processed.in_thread([signal_id])
 
     # ---- waiting ----------------------------------------------------------------------------
 

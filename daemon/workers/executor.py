@@ -1,12 +1,17 @@
-"""The executor: journaled signal -> matching policies -> guards -> observe -> plan -> apply/verify.
+"""The executor: journaled signal -> matching policies -> one decision each -> recorded -> apply/verify.
 
 One lock per target: events for one target run in order, different targets in parallel.
 Everything except cancellation becomes an Outcome in the journal.
 
-This module decides (guards, freezes, silences, shadow triggers, approvals) and runs a decision's plan
-through `steps.StepRunner` (intent, apply, verify, retry, revert: how each step is journaled and
-retried is described there). A plan that succeeded has its recovery check journaled as in flight with
-the decision's final state and watched by `recovery_watch.RecoveryWatches` (verdicts, onNotRecovered).
+Each policy's verdict comes from the one decision ladder (`daemon.workers.decide`: guards, freezes,
+an approval already pending, silences, plan), whatever the mode; this module records it: a live
+trigger's verdict is journaled, announced and acted on, a shadow trigger's journaled as what would
+have been done (`daemon.workers.shadow.shadow_row`), a preview's only returned (`tailguard simulate`).
+A decision's plan runs through `steps.StepRunner` (intent, apply, verify, retry, revert: how each
+step is journaled and retried is described there). A plan that succeeded has its recovery check
+journaled as in flight with the decision's final state and watched by
+`recovery_watch.RecoveryWatches` (verdicts, onNotRecovered). Plans that need an operator wait in
+`approvals.ApprovalGate`.
 
 A decision found `executing` after a restart is resumed, never re-planned: its journaled plan (with the
 true `before` a revert needs) and step rows say how far each step got. Outcomes (acted, failed,
@@ -17,54 +22,92 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping
 
 import structlog
 
-from actions.base import Action, ActionDeps, Step
+from actions.base import Action, ActionDeps
+from core.timestamps import iso_utc
 from core.decision import DecisionState
-from core.outcome import ActionError
-from core.signal import Signal, SignalSource
+from core.signal import Signal
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import DAEMON_SCOPE, FOREVER, RECOVERY, Approval, AsyncJournal, Decision
-from daemon.workers.approvals import approval_event
-from daemon.workers.blast_guard import BlastGuard, escalates
-from daemon.workers.progress import StepProgress, journaled_plan, step_progress
+from daemon.storage.journal import Journal
+from daemon.storage.records import RECOVERY, Decision
+from daemon.workers.decision_events import decision_event
+from daemon.workers.approvals import ApprovalGate, ApprovalResult, BaseUrl
+from daemon.workers.blast_guard import BlastGuard
+from daemon.workers.decide import decide
+from daemon.workers.evidence import EvidenceReader, LatestVerdicts
+from daemon.workers.progress import (STARTED_WITH, RecoveryPlan, StepProgress, journaled_plan, runs_on,
+                                     started_with_document, step_progress)
 from daemon.workers.recovery_watch import RecoveryWatches
-from daemon.workers.shadow import ShadowOrigin, shadow_origin
-from daemon.workers.silences import SilenceCheck, describe_all, target_labels
+from daemon.workers.shadow import ShadowOrigin, shadow_origin, shadow_row
+from daemon.workers.silences import SilenceCheck
 from daemon.workers.state import ExecutorState
-from daemon.workers.steps import StepRunner, UnexpectedError, guarded
+from daemon.workers.steps import StepRunner
+from daemon.workers.verdicts import Blocked, DryRun, Execute, Mode, NeedsApproval, NoOp, Unplanned, Verdict
 from daemon.workers.verifier import RangeFn
-from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy
 from policies.matching import matching_policies
-from policies.planning import Plan, RecoveryCheck, blocked_plan, build_plan, recovery_check, unplanned
+from policies.guards import GuardDecision
+from policies.planning import Plan, RecoveryCheck, blocked_plan, recovery_check
 
 
 log = structlog.get_logger("tailguard.executor")
 
 Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; returns at once, never blocks
+DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 
 
 class Executor:
+    """Decides and acts for journaled signals; resumes what a restart interrupted.
+
+    Args:
+        journal: Signals, decisions, steps, freezes, approvals.
+        state: The active policies and the config's global freeze (swapped by reload and the CLI).
+        registry: Action kind -> class; one instance per kind is made with `deps`.
+        deps: The clients actions use.
+        metrics: Decisions, actions, faults, shadow decisions.
+        may_act: False while this replica may not act (not the leader): no apply starts.
+        clock: Unix time.
+        sleep: Waits (retries, the common-cause hold, recovery watches).
+        on_recorded: An executed plan, a pin, a freeze or an approval was journaled (cluster state).
+        notify: Hands an outcome event over; returns at once, never blocks.
+        silences: Asks Alertmanager whether a silence covers a detector signal's target (None: no
+            silences are consulted; alertmanager.url unset).
+        query_range: Reads back what a recovery watch resumed after a restart missed (Prometheus
+            range query; None: nothing is read back).
+        latest: The poller's last verdicts of a detector trigger, weighed by gated alert triggers.
+        approval_base_url: How operators reach the API, named in approval notifications; read when
+            one is sent (the port is known only once the API listens).
+        escalation_freeze_seconds: How long onNotRecovered: escalate freezes the target.
+        blast_radius: The daemon-wide guards across targets (default: off).
+        max_signal_age_seconds: A decision left executing (a crash, a journal outage) is resumed only
+            while its signal is younger than this, and its target still as planned; else it ends
+            `expired`. None: no age bound (the preconditions still hold it).
+    """
+
     def __init__(
         self,
-        journal: AsyncJournal,
+        journal: Journal,
         state: ExecutorState,
         registry: Mapping[str, type[Action]],
         deps: ActionDeps,
         metrics: Metrics,
+        *,
         may_act: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_recorded: Callable[[], None] = lambda: None,
         notify: Notify = lambda event: None,
+        silences: SilenceCheck | None = None,
+        query_range: RangeFn | None = None,
+        latest: LatestVerdicts | None = None,
+        approval_base_url: BaseUrl = lambda: DEFAULT_BASE_URL,
         escalation_freeze_seconds: float = 3600.0,
         blast_radius: BlastRadiusSettings | None = None,
-        approval_base_url: str = "http://127.0.0.1:8080",
+        max_signal_age_seconds: float | None = None,
     ) -> None:
         self._journal = journal
         self.state = state
@@ -72,69 +115,76 @@ class Executor:
         self._deps = deps
         self._metrics = metrics
         self._clock = clock
+        self._max_signal_age = max_signal_age_seconds
         self._on_recorded = on_recorded  # an executed plan or a pin was journaled (cluster state)
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._actions: dict[str, Action] = {}
         self._notify = notify
         self._blast = BlastGuard(journal, state, blast_radius or BlastRadiusSettings(), clock, sleep)
-        # Running a decision's steps, and watching its recovery after: each in a class of its own.
+        # What the decision ladder reads; running a decision's steps, watching its recovery after,
+        # and plans that wait for an operator: each in a class of its own.
+        self._evidence = EvidenceReader(journal, state, self._blast, self._action, metrics, clock, silences, latest)
         self._steps = StepRunner(journal, metrics, self._action, self._event, may_act, sleep, on_recorded)
         self._watches = RecoveryWatches(journal, state, self._steps, deps, metrics, self.lock_for, may_act, clock,
-                                        sleep, on_recorded, self._announce, escalation_freeze_seconds)
-        self.approval_base_url = approval_base_url  # named in approval notifications
-        self._approved: set[asyncio.Task[None]] = set()  # approved plans being applied
-        # Asks Alertmanager whether a silence covers a detector signal's target; set by connect when
-        # alertmanager.url is configured (None: no silences are consulted).
-        self.silences: SilenceCheck | None = None
+                                        sleep, on_recorded, self._announce, escalation_freeze_seconds,
+                                        query_range, actions=registry)
+        self._approvals = ApprovalGate(journal, state, metrics, self.lock_for, self._evidence.frozen, self._finish,
+                                       self._send, approval_base_url, clock, on_recorded)
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
         return self._locks[target_key]
-
-    # The watches read these; kept as the Executor's attributes (connect sets query_range here).
-    @property
-    def query_range(self) -> RangeFn | None:
-        """Reads back what a watch resumed after a restart missed (Prometheus range query)."""
-        return self._watches.query_range
-
-    @query_range.setter
-    def query_range(self, query_range: RangeFn | None) -> None:
-        self._watches.query_range = query_range
-
-    @property
-    def escalation_freeze_seconds(self) -> float:
-        """How long onNotRecovered: escalate freezes the target."""
-        return self._watches.escalation_freeze_seconds
-
-    @escalation_freeze_seconds.setter
-    def escalation_freeze_seconds(self, seconds: float) -> None:
-        self._watches.escalation_freeze_seconds = seconds
 
     def _action(self, kind: str) -> Action:
         if kind not in self._actions:
             self._actions[kind] = self._registry[kind](self._deps)
         return self._actions[kind]
 
+    # ---- deciding --------------------------------------------------------------------------------
+
     async def process(self, signal_id: int, signal: Signal) -> list[Plan]:
         """Decide and act for one journaled signal, then mark it processed."""
         plans = []
         policies = matching_policies(self.state.policies.policies, signal)
         with structlog.contextvars.bound_contextvars(signal=signal.dedup_key, signal_name=signal.name):
+            arrived_at = None
             if not policies:
                 log.info("signal matched no policy", labels=dict(signal.labels))
             else:
-                await self._blast.hold()  # with common-cause suppression on: let a burst show first
+                # With common-cause suppression on: let the burst it arrived in show first.
+                arrived_at = await self._blast.hold(signal_id)
+            # Decisions a crash left executing under a policy the signal no longer matches (renamed,
+            # removed, retargeted since): finished on the policy they started with, not stranded.
+            matched = {p.name for p in policies}
+            stranded = [d for d in await self._journal.decisions.unfinished_for_signal.in_thread(signal_id)
+                        if d.policy not in matched]
+            for left in stranded:
+                async with self._locks[left.target]:
+                    with structlog.contextvars.bound_contextvars(policy=left.policy, target=left.target):
+                        plans.append(await self._resume(left, None, signal))
             for policy in policies:
                 self._metrics.matched.labels(policy.name).inc()
+                former = _former_name(policy, stranded)
+                if former is not None:  # the same remedy under a new name: the signal is not acted on twice
+                    plans.append(await self._decided_before(signal_id, signal, policy, former))
+                    continue
                 async with self._locks[policy.target.key]:
                     with structlog.contextvars.bound_contextvars(policy=policy.name,
                                                                  target=policy.target.key):
-                        plans.append(await self._run_policy(signal_id, signal, policy))
-            await self._journal.mark_processed(signal_id)
+                        plans.append(await self._run_policy(signal_id, signal, policy, arrived_at))
+            await self._journal.signals.mark_processed.in_thread([signal_id])
         return plans
 
-    async def _run_policy(self, signal_id: int, signal: Signal, policy: LoadedPolicy) -> Plan:
-        existing = await self._journal.decision_for(signal_id, policy.name)
+    async def preview(self, signal: Signal) -> list[tuple[LoadedPolicy, Verdict]]:
+        """What `process` would decide for `signal` now, per matching policy: the same ladder (guards
+        read from the journal, not committed; targets observed); nothing journaled, nothing applied
+        (`tailguard simulate`)."""
+        return [(policy, await decide(policy, signal, Mode.PREVIEW, self._evidence))
+                for policy in matching_policies(self.state.policies.policies, signal)]
+
+    async def _run_policy(self, signal_id: int, signal: Signal, policy: LoadedPolicy,
+                          arrived_at: float | None = None) -> Plan:
+        existing = await self._journal.decisions.for_signal.in_thread(signal_id, policy.name)
         if existing is not None and existing.state.final:
             log.info("already decided", state=existing.state)
             return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
@@ -144,158 +194,187 @@ class Executor:
             # would be made from a world our own landed steps changed (a false `before`).
             return await self._resume(existing, policy, signal)
         shadow = shadow_origin(policy, signal)
+        verdict = await decide(policy, signal, Mode.LIVE if shadow is None else Mode.SHADOW, self._evidence,
+                               arrived_at)
         if shadow is not None:
-            return await self._run_shadow(signal_id, signal, policy, shadow)
-        decision = await self._guard(policy, commit=True)
-        if decision.allowed and policy.spec.approval == "required":
-            waiting = await self._journal.pending_approval(policy.name, policy.target.key)
-            if waiting is not None:  # one plan waits per policy and target; flapping signals add none
-                decision = GuardDecision(False, f"awaiting approval {waiting.id} (decision {waiting.decision_id}) "
-                                                f"until {_iso(waiting.deadline)}")
-        note: dict[str, Any] = {}
-        if decision.allowed:
-            decision, note = await self._silenced(policy, signal, decision)
-        if not decision.allowed:
-            plan = blocked_plan(policy, signal, decision)
-            blocked_id = await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, decision.reason,
+            return await self._record_shadow(signal_id, policy, verdict, shadow)
+        return await self._record_live(signal_id, policy, signal, verdict)
+
+    async def _record_live(self, signal_id: int, policy: LoadedPolicy, signal: Signal, verdict: Verdict) -> Plan:
+        """Journal a live verdict and do what it says: announce, ask for approval, or apply."""
+        plan, note = verdict.plan, verdict.note
+        if isinstance(verdict, Blocked):
+            blocked_id = await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, verdict.reason,
                                             executed=False, extra=note)
-            if escalates(decision):
-                self._announce("escalated", policy.name, policy.target.key, decision.reason,
+            if verdict.escalates:
+                self._announce("escalated", policy.name, policy.target.key, verdict.reason,
                                decision=blocked_id, signal=signal.dedup_key)
-            return plan
-        try:
-            steps = await self._plan_steps(policy, signal)
-        except ActionError as exc:
-            plan = unplanned(policy, signal, exc)
-            failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, plan.blocked or "",
+        elif isinstance(verdict, Unplanned):
+            failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, verdict.reason,
                                            executed=False, extra=note)
             for bound in policy.actions:
                 self._metrics.actions.labels(bound.kind, "failed").inc()
-            await self._event(policy, "RemediationFailed", plan.blocked or "", warning=True)
-            self._announce("failed", policy.name, policy.target.key, plan.blocked or "", decision=failed_id,
+            await self._event(policy, "RemediationFailed", verdict.reason, warning=True)
+            self._announce("failed", policy.name, policy.target.key, verdict.reason, decision=failed_id,
                            state=DecisionState.FAILED.value, signal=signal.dedup_key)
-            return plan
-        plan = build_plan(policy, signal, steps)
-        if plan.blocked:
-            await self._decide(signal_id, policy, plan, DecisionState.NOOP, plan.blocked, executed=False, extra=note)
-            return plan
-        if plan.dry_run:
+        elif isinstance(verdict, NoOp):
+            await self._decide(signal_id, policy, plan, DecisionState.NOOP, plan.blocked or "", executed=False,
+                               extra=note)
+        elif isinstance(verdict, DryRun):
             await self._decide(signal_id, policy, plan, DecisionState.DRY_RUN, "dryRun: planned, not applied",
                                executed=False, extra=note)
-            return plan
-        if policy.spec.approval == "required":
-            await self._request_approval(signal_id, policy, plan)
-            return plan
-        # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
-        decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
-                                         executed=True, extra=note)
-        self._on_recorded()
-        await self._finish(decision_id, policy, plan, {}, signal)
+        elif isinstance(verdict, NeedsApproval):
+            await self._approvals.request(signal_id, policy, plan)
+        else:
+            assert isinstance(verdict, Execute)
+            # Journaled as executed before the first write: a crash mid-way still counts for cooldown.
+            # With it the policy it starts with and its recovery check: a resume or a revert after a
+            # reload runs on them, never on the reloaded policy (`progress.runs_on`).
+            recovery = self._recovery_plan(policy, signal)
+            decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
+                                             executed=True,
+                                             extra={**note, STARTED_WITH: started_with_document(policy, recovery)})
+            self._on_recorded()
+            await self._finish(decision_id, policy, plan, {}, signal, recovery)
         return plan
 
-    async def _run_shadow(self, signal_id: int, signal: Signal, policy: LoadedPolicy, origin: ShadowOrigin) -> Plan:
-        """What a shadow trigger's signal would have done, journaled and never applied: guards read
-        (not committed: the escalate-once memory stays the live triggers'), the target observed, the
-        plan built. Not `executed`, so it never counts toward cooldown or rate limit."""
-        label = origin.label
-        decision = await self._guard(policy)
-        if decision.allowed and policy.spec.approval == "required":
-            waiting = await self._journal.pending_approval(policy.name, policy.target.key)
-            if waiting is not None:
-                decision = GuardDecision(False, f"awaiting approval {waiting.id}")
-        if decision.allowed:
-            decision, note = await self._silenced(policy, signal, decision)
-            if not decision.allowed:
-                plan = blocked_plan(policy, signal, decision)
-                await self._decide_shadow(signal_id, policy, plan, origin, "silenced", DecisionState.BLOCKED,
-                                          f"{label}: would be {decision.reason}", note)
-                return plan
-        if not decision.allowed:
-            plan = blocked_plan(policy, signal, decision)
-            await self._decide_shadow(signal_id, policy, plan, origin, "blocked", DecisionState.BLOCKED,
-                                      f"{label}: would be blocked: {decision.reason}")
-            return plan
-        try:
-            steps = await self._plan_steps(policy, signal)
-        except ActionError as exc:
-            plan = unplanned(policy, signal, exc)
-            await self._decide_shadow(signal_id, policy, plan, origin, "fail", DecisionState.DRY_RUN,
-                                      f"{label}: would fail: planning failed: {exc}")
-            return plan
-        plan = build_plan(policy, signal, steps)
-        if plan.blocked:
-            await self._decide_shadow(signal_id, policy, plan, origin, "noop", DecisionState.NOOP,
-                                      f"{label}: {plan.blocked}")
-            return plan
-        how = ("would only plan (dryRun)" if plan.dry_run else
-               "would ask for approval, then apply" if policy.spec.approval == "required" else "would apply")
-        summary = "; ".join(s.summary for s in plan.steps if not s.noop)
-        await self._decide_shadow(signal_id, policy, plan, origin, "act", DecisionState.DRY_RUN,
-                                  f"{label}: {how}: {summary}; not applied")
+    async def _decided_before(self, signal_id: int, signal: Signal, policy: LoadedPolicy, former: Decision) -> Plan:
+        """Journal (blocked) that the signal was already acted on for this target under the policy's
+        former name, once: a second pass over the signal finds this decision and stops there."""
+        existing = await self._journal.decisions.for_signal.in_thread(signal_id, policy.name)
+        if existing is not None:
+            return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
+                        blocked=f"already decided: {existing.state}")
+        reason = (f"already acted on for {policy.target.key} by decision {former.id} of policy {former.policy} "
+                  "(renamed or removed since; finished on the policy it started with)")
+        plan = blocked_plan(policy, signal, GuardDecision(False, reason))
+        await self._decide(signal_id, policy, plan, DecisionState.BLOCKED, reason, executed=False)
         return plan
 
-    async def _decide_shadow(self, signal_id: int, policy: LoadedPolicy, plan: Plan, origin: ShadowOrigin,
-                             would: str, state: DecisionState, reason: str,
-                             note: Mapping[str, Any] | None = None) -> int:
-        self._metrics.shadow_decisions.labels(policy.name, would).inc()
-        return await self._decide(signal_id, policy, plan, state, reason, executed=False,
-                                  extra={**(note or {}), "shadow": {**origin.as_dict(), "would": would}})
+    async def _record_shadow(self, signal_id: int, policy: LoadedPolicy, verdict: Verdict,
+                             origin: ShadowOrigin) -> Plan:
+        """Journal what a shadow trigger's signal would have done; never applied, not `executed`, so
+        it never counts toward cooldown or rate limit."""
+        row = shadow_row(verdict, origin)
+        self._metrics.shadow_decisions.labels(policy.name, row.would).inc()
+        await self._decide(signal_id, policy, row.plan, row.state, row.reason, executed=False,
+                           extra={**row.note, "shadow": {**origin.as_dict(), "would": row.would}})
+        return row.plan
 
-    async def _silenced(self, policy: LoadedPolicy, signal: Signal,
-                        decision: GuardDecision) -> tuple[GuardDecision, dict[str, Any]]:
-        """Ask Alertmanager about a detector signal (alerts are silenced there already; a schedule
-        tick is not an incident): a matching silence blocks, like a guard. When the silences cannot
-        be read the decision stands and the note says so (journaled in the plan)."""
-        if self.silences is None or signal.source is not SignalSource.DETECTOR:
-            return decision, {}
-        verdict = await self.silences(target_labels(signal.labels, policy.target.model))
-        if verdict.silenced:
-            log.info("silenced", reason=verdict.reason)
-            return (GuardDecision(False, verdict.reason),
-                    {"silences": {"checked": True, "matched": describe_all(verdict.matched)}})
-        if verdict.error is not None:
-            return decision, {"silences": {"checked": False, "error": verdict.error,
-                                           "note": "acted without silences: Alertmanager did not answer"}}
-        return decision, {"silences": {"checked": True, "matched": []}}
+    async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: DecisionState, reason: str,
+                      executed: bool, extra: Mapping[str, Any] | None = None) -> int:
+        """Journal the decision; `extra` keys go into its journaled plan (shadow, silences)."""
+        decision_id = await self._journal.decisions.record.in_thread(
+            signal_id, policy.name, policy.target.key, state, reason, {**plan.as_dict(), **(extra or {})}, executed)
+        if state.final:
+            self._metrics.decisions.labels(policy.name, state).inc()
+        log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
+                 dry_run=plan.dry_run)
+        if state.final and not (extra or {}).get("shadow"):  # decided without running: blocked, dry run, noop
+            await self._decision_event(policy, state, reason)
+        return decision_id
 
-    async def _resume(self, decision: Decision, policy: LoadedPolicy, signal: Signal) -> Plan:
-        """Go on with a decision left `executing` by a crash, from its journaled plan and steps."""
+    async def _decision_event(self, policy: LoadedPolicy, state: DecisionState, reason: str) -> None:
+        event = decision_event(state)
+        if event is not None:
+            await self._event(policy, event[0], reason, warning=event[1])
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    async def _resume(self, decision: Decision, current: LoadedPolicy | None, signal: Signal) -> Plan:
+        """Go on with a decision left `executing` by a crash, from its journaled plan and steps, on the
+        policy it started with (`current`: the active policy of its name, None when gone)."""
         plan = journaled_plan(decision.plan)
-        planned, kinds = [s.action for s in plan.steps], [bound.kind for bound in policy.actions]
-        if planned != kinds:
-            reason = (f"not resumed after restart: policy {policy.name} now runs {kinds}, the journaled plan "
-                      f"{planned}; steps applied before the restart are left as they are")
-            await self._journal.finish_decision(decision.id, DecisionState.FAILED, reason)
-            self._metrics.decisions.labels(policy.name, DecisionState.FAILED).inc()
+        runs = runs_on(decision.plan, current, self._registry)
+        if runs.policy is None:
+            reason = (f"not resumed after restart: {runs.why}; steps applied before the restart are left as "
+                      "they are")
+            await self._journal.decisions.finish.in_thread(decision.id, DecisionState.FAILED, reason)
+            self._metrics.decisions.labels(decision.policy, DecisionState.FAILED).inc()
             log.warning("decision not resumed", decision=decision.id, reason=reason)
             return plan
-        log.info("resuming decision after restart", decision=decision.id, plan=[s.summary for s in plan.steps])
-        await self._finish(decision.id, policy, plan, step_progress(await self._journal.steps(decision.id)), signal)
+        progress = step_progress(await self._journal.decisions.steps.in_thread(decision.id))
+        why, age = await self._stale(decision, runs.policy, plan, progress)
+        if why is not None:
+            await self._expired(decision, runs.policy, plan, progress, why, age)
+            return plan
+        log.info("resuming decision", decision=decision.id, plan=[s.summary for s in plan.steps], runs_on=runs.why)
+        await self._finish(decision.id, runs.policy, plan, progress, signal, runs.recovery,
+                           note=f"resumed on {runs.why}" if runs.reloaded else None)
         return plan
 
+    async def _stale(self, decision: Decision, policy: LoadedPolicy, plan: Plan,
+                     progress: Mapping[int, StepProgress]) -> tuple[str | None, float | None]:
+        """(why a resumed decision must not go on, or None; its signal's age). It goes on only while
+        its signal is younger than maxSignalAgeSeconds and its target is still as planned (re-observed)."""
+        stored = await self._journal.signals.get.in_thread(decision.signal_id)
+        age = self._clock() - stored.received_at if stored is not None else None
+        if self._max_signal_age is not None and age is not None and age > self._max_signal_age:
+            return (f"its signal is {age:.0f}s old (executor.maxSignalAgeSeconds {self._max_signal_age:.0f}s): the "
+                    "incident it answered has moved on"), age
+        changed = await self._steps.changed_since_plan(decision.id, policy, plan, progress)
+        if changed is not None:
+            return f"the target changed since the plan: {changed}", age
+        return None, age
+
+    async def _expired(self, decision: Decision, policy: LoadedPolicy, plan: Plan,
+                       progress: Mapping[int, StepProgress], why: str, age: float | None) -> None:
+        """End a resumed decision `expired`: nothing more is applied and nothing is reverted (a revert
+        on stale knowledge is a change too); what had landed is named, and it is reported loudly."""
+        landed = [idx for idx, done in sorted(progress.items()) if idx >= 0 and done.landed]
+        doubt = [idx for idx, done in sorted(progress.items()) if idx >= 0 and done.in_doubt]
+        reason = f"expired: not resumed: {why}; nothing more applied, nothing reverted"
+        if landed:
+            reason += f"; step(s) {landed} had landed and stay"
+        if doubt:
+            reason += f"; step(s) {doubt} may have landed (an apply without its result)"
+        await self._journal.decisions.finish.in_thread(
+            decision.id, DecisionState.EXPIRED, reason,
+            expired={"why": why, "age_seconds": age, "landed": landed, "in_doubt": doubt})
+        self._metrics.decisions.labels(decision.policy, DecisionState.EXPIRED).inc()
+        log.warning("decision expired", decision=decision.id, reason=reason)
+        await self._event(policy, "RemediationExpired", reason, warning=True)
+        self._announce("failed", decision.policy, decision.target, reason, decision=decision.id,
+                       state=DecisionState.EXPIRED.value, signal=plan.signal_key)
+
     async def _finish(self, decision_id: int, policy: LoadedPolicy, plan: Plan,
-                      progress: Mapping[int, StepProgress], signal: Signal) -> None:
+                      progress: Mapping[int, StepProgress], signal: Signal, recovery: RecoveryPlan | None = None,
+                      note: str | None = None) -> None:
+        """Run the plan's steps and journal the end; `recovery` (None: made from `policy` and
+        `signal` now) is watched when it succeeded; `note` is added to the decision's reason."""
         state, reason = await self._steps.run_plan(decision_id, policy, plan, progress)
-        check = self._recovery_check(policy, signal) if state is DecisionState.SUCCEEDED else None
+        if note:
+            reason = f"{reason}; {note}"
+        if recovery is None:
+            recovery = self._recovery_plan(policy, signal)
+        check = recovery.check if state is DecisionState.SUCCEEDED else None
         acted_at = self._clock()
         pending = None
         if check is not None:
             pending = (f"checking: {check.query} {check.condition.describe()} ({check.source})",
                        {"check": check.as_dict(), "acted_at": acted_at, "signal": signal.dedup_key})
         # One transaction: a restart finds the check in flight with the decision, or neither.
-        await self._journal.finish_decision(decision_id, state, reason, pending)
+        await self._journal.decisions.finish.in_thread(decision_id, state, reason, pending)
         self._metrics.decisions.labels(policy.name, state).inc()
         log.info("plan finished", state=state, reason=reason, recovery=check.as_dict() if check else None)
+        await self._decision_event(policy, state, reason)
         acted = state is DecisionState.SUCCEEDED
         self._announce("acted" if acted else "failed", policy.name, policy.target.key, reason,
                        decision=decision_id, state=state.value, signal=signal.dedup_key)
         if check is not None:
             self._watches.start(decision_id, policy.name, policy.target.key, check, acted_at)
-        elif acted and policy.detectors and policy.spec.verify is None:
-            await self._journal.record_step(
-                decision_id, -1, RECOVERY, RECOVERY, "skipped",
-                f"no recovery check: {signal.source.value} signal {signal.name} carries no detector line and "
-                "the policy has no verify block", {"signal": signal.dedup_key}, None)
+        elif acted and recovery.skipped is not None:
+            await self._journal.decisions.record_step.in_thread(
+                decision_id, -1, RECOVERY, RECOVERY, "skipped", recovery.skipped, {"signal": signal.dedup_key}, None)
+
+    def _recovery_plan(self, policy: LoadedPolicy, signal: Signal) -> RecoveryPlan:
+        """How the decision's recovery will be judged, made before it acts (and journaled with it)."""
+        check = self._recovery_check(policy, signal)
+        skipped = None
+        if check is None and policy.detectors and policy.spec.verify is None:
+            skipped = (f"no recovery check: {signal.source.value} signal {signal.name} carries no detector line "
+                       "and the policy has no verify block")
+        return RecoveryPlan(check, skipped)
 
     def _recovery_check(self, policy: LoadedPolicy, signal: Signal) -> RecoveryCheck | None:
         try:
@@ -305,178 +384,20 @@ class Executor:
             log.exception("recovery check could not be built")
             return None
 
-    async def preview(self, signal: Signal) -> list[Plan]:
-        """What `process` would decide for `signal` now: guards checked against the journal, targets
-        observed, plans computed; nothing journaled, nothing applied (`tailguard simulate`)."""
-        plans = []
-        for policy in matching_policies(self.state.policies.policies, signal):
-            decision = await self._guard(policy)
-            if not decision.allowed:
-                plans.append(blocked_plan(policy, signal, decision))
-                continue
-            try:
-                plans.append(build_plan(policy, signal, await self._plan_steps(policy, signal)))
-            except ActionError as exc:
-                plans.append(unplanned(policy, signal, exc))
-        return plans
-
-    async def _guard(self, policy: LoadedPolicy, *, commit: bool = False) -> GuardDecision:
-        now = self._clock()
-        if not self.state.frozen:  # the config's global freeze says it first
-            blocked = await self._frozen(policy, now)
-            if blocked is not None:
-                return blocked
-            across = await self._blast.check(policy, commit=commit)
-            if across is not None:
-                return across
-        last, count = await self._journal.guard_history(
-            policy.name, policy.target.key, policy.spec.guards.max_actions_window, now)
-        return check_guards(policy.spec.guards, GuardState(last, count, self.state.frozen), now)
-
-    async def _frozen(self, policy: LoadedPolicy, now: float) -> GuardDecision | None:
-        """The runtime freeze in force on the whole daemon, else on the policy's target (None: neither)."""
-        daemon = await self._journal.active_freeze(DAEMON_SCOPE, now)
-        if daemon is not None:
-            return GuardDecision(False, f"daemon frozen: {daemon.reason}{_until(daemon.until)}; "
-                                        "lift with `tailguard unfreeze`")
-        freeze = await self._journal.active_freeze(policy.target.key, now)
-        if freeze is not None:
-            return GuardDecision(False, f"target frozen: {freeze.reason}{_until(freeze.until)}; "
-                                        f"lift with `tailguard unfreeze {freeze.target}`")
-        return None
-
     # ---- approvals -------------------------------------------------------------------------------
 
-    async def _request_approval(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
-        """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
-        deadline = self._clock() + policy.spec.approval_timeout_seconds
-        approval = await self._journal.request_approval(signal_id, policy.name, policy.target.key,
-                                                        plan.as_dict(), deadline)
-        self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
-        log.info("plan awaits approval", approval=approval.id, decision=approval.decision_id,
-                 deadline=_iso(deadline), plan=[s.summary for s in plan.steps])
-        summary = "; ".join(s.summary for s in plan.steps if not s.noop)
-        self._send(approval_event("approval_requested", approval, self.approval_base_url,
-                                  f"plan awaits approval {approval.id} until {_iso(deadline)}: {summary}"))
-        return approval
-
-    async def approve(self, approval_id: int, by: str, reason: str) -> tuple[int, str, Approval | None]:
-        """Approve a pending plan and start applying it (in the background). Returns (HTTP status,
-        one-line message, the approval): 202 started; 404 no such approval; 409 not pending, past its
-        deadline, its policy gone or changed, or a freeze in force (it stays pending: lift, then approve)."""
-        approval = await self._journal.approval(approval_id)
-        if approval is None:
-            return 404, f"no approval {approval_id}", None
-        if approval.status != "pending":
-            by_whom = f" by {approval.decided_by}" if approval.decided_by else ""
-            return 409, f"approval {approval_id} is {approval.status}{by_whom}, not pending", approval
-        now = self._clock()
-        if approval.deadline <= now:
-            return 409, f"approval {approval_id} passed its deadline {_iso(approval.deadline)}", approval
-        decision = await self._journal.decision(approval.decision_id)
-        policy = next((p for p in self.state.policies.policies if p.name == approval.policy), None)
-        plan = journaled_plan(decision.plan) if decision is not None else None
-        if decision is None or plan is None or policy is None \
-                or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
-            return 409, (f"approval {approval_id}: policy {approval.policy} is gone or now runs other actions; "
-                         "the plan is left unapplied"), approval
-        async with self._locks[policy.target.key]:
-            frozen = (GuardDecision(False, "global freeze is on (config)") if self.state.frozen
-                      else await self._frozen(policy, now))
-            if frozen is not None:
-                return 409, f"approval {approval_id} stays pending: {frozen.reason}", approval
-            approved = await self._journal.approve(approval_id, by, reason, now)
-            if approved is None:  # expired or approved by someone else meanwhile
-                return 409, f"approval {approval_id} is no longer pending", approval
-        self._on_recorded()
-        log.info("plan approved", approval=approval_id, by=by, reason=reason, decision=approved.decision_id)
-        self._send(approval_event("approved", approved, self.approval_base_url,
-                                  f"approval {approval_id} approved by {by}: {reason}; applying", by=by))
-        stored = await self._journal.signal(decision.signal_id)
-        task = asyncio.create_task(self._run_approved(approved, policy, plan, stored.payload if stored else None),
-                                   name=f"approved-{approval_id}")
-        self._approved.add(task)
-        task.add_done_callback(self._approved.discard)
-        return 202, f"approval {approval_id} approved by {by}; applying decision {approved.decision_id}", approved
-
-    async def _run_approved(self, approval: Approval, policy: LoadedPolicy, plan: Plan,
-                            summary: Mapping[str, Any] | None, progress: Mapping[int, StepProgress] | None = None) -> None:
-        signal = Signal.from_summary(dict(summary)) if summary is not None else None
-        if signal is None:  # pruned: apply the plan, no recovery check (it needs the signal)
-            signal = Signal.from_summary({"source": "alert", "name": "approved", "labels": {},
-                                          "dedup_key": plan.signal_key, "observed_at": _iso(self._clock())})
-        with structlog.contextvars.bound_contextvars(policy=policy.name, target=policy.target.key,
-                                                     approval=approval.id):
-            async with self._locks[policy.target.key]:
-                await self._finish(approval.decision_id, policy, plan, progress or {}, signal)
+    async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
+        """Approve a pending plan and start applying it (in the background); what came of it
+        (`ApprovalResult`: started, or why not)."""
+        return await self._approvals.approve(approval_id, by, reason)
 
     async def resume_approved(self) -> int:
         """Go on with approved plans a restart interrupted (decision still `executing`); how many."""
-        started = 0
-        for approval in await self._journal.approvals("approved"):
-            decision = await self._journal.decision(approval.decision_id)
-            if decision is None or decision.state is not DecisionState.EXECUTING:
-                continue
-            if any(t.get_name() == f"approved-{approval.id}" for t in self._approved):
-                continue
-            policy = next((p for p in self.state.policies.policies if p.name == approval.policy), None)
-            plan = journaled_plan(decision.plan)
-            if policy is None or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
-                await self._journal.finish_decision(decision.id, DecisionState.FAILED,
-                                                    f"approved plan not resumed after restart: policy "
-                                                    f"{approval.policy} is gone or now runs other actions")
-                continue
-            progress = step_progress(await self._journal.steps(decision.id))
-            stored = await self._journal.signal(decision.signal_id)
-            task = asyncio.create_task(
-                self._run_approved(approval, policy, plan, stored.payload if stored else None, progress),
-                name=f"approved-{approval.id}")
-            self._approved.add(task)
-            task.add_done_callback(self._approved.discard)
-            started += 1
-        return started
+        return await self._approvals.resume()
 
     async def wait_approved(self) -> None:
         """Wait until every approved plan being applied now has finished (tests, demo)."""
-        while self._approved:
-            await asyncio.wait(set(self._approved))
-
-    def _send(self, event: Mapping[str, Any]) -> None:
-        try:
-            self._notify(event)
-        except Exception as exc:  # a notification never fails the caller
-            self._metrics.faults.labels("notifications").inc()
-            log.warning("could not hand over notification", error=repr(exc))
-
-    async def _plan_steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
-        steps = []
-        for bound in policy.actions:
-            action = self._action(bound.kind)
-            try:
-                observed = await guarded(action.observe(policy.target, bound.params), bound.kind, "observe")
-            except UnexpectedError:
-                self._metrics.faults.labels("actions").inc()
-                raise
-            try:
-                steps.append(action.plan(policy.target, bound.params, observed, signal))
-            except ActionError:
-                raise
-            except Exception as exc:  # a planning bug is this decision's failure, not the worker's
-                self._metrics.faults.labels("actions").inc()
-                log.exception("plan raised", action=bound.kind)
-                raise ActionError(f"{bound.kind}.plan raised {type(exc).__name__}: {exc}") from exc
-        return steps
-
-    async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: DecisionState, reason: str,
-                      executed: bool, extra: Mapping[str, Any] | None = None) -> int:
-        """Journal the decision; `extra` keys go into its journaled plan (shadow, silences)."""
-        decision_id = await self._journal.record_decision(
-            signal_id, policy.name, policy.target.key, state, reason, {**plan.as_dict(), **(extra or {})}, executed)
-        if state.final:
-            self._metrics.decisions.labels(policy.name, state).inc()
-        log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
-                 dry_run=plan.dry_run)
-        return decision_id
+        await self._approvals.wait()
 
     # ---- recovery --------------------------------------------------------------------------------
 
@@ -494,21 +415,23 @@ class Executor:
     async def close(self) -> None:
         """Stop the recovery watches and approved plans being applied; what they did not settle stays
         in the journal (resumed at the next start)."""
-        approved = list(self._approved)
-        for task in approved:
-            task.cancel()
+        approved = self._approvals.cancel()
         await self._watches.close()
         await asyncio.gather(*approved, return_exceptions=True)
-        self._approved.clear()
+
+    # ---- outlets ---------------------------------------------------------------------------------
+
+    def _send(self, event: Mapping[str, Any]) -> None:
+        try:
+            self._notify(event)
+        except Exception as exc:  # a notification never fails the caller
+            self._metrics.faults.labels("notifications").inc()
+            log.warning("could not hand over notification", error=repr(exc))
 
     def _announce(self, event: str, policy: str, target: str, message: str, **extra: Any) -> None:
         """Hand an outcome event to `notify`; never blocks, never fails the caller."""
-        try:
-            self._notify({"event": event, "policy": policy, "target": target, "message": message,
-                          "at": _iso(self._clock()), **extra})
-        except Exception as exc:
-            self._metrics.faults.labels("notifications").inc()
-            log.warning("could not hand over notification", error=repr(exc))
+        self._send({"event": event, "policy": policy, "target": target, "message": message,
+                    "at": iso_utc(self._clock()), **extra})
 
     async def _event(self, policy: LoadedPolicy, reason: str, message: str, warning: bool) -> None:
         if self._deps.record_event is None:
@@ -520,10 +443,9 @@ class Executor:
             log.warning("could not record Kubernetes event", error=str(exc))
 
 
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
-
-
-def _until(until: float) -> str:
-    return "" if until >= FOREVER else f" (until {_iso(until)})"
-
+def _former_name(policy: LoadedPolicy, stranded: list[Decision]) -> Decision | None:
+    """The decision a crash left executing under a name no policy has any more, on `policy`'s target
+    with `policy`'s actions: `policy` is that policy renamed."""
+    kinds = [b.kind for b in policy.actions]
+    return next((d for d in stranded if d.target == policy.target.key
+                 and [s["action"] for s in d.plan.get("steps", [])] == kinds), None)

@@ -12,14 +12,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
 import structlog
 from prometheus_client import Gauge
 
+from core.timestamps import iso_utc
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import DAEMON_SCOPE, FOREVER, AsyncJournal, Freeze
+from daemon.storage.journal import Journal
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, Freeze
 
 log = structlog.get_logger("tailguard.freezes")
 
@@ -34,10 +35,6 @@ class FreezeError(Exception):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
-
-
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
 
 
 def target_key(text: str) -> str:
@@ -57,9 +54,18 @@ def held_by_configmap(freeze: Freeze) -> bool:
     return freeze.source == CONFIGMAP or freeze.reason.startswith(CONFIGMAP_REASON_PREFIX)
 
 
+def blocking_reason(freeze: Freeze) -> str:
+    """Why a decision is blocked while `freeze` (of the whole daemon or of one target) is in force:
+    its reason, until when, and how to lift it."""
+    until = "" if freeze.until >= FOREVER else f" (until {iso_utc(freeze.until)})"
+    if freeze.target == DAEMON_SCOPE:
+        return f"daemon frozen: {freeze.reason}{until}; lift with `tailguard unfreeze`"
+    return f"target frozen: {freeze.reason}{until}; lift with `tailguard unfreeze {freeze.target}`"
+
+
 def freeze_as_dict(freeze: Freeze, now: float) -> dict[str, Any]:
     return {"scope": freeze.target, "reason": freeze.reason, "by": freeze.by, "source": freeze.source,
-            "at": _iso(freeze.at), "until": None if freeze.until >= FOREVER else _iso(freeze.until),
+            "at": iso_utc(freeze.at), "until": None if freeze.until >= FOREVER else iso_utc(freeze.until),
             "secondsLeft": None if freeze.until >= FOREVER else max(0.0, round(freeze.until - now, 1)),
             "decision": freeze.decision_id, "id": freeze.id}
 
@@ -124,7 +130,7 @@ class FreezeControl:
         on_recorded: Called after a change (the cluster state publishes it).
     """
 
-    def __init__(self, journal: AsyncJournal, metrics: Metrics, config_frozen: bool,
+    def __init__(self, journal: Journal, metrics: Metrics, config_frozen: bool,
                  on_recorded: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.time) -> None:
         self._journal = journal
         self._metrics = metrics
@@ -143,7 +149,7 @@ class FreezeControl:
 
     async def view(self) -> FreezeView:
         """Read what is in force now; updates `last` and the gauges. Raises JournalError."""
-        self.last = freeze_view(await self._journal.active_freezes(self._clock()), self.last.config)
+        self.last = freeze_view(await self._journal.freezes.active.in_thread(self._clock()), self.last.config)
         self._metrics.frozen.set(int(self.last.frozen))
         self._daemon_gauge.set(int(self.last.daemon is not None))
         self._targets_gauge.set(len(self.last.targets))
@@ -152,12 +158,12 @@ class FreezeControl:
     async def freeze(self, scope: str, reason: str, by: str, source: str, until: float = FOREVER) -> Freeze:
         """Freeze `scope` (DAEMON_SCOPE or a target key); journaled as "<reason> (by <who> via <source>)"."""
         text = reason if source == CONFIGMAP else f"{reason} (by {by} via {source})"
-        freeze_id = await self._journal.record_freeze(scope, text, until, by=by, source=source)
+        freeze_id = await self._journal.freezes.record.in_thread(scope, text, until, by=by, source=source)
         log.warning("frozen", scope=scope, reason=text, by=by, source=source,
-                    until=None if until >= FOREVER else _iso(until))
+                    until=None if until >= FOREVER else iso_utc(until))
         self._on_recorded()
         await self.view()
-        return next(f for f in await self._journal.freezes(scope) if f.id == freeze_id)
+        return next(f for f in await self._journal.freezes.all.in_thread(scope) if f.id == freeze_id)
 
     async def unfreeze(self, scope: str, reason: str, by: str, source: str) -> list[Freeze]:
         """Lift the freezes in force on `scope`.
@@ -166,14 +172,14 @@ class FreezeControl:
             FreezeError: 409 when the control ConfigMap holds one (clear it there), or nothing is frozen.
         """
         now = self._clock()
-        active = [f for f in await self._journal.active_freezes(now) if f.target == scope]
+        active = [f for f in await self._journal.freezes.active.in_thread(now) if f.target == scope]
         held = [f for f in active if held_by_configmap(f)]
         if held and source != CONFIGMAP:
             raise FreezeError(409, f"{_scope_name(scope)} is frozen by the control ConfigMap ({held[0].reason}); "
                                    "clear it there")
         if not active:
             raise FreezeError(409, f"{_scope_name(scope)} is not frozen")
-        lifted = await self._journal.lift_freezes(scope, f"{reason} (by {by} via {source})", now, by=by)
+        lifted = await self._journal.freezes.lift.in_thread(scope, f"{reason} (by {by} via {source})", now, by=by)
         log.warning("unfrozen", scope=scope, reason=reason, by=by, source=source, lifted=[f.id for f in lifted])
         self._on_recorded()
         await self.view()
@@ -182,13 +188,13 @@ class FreezeControl:
     async def apply_configmap(self, desired: Iterable[tuple[str, str, str]], lifted_by: Callable[[str], str],
                               where: str) -> ConfigMapChanges:
         """Make the journal agree with what the control ConfigMap declares (freeze and lift; journaled)."""
-        active = await self._journal.active_freezes(self._clock())
+        active = await self._journal.freezes.active.in_thread(self._clock())
         changes = configmap_changes(desired, active, lifted_by)
         for scope, reason, by in changes.freeze:
             await self.freeze(scope, reason, by, CONFIGMAP)
         for scope, by in changes.lift:
             ids = [f.id for f in active if f.target == scope and held_by_configmap(f)]
-            lifted = await self._journal.lift_freezes(
+            lifted = await self._journal.freezes.lift.in_thread(
                 scope, f"cleared in ConfigMap {where} by {by}", self._clock(), by=by, ids=ids)
             log.warning("unfrozen", scope=scope, by=by, source=CONFIGMAP, lifted=[f.id for f in lifted])
         if changes.lift:

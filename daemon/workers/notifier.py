@@ -1,10 +1,16 @@
 """Outcome notifications: fire-and-forget POSTs of what tailguard did and whether it helped.
 
-`Notifier.publish(event)` never blocks and never raises: the event joins a bounded in-memory queue
-(when it is full the oldest is dropped and counted in `tailguard_faults_total{component="notifications"}`)
-and one background task, started on demand, sends it to every receiver subscribed to its kind.
-5xx answers and network errors are retried with backoff; other answers are given up at once.
-A receiver that is down delays notifications, never a remediation. Each POST carries
+`Notifier.publish(event)` never blocks and never raises: the event joins the bounded in-memory queue
+of every receiver subscribed to its kind, and each receiver has its own sender task (started on
+demand): a receiver that hangs or is down delays its own notifications only, never another
+receiver's and never a remediation. 5xx answers and network errors are retried with backoff; other
+answers are given up at once.
+
+Escalations first: `escalated`, `failed` and `not_recovered` are urgent, sent before the routine
+`acted` and `recovered` waiting for the same receiver; when a receiver's queue is full a routine
+notice is dropped first (the oldest), an urgent one only when nothing routine is left (then the
+oldest urgent; a routine event arriving at a queue full of urgent ones is itself dropped). Every
+drop is counted in `tailguard_faults_total{component="notifications"}`. Each POST carries
 `Idempotency-Key: <decision>/<event>` so a receiver can drop the repeat of a retried delivery.
 
 Events (`event` in the JSON): acted, recovered, not_recovered (verdict not_recovered or unknown),
@@ -66,13 +72,47 @@ def _where(sink: NotificationSettings) -> str:
     return f"<{sink.url_file}>" if sink.url_file is not None else str(sink.url)
 
 
+URGENT = frozenset({"escalated", "failed", "not_recovered"})
+"""Events a human must see: sent first, dropped last."""
+
+
+class _Lane:
+    """One receiver's queue (urgent and routine) and its sender task."""
+
+    def __init__(self, sink: NotificationSettings) -> None:
+        self.sink = sink
+        self.urgent: deque[dict[str, Any]] = deque()
+        self.routine: deque[dict[str, Any]] = deque()
+        self.task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.urgent) + len(self.routine)
+
+    def admit(self, event: dict[str, Any], size: int) -> dict[str, Any] | None:
+        """Queue `event`; the event dropped to make room (None: none was)."""
+        urgent = event.get("event") in URGENT
+        lost = None
+        if len(self) >= size:
+            if self.routine:
+                lost = self.routine.popleft()
+            elif urgent:
+                lost = self.urgent.popleft()
+            else:
+                return event  # only urgent ones wait: the routine newcomer gives way
+        (self.urgent if urgent else self.routine).append(event)
+        return lost
+
+    def take(self) -> dict[str, Any]:
+        return (self.urgent or self.routine).popleft()
+
+
 class Notifier:
-    """Sends outcome events to the configured receivers, in the background.
+    """Sends outcome events to the configured receivers, in the background, one sender per receiver.
 
     Args:
         sinks: The receivers (`notifications` in the settings).
         metrics: Drops and deliveries given up are counted as faults.
-        queue_size: Events waiting at most; past it the oldest is dropped.
+        queue_size: Events waiting at most per receiver; past it a routine one is dropped first.
         sleep: Waits between retries (tests pass a fast one).
         backoff_seconds: The first retry's delay; each next one doubles it.
 
@@ -87,59 +127,66 @@ class Notifier:
         self._size = queue_size
         self._sleep = sleep
         self._backoff = backoff_seconds
-        self._queue: deque[dict[str, Any]] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._lanes = tuple(_Lane(sink) for sink in self._sinks)
         self._http: aiohttp.ClientSession | None = None
-        self.dropped = 0  # events dropped because the queue was full
+        self.dropped = 0  # (event, receiver) deliveries dropped because the receiver's queue was full
         self.delivered = 0  # (event, receiver) deliveries that succeeded
         self.given_up = 0  # (event, receiver) deliveries that failed for good
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        """(event, receiver) deliveries waiting."""
+        return sum(len(lane) for lane in self._lanes)
+
+    def _tasks(self) -> list[asyncio.Task[None]]:
+        return [lane.task for lane in self._lanes if lane.task is not None and not lane.task.done()]
 
     def publish(self, event: Mapping[str, Any]) -> None:
         """Queue `event` for the receivers subscribed to `event["event"]`; returns at once, never raises."""
         try:
-            if not any(event.get("event") in sink.events for sink in self._sinks):
+            lanes = [lane for lane in self._lanes if event.get("event") in lane.sink.events]
+            if not lanes:
                 return
-            if len(self._queue) >= self._size:
-                lost = self._queue.popleft()
-                self.dropped += 1
-                self._metrics.faults.labels(FAULT).inc()
-                log.warning("notification queue full; oldest dropped", dropped=lost.get("event"),
-                            decision=lost.get("decision"), queue_size=self._size)
-            self._queue.append(dict(event))
-            if self._task is None or self._task.done():
-                self._task = asyncio.get_running_loop().create_task(self._run(), name="notifier")
+            loop = asyncio.get_running_loop()
+            for lane in lanes:
+                lost = lane.admit(dict(event), self._size)
+                if lost is not None:
+                    self.dropped += 1
+                    self._metrics.faults.labels(FAULT).inc()
+                    log.warning("notification queue full; one dropped (routine before urgent)",
+                                url=_where(lane.sink), dropped=lost.get("event"), decision=lost.get("decision"),
+                                queue_size=self._size)
+                if lane.task is None or lane.task.done():
+                    lane.task = loop.create_task(self._run(lane), name=f"notifier-{_where(lane.sink)}")
         except Exception as exc:  # a notification must never fail the caller
             self._metrics.faults.labels(FAULT).inc()
             log.warning("could not queue notification", error=repr(exc))
 
     async def flush(self) -> None:
         """Wait until every queued event was delivered or given up (tests)."""
-        while self._task is not None and not self._task.done():
-            await asyncio.wait({self._task})
+        while tasks := self._tasks():
+            await asyncio.wait(tasks)
 
     async def close(self, timeout_seconds: float = 2.0) -> None:
         """Give queued events up to `timeout_seconds`, then stop; the HTTP session is closed."""
-        if self._task is not None and not self._task.done():
+        if self._tasks():
             try:
                 await asyncio.wait_for(self.flush(), timeout_seconds)
             except asyncio.TimeoutError:
-                log.warning("notifications not sent before shutdown", left=len(self._queue) + 1)
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self._task = None
+                log.warning("notifications not sent before shutdown", left=self.pending + len(self._tasks()))
+            tasks = self._tasks()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in self._lanes:
+            lane.task = None
         if self._http is not None:
             await self._http.close()
             self._http = None
 
-    async def _run(self) -> None:
-        while self._queue:
-            event = self._queue.popleft()
-            sinks = [s for s in self._sinks if event.get("event") in s.events]
-            await asyncio.gather(*(self._deliver(sink, event) for sink in sinks))
+    async def _run(self, lane: _Lane) -> None:
+        while lane:
+            await self._deliver(lane.sink, lane.take())
 
     async def _deliver(self, sink: NotificationSettings, event: Mapping[str, Any]) -> None:
         """POST `event` to `sink`, retrying 5xx and network errors; never raises (but cancellation)."""

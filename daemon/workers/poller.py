@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import structlog
 
@@ -16,74 +16,19 @@ from core.detection import Detection
 from core.promql import render_query
 from core.query import Series, series_key
 from core.signal import Signal, SignalSource, stable_key
-from daemon.storage.journal import AsyncJournal
+from daemon.storage.journal import Journal
+from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient, RangeResult
 from daemon.sources.range_cache import RangeCache
 from daemon.sources.triton_metrics import TritonMetricsSource, metrics_url
 from daemon.workers.emit import Emit
-from detectors.base import Detector, Offload
+from daemon.workers.series_pairing import LabelMemo, PairingMemo
+from daemon.workers.series_pairing import pair_companions as pair_companions  # bench_poll_cycle reads it here
+from detectors.base import ClusterReader, Detector, Offload, ReadsCluster, judges_together
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")
-
-
-class LabelMemo:
-    """`fn(labels)` computed once per labels mapping object while that object keeps coming back:
-    the range cache hands out the same mapping of a series every cycle, so a steady cycle finds
-    the series' keys here instead of sorting and encoding 10,000 label sets again. Keyed by the
-    mapping's id, the mapping held so that the id stays its own (a Series' labels are never
-    changed in place); what a cycle did not ask for is dropped at the next (`next_cycle`). Only
-    dicts of ints and strings and lists: nothing more for the cyclic GC to walk."""
-
-    def __init__(self, fn: Callable[[Mapping[str, str]], str]) -> None:
-        self._fn = fn
-        self._now: dict[int, str] = {}
-        self._last: dict[int, str] = {}
-        self._held_now: list[Mapping[str, str]] = []
-        self._held_last: list[Mapping[str, str]] = []
-
-    def next_cycle(self) -> None:
-        self._last, self._held_last = self._now, self._held_now
-        self._now, self._held_now = {}, []
-
-    def many(self, labels: Iterable[Mapping[str, str]]) -> Iterator[str]:
-        """`fn` of each mapping, in order, each when asked for (as `fn` one call at a time)."""
-        now, last, held, fn = self._now, self._last, self._held_now, self._fn
-        for mapping in labels:
-            value = now.get(id(mapping))
-            if value is None:
-                value = last.get(id(mapping))
-                if value is None:
-                    value = fn(mapping)
-                now[id(mapping)] = value
-                held.append(mapping)
-            yield value
-
-
-class PairingMemo:
-    """`pair_companions` of a watch's last cycle, reused while the same series come back in the
-    same order (the same labels mapping objects: the range cache keeps them, and a Series' labels
-    are never changed in place), so they pair the same way; otherwise paired anew."""
-
-    def __init__(self) -> None:
-        self._series: list[Mapping[str, str]] = []
-        self._companions: list[Mapping[str, str]] = []
-        self._positions: list[int] = []  # per series, its companion's position; -1: none
-
-    def pair(self, series: list[Series], companions: RangeResult) -> list[Series | None]:
-        labels = [s.labels for s in series]
-        companion_labels = [c.labels for c in companions.series]
-        if not (_same_objects(labels, self._series) and _same_objects(companion_labels, self._companions)):
-            position = {id(c): i for i, c in enumerate(companions.series)}
-            self._positions = [-1 if c is None else position[id(c)] for c in pair_companions(series, companions)]
-            self._series, self._companions = labels, companion_labels
-        found = companions.series
-        return [found[i] if i >= 0 else None for i in self._positions]
-
-
-def _same_objects(a: list[Mapping[str, str]], b: list[Mapping[str, str]]) -> bool:
-    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 @dataclass
@@ -99,6 +44,18 @@ class Watch:
     keys: LabelMemo = field(default_factory=lambda: LabelMemo(series_key), compare=False, repr=False)
     gauges: LabelMemo = field(default_factory=lambda: LabelMemo(gauge_series), compare=False, repr=False)
     pairing: PairingMemo = field(default_factory=PairingMemo, compare=False, repr=False)
+    # The last cycle's verdicts (what a gate on an alert trigger weighs): when, and per series.
+    latest: "Latest | None" = field(default=None, compare=False, repr=False)
+    no_data_since: float | None = None  # when its answers stopped holding a series of its model
+
+
+@dataclass(frozen=True)
+class Latest:
+    """One watch's verdicts of its last cycle."""
+
+    at: float
+    interval: float
+    verdicts: tuple[tuple[Mapping[str, str], Detection], ...]
 
 
 @dataclass
@@ -116,6 +73,8 @@ class QueryGroup:
     failures: int = 0
     stale: bool = False
     last_error: str | None = None
+    partial: bool = False  # the last fetch read some sources, not all (source: triton)
+    id: str = ""  # short and stable (query, interval, companion, source, endpoints): the gauge's label
 
 
 # (query, interval, lookback, companion, source, metrics endpoints): watches sharing one fetch.
@@ -137,7 +96,7 @@ class Poller:
     def __init__(
         self,
         prometheus: PrometheusClient,
-        journal: AsyncJournal,
+        journal: Journal,
         metrics: Metrics,
         detectors: Mapping[str, type[Detector]],
         emit: Emit,
@@ -146,6 +105,7 @@ class Poller:
         clock: Callable[[], float] = time.time,
         triton_metrics: TritonMetricsSource | None = None,
         incremental_range_queries: bool = True,
+        cluster: ClusterReader | None = None,
     ) -> None:
         """`incremental_range_queries`: keep each Prometheus query's lookback in memory and ask
         only for the steps since the last cycle (`RangeCache`); off, every cycle asks for the whole
@@ -153,6 +113,7 @@ class Poller:
         self._prom = prometheus
         self._ranges = RangeCache(prometheus) if incremental_range_queries else None
         self._triton = triton_metrics
+        self._cluster = cluster  # what a detector reading the cluster (the canary judge) is handed
         self._journal = journal
         self._metrics = metrics
         self._registry = detectors
@@ -185,15 +146,72 @@ class Poller:
                 if group is None:
                     prev = old_groups.get(key)
                     group = QueryGroup(query, bound.trigger.interval, lookback, companion, source,
-                                       endpoints, next_due=prev.next_due if prev else 0.0)
+                                       endpoints, next_due=prev.next_due if prev else 0.0,
+                                       id=stable_key(query, bound.trigger.interval, companion, source, endpoints)[:12])
                     groups[key] = group
                 group.watches.append(watch)
+        kept = {w.fingerprint for g in groups.values() for w in g.watches}
+        for fp, w in old.items():  # a watch gone with its policy or trigger takes its gauges along
+            if fp not in kept:
+                self._forget_watch(w)
+        for old_key, g in old_groups.items():
+            if old_key not in groups:
+                _remove(self._metrics.query_up, g.id, g.source)
         self.groups = groups
-        self._metrics.stale_queries.set(sum(g.stale for g in groups.values()))
+        self._health()
+
+    def _health(self) -> None:
+        """The coverage gauges from every group's last fetch: per group, Prometheus as a whole (down
+        only when every Prometheus group fails: one bad query is not Prometheus away), stale count."""
+        groups = list(self.groups.values())
+        for g in groups:
+            if g.failures or g.next_due:  # fetched at least once
+                self._metrics.query_up.labels(g.id, g.source).set(int(not (g.stale or g.partial)))
+        prom = [g for g in groups if g.source == "prometheus" and (g.failures or g.next_due)]
+        self._metrics.prometheus_up.set(int(not prom or not all(g.stale for g in prom)))
+        self._metrics.stale_queries.set(sum(g.stale or g.partial for g in groups))
+
+    def _forget_watch(self, watch: Watch) -> None:
+        self._metrics.detector.forget(watch.policy.name, watch.bound.index)
+        _remove(self._metrics.no_data, watch.policy.name, str(watch.bound.index))
+
+    def latest(self, policy: str, trigger_index: int) -> Latest | None:
+        """The last cycle's verdicts of a policy's detector trigger (None: not polled yet)."""
+        for group in self.groups.values():
+            for watch in group.watches:
+                if watch.policy.name == policy and watch.bound.index == trigger_index:
+                    return watch.latest
+        return None
+
+    def telling(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Per (policy, detector trigger), the last cycle's most telling verdict (fired first, then
+        the highest score), with what the test assumed: what `tailguard status` shows."""
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for group in self.groups.values():
+            for watch in group.watches:
+                latest = watch.latest
+                if latest is None or not latest.verdicts:
+                    continue
+                labels, d = max(latest.verdicts, key=lambda v: (v[1].fired, v[1].score or 0.0))
+                out[(watch.policy.name, watch.bound.index)] = {
+                    "detector": d.detector, "series": gauge_series(labels), "fired": d.fired, "reason": d.reason,
+                    "score": d.score, "assumed": d.details.get("assumed"),
+                    "at": datetime.fromtimestamp(latest.at, timezone.utc).isoformat(timespec="seconds")}
+        return out
 
     def stale_queries(self) -> list[dict[str, Any]]:
-        return [{"query": g.query, "error": g.last_error, "failures": g.failures}
-                for g in self.groups.values() if g.stale]
+        """Groups whose last fetch failed, or read only some of their sources (`partial`)."""
+        return [{"group": g.id, "source": g.source, "query": g.query, "error": g.last_error,
+                 "failures": g.failures, "partial": g.partial}
+                for g in self.groups.values() if g.stale or g.partial]
+
+    def vanished(self) -> list[dict[str, Any]]:
+        """Detector triggers whose answers hold no series of their model: the model is not
+        watched by them (its metrics vanished, or never were), said in /readyz and as a gauge."""
+        return [{"policy": w.policy.name, "trigger": w.bound.index, "model": w.policy.target.model,
+                 "query": _short(w.bound.trigger.query),
+                 "since": datetime.fromtimestamp(w.no_data_since, timezone.utc).isoformat(timespec="seconds")}
+                for g in self.groups.values() for w in g.watches if w.no_data_since is not None]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until `stop` is set; each due group runs as its own task so one slow query waits alone."""
@@ -209,10 +227,7 @@ class Poller:
                     if task.exception() is not None:
                         self._metrics.faults.labels("poller").inc()
                         log.error("poll cycle failed", error=repr(task.exception()))
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_or_stop(stop, 0.5)
         finally:
             for task in running.values():
                 task.cancel()
@@ -221,6 +236,9 @@ class Poller:
     async def poll_group(self, group: QueryGroup, now: float) -> None:
         """One cycle of one query: fetch, detect per series, journal verdicts, emit signals."""
         group.next_due = now + group.interval
+        # A detector may ask for more history than at the last sync (tail_excess grows its lookback
+        # when it sees slow traffic): the next fetch follows it.
+        group.lookback = max(float(w.detector.lookback_seconds) for w in group.watches)
         result = await self._fetch(group, group.query, now)
         if result.error is not None:
             self._mark_failed(group, result, now)
@@ -232,10 +250,14 @@ class Poller:
                 self._mark_failed(group, companions, now)
                 return
         if group.stale:
-            log.info("query recovered", query=group.query)
-        group.failures, group.stale, group.last_error = 0, False, None
-        self._metrics.prometheus_up.set(1)
-        self._metrics.stale_queries.set(sum(g.stale for g in self.groups.values()))
+            log.info("query recovered", query=group.query, group=group.id)
+        partial = result.partial + (companions.partial if companions is not None else ())
+        if partial and not group.partial:
+            log.warning("some sources of the query could not be read; watching the others", query=group.query,
+                        group=group.id, errors=list(partial))
+        group.failures, group.stale = 0, False
+        group.partial, group.last_error = bool(partial), "; ".join(partial) or None
+        self._health()
         for watch in group.watches:
             await self._evaluate(watch, result, companions, now)
 
@@ -255,32 +277,40 @@ class Poller:
         group.last_error = result.error
         backoff = min(self._max_backoff, group.interval * 2 ** min(group.failures, 10))
         group.next_due = now + backoff
-        self._metrics.prometheus_up.set(0)
-        self._metrics.stale_queries.set(sum(g.stale for g in self.groups.values()))
-        log.warning("query failed; series stale, not acting on them", query=group.query,
+        for watch in group.watches:  # the detector gauges go stale with their data: not shown as if fresh
+            self._metrics.detector.forget(watch.policy.name, watch.bound.index)
+        self._health()
+        log.warning("query failed; series stale, not acting on them", query=group.query, group=group.id,
                     error=result.error, retry_in_seconds=backoff)
 
     async def _evaluate(self, watch: Watch, result: RangeResult, companions: RangeResult | None,
                         now: float) -> None:
         policy, trigger = watch.policy, watch.bound.trigger
         mine = routed(watch, result.series)
+        has_data = bool(mine) and fresh(mine, now, staleness_horizon(watch))
+        self._mark_data(watch, has_data, now)
         if not mine:
-            await self._journal.record_evaluations([(
+            await self._journal.evaluations.record_many.in_thread([(
                 policy.name, watch.bound.index, "*", False,
                 f"no data for model {policy.target.model!r}: {_short(trigger.query)}")])
             return
+        if isinstance(watch.detector, ReadsCluster) and self._cluster is not None:
+            await watch.detector.observe_cluster(self._cluster)
         try:
             await watch.detector.prepare(mine, now, self._offload)
         except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
             self._metrics.faults.labels("detector_prepare").inc()
             log.error("detector prepare failed", policy=policy.name, error=repr(exc))
         detections = self._detect_all(watch, mine, companions, now)
+        watch.latest = Latest(now, trigger.interval, tuple((s.labels, d) for s, d in zip(mine, detections)))
         watch.keys.next_cycle()
         watch.gauges.next_cycle()
         keys = list(watch.keys.many(s.labels for s in mine))  # once per series: the journal row and the log
         count_verdicts(self._metrics, watch, detections)
         self._metrics.detector.observe_many(policy.name, watch.bound.index, watch.gauges.many(s.labels for s in mine),
                                             detections, now)
+        if not has_data:  # only old points (the series vanished, the range still holds them): not shown as fresh
+            self._metrics.detector.forget(policy.name, watch.bound.index)
         if _debug_enabled():  # structlog's level check costs a logger per call: asked once per cycle
             for key, detection in zip(keys, detections):
                 log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
@@ -290,16 +320,32 @@ class Poller:
         for series, detection in zip(mine, detections):
             if detection.fired:
                 await self._emit(detection_signal(watch, series, detection, now))
-        await self._journal.record_evaluations([(policy.name, watch.bound.index, key, d.fired, d.reason)
-                                                for key, d in zip(keys, detections)])
+        await self._journal.evaluations.record_many.in_thread([(policy.name, watch.bound.index, key, d.fired, d.reason)
+                                                               for key, d in zip(keys, detections)])
+
+    def _mark_data(self, watch: Watch, has_data: bool, now: float) -> None:
+        """Whether this cycle's answer held a fresh series of the watch's model; a change is logged."""
+        policy, index = watch.policy.name, watch.bound.index
+        if has_data:
+            if watch.no_data_since is not None:
+                log.info("detector data back", policy=policy, trigger=index)
+            watch.no_data_since = None
+        else:
+            if watch.no_data_since is None:
+                watch.no_data_since = now
+                log.warning("no fresh series of the model in the detector's answer: the model is not watched by it",
+                            policy=policy, trigger=index, model=watch.policy.target.model)
+            self._metrics.detector.forget(policy, index)
+        self._metrics.no_data.labels(policy, str(index)).set(int(not has_data))
 
     def _detect_all(self, watch: Watch, mine: list[Series], companions: RangeResult | None,
                     now: float) -> list[Detection]:
         """One Detection per series: the detector's batch path when the batch is big enough to pay
-        for it (a vectorized detector aligns the series on one grid), else one call per series."""
+        for it (a vectorized detector aligns the series on one grid) or when the detector judges its
+        series together (`judges_together`: a canary beside its stable), else one call per series."""
         detector, kind = watch.detector, watch.bound.trigger.type
         pairs = watch.pairing.pair(mine, companions) if companions is not None else None
-        if len(mine) >= BATCH_MIN_SERIES:
+        if len(mine) >= BATCH_MIN_SERIES or judges_together(detector):
             try:
                 batch = detector.detect_many(mine, now, pairs)
                 if len(batch) != len(mine):  # zip with the series would silently drop verdicts
@@ -344,35 +390,39 @@ def count_verdicts(metrics: Metrics, watch: Watch, detections: list[Detection]) 
             counter.labels(policy, kind, result).inc(count)
 
 
+def staleness_horizon(watch: Watch) -> float:
+    """How old a series' newest point may be and still count as data: the detector's own
+    `max_staleness_seconds` when it has one, else three intervals (at least a minute)."""
+    own = getattr(watch.bound.params, "max_staleness_seconds", None)
+    return float(own) if own else max(3.0 * watch.bound.trigger.interval, 60.0)
+
+
+def fresh(series: list[Series], now: float, horizon: float) -> bool:
+    """Whether any series' newest finite point is within `horizon` of `now` (usually the first
+    point looked at: O(series))."""
+    for s in series:
+        for t, v in zip(reversed(s.timestamps), reversed(s.values)):
+            if math.isfinite(v):
+                if t >= now - horizon:
+                    return True
+                break
+    return False
+
+
+def _remove(gauge: Any, *labels: str) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:  # never set
+        pass
+
+
 def _debug_enabled() -> bool:
     """Whether the poller's debug lines would be written (True where the logger cannot tell)."""
     is_enabled_for = getattr(log, "is_enabled_for", None)
     return True if is_enabled_for is None else bool(is_enabled_for(logging.DEBUG))
 
 
-IDENTITY_IGNORED = frozenset({"__name__", "quantile", "le"})
 BATCH_MIN_SERIES = 8  # below this, per-series calls cost less than aligning arrays
-
-
-def companion_identity(labels: Mapping[str, str]) -> frozenset[tuple[str, str]]:
-    """What pairs a series with its companion: its labels other than name, quantile and bound."""
-    return frozenset((k, v) for k, v in labels.items() if k not in IDENTITY_IGNORED)
-
-
-def companion_for(series: Series, companions: RangeResult) -> Series | None:
-    """The companion series with the same identity (labels other than name and quantile)."""
-    want = companion_identity(series.labels)
-    return next((c for c in companions.series if companion_identity(c.labels) == want), None)
-
-
-def pair_companions(series: list[Series], companions: RangeResult) -> list[Series | None]:
-    """`companion_for` of every series through one index by identity: O(S) per cycle, where one
-    scan per series was O(S^2) (about a minute of CPU at 10,000 series). The first companion of
-    an identity wins, as the scan in order found it."""
-    index: dict[frozenset[tuple[str, str]], Series] = {}
-    for cand in companions.series:
-        index.setdefault(companion_identity(cand.labels), cand)
-    return [index.get(companion_identity(s.labels)) for s in series]
 
 
 def gauge_series(labels: Mapping[str, str]) -> str:
@@ -404,4 +454,5 @@ def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> 
         details={"reason": d.reason, "baseline": d.baseline, "score": d.score, "threshold": d.threshold,
                  "episode_start": d.episode_start, "query": watch.bound.trigger.query,
                  "evidence": [list(p) for p in d.evidence][-20:], **dict(d.details), **shadow},
+        recovery_line=d.recovery_line,
     )

@@ -9,23 +9,31 @@ second recovery row (recovered | not_recovered | unknown); unknown is never succ
 recovered, onNotRecovered follows: escalate (the target is frozen, in the same transaction as the
 verdict, for `escalation_freeze_seconds`; guards block every policy on a frozen target), revert (the
 decision's applied steps are undone and the pins its rollback recorded cleared; the decision ends
-reverted), or none. A restart resumes what was unsettled (`resume`). Verdicts (recovered,
+reverted), or none. Unknown (no data: Prometheus down through the window, or still down when a
+restart reads the window back) never reverts: the detectors are as blind as the check, and undoing a
+rollback that may have worked puts the bad version back. Where onNotRecovered says revert (or
+escalate), unknown escalates instead and says it could not tell; with none it is journaled only.
+A restart resumes what was unsettled (`resume`); an unknown verdict an older version left waiting
+for its revert is escalated, not reverted. Verdicts (recovered,
 not_recovered, escalated, a failed revert) are announced like the executor's other outcomes.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Coroutine, Protocol
+from typing import Any, Awaitable, Callable, Coroutine, Mapping, Protocol
 
 import structlog
 
-from actions.base import ActionDeps
+from actions.base import Action, ActionDeps
+from core.timestamps import iso_utc
 from core.decision import DecisionState
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import AsyncJournal
-from daemon.workers.progress import journaled_plan, step_progress
+from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
+from daemon.storage.journal import Journal
+from daemon.workers.decision_events import verdict_event
+from daemon.workers.backlog import JOURNAL_RETRY_MAX_SECONDS
+from daemon.workers.progress import journaled_plan, runs_on, step_progress
 from daemon.workers.state import ExecutorState
 from daemon.workers.steps import StepRunner, effect_key
 from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
@@ -46,7 +54,7 @@ class RecoveryWatches:
 
     def __init__(
         self,
-        journal: AsyncJournal,
+        journal: Journal,
         state: ExecutorState,
         steps: StepRunner,
         deps: ActionDeps,
@@ -58,6 +66,9 @@ class RecoveryWatches:
         on_recorded: Callable[[], None],
         announce: Announce,
         escalation_freeze_seconds: float,
+        query_range: RangeFn | None = None,
+        *,
+        actions: Mapping[str, type[Action]],
     ) -> None:
         self._journal = journal
         self._state = state
@@ -71,8 +82,9 @@ class RecoveryWatches:
         self._on_recorded = on_recorded  # a freeze or a cleared pin was journaled (cluster state)
         self._announce = announce
         self.escalation_freeze_seconds = escalation_freeze_seconds
-        # Reads back what a watch resumed after a restart missed (Prometheus range query); set by connect.
-        self.query_range: RangeFn | None = None
+        # Reads back what a watch resumed after a restart missed (Prometheus range query; None: nothing).
+        self._query_range = query_range
+        self._actions = actions  # restores the policy a decision started with (its revert runs on it)
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
 
     def start(self, decision_id: int, policy_name: str, target: str, check: RecoveryCheck, acted_at: float) -> None:
@@ -85,7 +97,7 @@ class RecoveryWatches:
         Returns how many were started; ones already running are left alone (safe to call again,
         e.g. when this replica becomes the leader). Raises JournalError when the journal cannot be read."""
         started = 0
-        for opened in await self._journal.open_recoveries():
+        for opened in await self._journal.decisions.open_recoveries.in_thread():
             decision, row = opened.decision, opened.row
             if decision.id in self._recoveries:
                 continue
@@ -93,6 +105,8 @@ class RecoveryWatches:
                 check = RecoveryCheck.from_dict(row["data"]["check"])
                 work = self._watch(decision.id, decision.policy, decision.target, check,
                                    float(row["data"]["acted_at"]), resumed=True)
+            elif row["status"] == Recovery.UNKNOWN:
+                work = self._escalate_unknown(decision.id, decision.policy, decision.target, row)
             else:
                 verdict = RecoveryVerdict(Recovery(row["status"]), row["message"])
                 work = self._revert_unrecovered(decision.id, decision.policy, verdict)
@@ -132,49 +146,107 @@ class RecoveryWatches:
                      acted_at: float, resumed: bool) -> None:
         """Watch one decision's recovery to a verdict, journal it, and follow up."""
         with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
-            missed = await missed_samples(check, acted_at, self._clock(), self.query_range) if resumed else []
+            missed = await missed_samples(check, acted_at, self._clock(), self._query_range) if resumed else []
             watched = await watch_recovery(check, acted_at, self._deps.query, self._clock, self._sleep, missed)
             verdict = watched.verdict
-            follow_up = None if verdict.state is Recovery.RECOVERED else check.on_not_recovered
+            follow_up = follow_up_of(verdict.state, check.on_not_recovered)
             data: dict[str, Any] = {
                 "verdict": verdict.state.value, "held_from": verdict.held_from, "samples": len(watched.samples),
                 "last_samples": [list(p) for p in watched.samples[-20:]], "query_errors": watched.query_errors,
                 "last_error": watched.last_error, "follow_up": follow_up, "check": check.as_dict()}
             message, freeze = verdict.reason, None
+            if verdict.state is Recovery.UNKNOWN:
+                message = could_not_tell(verdict.reason, check.on_not_recovered)
             if follow_up == "escalate":
                 until = self._clock() + self.escalation_freeze_seconds
                 freeze = (target, f"policy {policy_name}, decision {decision_id}: {verdict.state.value}: "
                                   f"{verdict.reason}", until)
                 data["frozen_until"] = until
-                message += f"; escalated: {target} frozen until {_iso(until)}"
+                message += f"; escalated: {target} frozen until {iso_utc(until)}"
             elif follow_up is not None:
                 message += f"; onNotRecovered: {follow_up}"
-            await self._journal.record_verdict(decision_id, verdict.state.value, message, data, freeze)
+            await self._retrying("the recovery verdict", lambda: self._journal.decisions.record_verdict.in_thread(
+                decision_id, verdict.state.value, message, data, freeze))
             if freeze is not None:
                 self._on_recorded()  # a freeze is shared state: a new leader must see it
             log.info("recovery verdict", verdict=verdict.state, reason=verdict.reason, follow_up=follow_up,
                      samples=len(watched.samples))
+            await self._verdict_event(policy_name, verdict.state.value, message)
             event = "recovered" if verdict.state is Recovery.RECOVERED else "not_recovered"
             self._announce(event, policy_name, target, message, decision=decision_id, verdict=verdict.state.value,
                            query=check.query, condition=check.condition.describe(), follow_up=follow_up)
             if freeze is not None:
                 self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}",
-                               decision=decision_id, verdict=verdict.state.value, frozen_until=_iso(freeze[2]))
+                               decision=decision_id, verdict=verdict.state.value, frozen_until=iso_utc(freeze[2]))
             elif follow_up == "revert":
                 await self._revert_unrecovered(decision_id, policy_name, verdict)
+
+    async def _retrying(self, what: str, write: Callable[[], Awaitable[Any]]) -> Any:
+        """A journal write of the watch, retried after 1 s, 2 s ... (at most JOURNAL_RETRY_MAX_SECONDS)
+        while the journal fails and this replica may act: a verdict is not parked until the next start
+        by a PostgreSQL restart. A fenced write (another replica leads) or a value that cannot be
+        stored is not retried; nor is anything once this replica may not act (left to the next leader)."""
+        attempt = 0
+        while True:
+            try:
+                return await write()
+            except (JournalFenced, JournalValueError):
+                raise
+            except JournalError as exc:
+                self._metrics.faults.labels("journal").inc()
+                if not self._may_act():
+                    raise
+                attempt += 1
+                delay = min(JOURNAL_RETRY_MAX_SECONDS, 2.0 ** (attempt - 1))
+                log.warning(f"could not journal {what}; retrying", attempt=attempt, retry_in_seconds=delay,
+                            error=str(exc))
+                await self._sleep(delay)
+
+    async def _escalate_unknown(self, decision_id: int, policy_name: str, target: str,
+                                row: dict[str, Any]) -> None:
+        """An unknown verdict left waiting for its revert (journaled by a version that reverted on
+        unknown): escalate it instead, as a new verdict row with the freeze, so it is settled."""
+        with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
+            until = self._clock() + self.escalation_freeze_seconds
+            reason = could_not_tell(str(row["message"]), "revert")
+            freeze = (target, f"policy {policy_name}, decision {decision_id}: unknown: {reason}", until)
+            data = {**row["data"], "verdict": Recovery.UNKNOWN.value, "follow_up": "escalate", "frozen_until": until,
+                    "escalated_instead_of": "revert"}
+            message = f"{reason}; escalated: {target} frozen until {iso_utc(until)}"
+            await self._retrying("the recovery verdict", lambda: self._journal.decisions.record_verdict.in_thread(
+                decision_id, Recovery.UNKNOWN.value, message, data, freeze))
+            self._on_recorded()
+            log.warning("unknown recovery escalated instead of reverted", reason=reason)
+            await self._verdict_event(policy_name, Recovery.UNKNOWN.value, message)
+            self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}", decision=decision_id,
+                           verdict=Recovery.UNKNOWN.value, frozen_until=iso_utc(until))
+
+    async def _verdict_event(self, policy_name: str, verdict: str, message: str) -> None:
+        """The verdict as a Kubernetes Event on the policy's target; a courtesy: a failure is counted."""
+        policy = next((p for p in self._state.policies.policies if p.name == policy_name), None)
+        if policy is None or self._deps.record_event is None:
+            return
+        reason, warning = verdict_event(verdict)
+        try:
+            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
+        except Exception as exc:
+            self._metrics.faults.labels("events").inc()
+            log.warning("could not record Kubernetes event", error=str(exc))
 
     async def _revert_unrecovered(self, decision_id: int, policy_name: str, verdict: RecoveryVerdict) -> None:
         """Undo the steps a decision that did not help applied (onNotRecovered: revert), clear the pins
         its rollback recorded, and end the decision reverted (failed when a revert failed)."""
-        decision = await self._journal.decision(decision_id)
+        decision = await self._journal.decisions.get.in_thread(decision_id)
         if decision is None:
             return
-        policy = next((p for p in self._state.policies.policies if p.name == policy_name), None)
+        current = next((p for p in self._state.policies.policies if p.name == policy_name), None)
         plan = journaled_plan(decision.plan)
         why = f"{decision.reason}; did not recover ({verdict.state.value})"
-        if policy is None or [s.action for s in plan.steps] != [b.kind for b in policy.actions]:
-            reason = f"{why}; not reverted: policy {policy_name} is gone or now runs other actions"
-            await self._journal.finish_decision(decision_id, DecisionState.FAILED, reason)
+        runs = runs_on(decision.plan, current, self._actions)  # the policy it started with, not the reloaded one
+        policy = runs.policy
+        if policy is None:
+            reason = f"{why}; not reverted: {runs.why}"
+            await self._journal.decisions.finish.in_thread(decision_id, DecisionState.FAILED, reason)
             self._metrics.decisions.labels(policy_name, DecisionState.FAILED).inc()
             self._announce("failed", policy_name, decision.target, reason, decision=decision_id)
             return
@@ -183,7 +255,7 @@ class RecoveryWatches:
                         decision=decision_id)
             return
         async with self._lock_for(decision.target):
-            rows = await self._journal.steps(decision_id)
+            rows = await self._journal.decisions.steps.in_thread(decision_id)
             progress = step_progress(rows)
             applied = [(idx, replace(step, effect_key=effect_key(decision_id, idx)))
                        for idx, step in enumerate(plan.steps)
@@ -191,17 +263,34 @@ class RecoveryWatches:
             not_reverted = await self._steps.revert(decision_id, policy, applied, progress)
             pinned = {int(r["idx"]) for r in rows if r["phase"] == "verify" and r["data"].get("pin")}
             if pinned and not pinned & set(not_reverted):
-                await self._journal.clear_pin(decision.target, f"reverted: decision {decision_id} did not recover "
-                                                               f"({verdict.state.value})")
+                await self._journal.pins.clear.in_thread(decision.target, f"reverted: decision {decision_id} did not "
+                                                                          f"recover ({verdict.state.value})")
                 self._on_recorded()
             state = DecisionState.FAILED if not_reverted else DecisionState.REVERTED
             reason = f"{why}; revert failed for step(s) {not_reverted}" if not_reverted else f"{why}; reverted"
-            await self._journal.finish_decision(decision_id, state, reason)
+            if runs.reloaded:
+                reason += f" on {runs.why}"
+            await self._retrying("the reverted decision", lambda: self._journal.decisions.finish.in_thread(
+                decision_id, state, reason))
         self._metrics.decisions.labels(policy_name, state).inc()
         log.info("reverted after no recovery", state=state, reason=reason)
         if not_reverted:
             self._announce("failed", policy_name, decision.target, reason, decision=decision_id)
 
 
-def _iso(unix: float) -> str:
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
+def follow_up_of(verdict: Recovery, on_not_recovered: str) -> str | None:
+    """What follows a verdict: nothing when recovered; onNotRecovered when not recovered; when
+    unknown never a revert: escalate where onNotRecovered says revert or escalate, else none."""
+    if verdict is Recovery.RECOVERED:
+        return None
+    if verdict is Recovery.UNKNOWN and on_not_recovered == "revert":
+        return "escalate"
+    return on_not_recovered
+
+
+def could_not_tell(reason: str, on_not_recovered: str) -> str:
+    """The message of an unknown verdict: it could not tell, and (for revert) why nothing was undone."""
+    text = f"could not tell whether it recovered: {reason}"
+    if on_not_recovered == "revert":
+        text += "; not reverted: without data the rollback may have worked, and undoing it would bring the old version back"
+    return text

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from core.signal import Signal, SignalSource
+from daemon.common.lifecycle import wait_or_stop
 from daemon.workers.emit import Emit
 from policies.loader import PolicySet
 
@@ -41,7 +42,4 @@ async def run_schedules(get_policies: Callable[[], PolicySet], emit: Emit, stop:
     while not stop.is_set():
         for signal in due_ticks(get_policies(), last, clock()):
             await emit(signal)
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=tick_seconds)
-        except asyncio.TimeoutError:
-            pass
+        await wait_or_stop(stop, tick_seconds)

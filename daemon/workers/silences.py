@@ -18,6 +18,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import structlog
 
+from core.timestamps import iso_utc
+
 log = structlog.get_logger("tailguard.silences")
 
 
@@ -69,7 +71,7 @@ class Silence:
     def describe(self) -> str:
         by = f" by {self.created_by}" if self.created_by else ""
         why = f": {self.comment}" if self.comment else ""
-        return f"silence {self.id}{by} until {_iso(self.ends_at)} ({', '.join(map(str, self.matchers))}){why}"
+        return f"silence {self.id}{by} until {iso_utc(self.ends_at)} ({', '.join(map(str, self.matchers))}){why}"
 
 
 def silence_matches(silence: Silence, labels: Mapping[str, str], now: float) -> bool:
@@ -111,12 +113,6 @@ def _silence(item: Mapping[str, Any]) -> Silence:
 
 def _unix(text: str) -> float:
     return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-
-
-def _iso(unix: float) -> str:
-    from datetime import timezone
-
-    return datetime.fromtimestamp(unix, timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -169,3 +165,16 @@ def target_labels(signal_labels: Mapping[str, str], model: str) -> dict[str, str
 
 def describe_all(silences: Sequence[Silence]) -> list[str]:
     return [s.describe() for s in silences]
+
+
+def silence_note(verdict: SilenceVerdict | None) -> dict[str, Any]:
+    """What a decision journals in its plan about the silences: nothing when they were not asked
+    (no Alertmanager, or not a detector signal), else what matched, or why none could be checked."""
+    if verdict is None:
+        return {}
+    if verdict.silenced:
+        return {"silences": {"checked": True, "matched": describe_all(verdict.matched)}}
+    if verdict.error is not None:
+        return {"silences": {"checked": False, "error": verdict.error,
+                             "note": "acted without silences: Alertmanager did not answer"}}
+    return {"silences": {"checked": True, "matched": []}}

@@ -15,7 +15,8 @@ exception that is no ActionError is a bug, never retried: its step fails at once
 exception's type and message, counted in tailguard_faults_total{component="actions"} and logged with
 its traceback; onFailure follows as for any failed step.
 
-A `notify` step never stops a plan: when it fails it is journaled failed and the plan goes on.
+An advisory step (`Action.advisory`: notify) never stops a plan: when it fails it is journaled
+failed and the plan goes on.
 """
 from __future__ import annotations
 
@@ -27,12 +28,11 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import structlog
 
-from actions.base import Action, Step
-from actions.notify import KIND as NOTIFY_KIND
+from actions.base import Action, Preconditions, Step
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import AsyncJournal
+from daemon.storage.journal import Journal
 from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS, StepProgress
 from policies.loader import LoadedPolicy
 from policies.planning import Plan
@@ -44,6 +44,7 @@ MAX_RETRY_DELAY_SECONDS = 60.0
 """The longest wait before a retry of an apply (the target stays locked meanwhile): an action that
 asks for more (`TemporaryError.delay_seconds`) has its step failed instead of retried."""
 RETRY_AFTER = "retry_after_seconds"  # Outcome data: the least wait a transient failure asks for
+REAPPLY = "reapply"  # verify's Outcome data: the apply may settle what is not in place yet (apply again)
 
 
 def effect_key(decision_id: int, idx: int) -> str:
@@ -61,7 +62,7 @@ class StepRunner:
 
     def __init__(
         self,
-        journal: AsyncJournal,
+        journal: Journal,
         metrics: Metrics,
         action: ActionFor,
         event: RecordEvent,
@@ -87,8 +88,8 @@ class StepRunner:
             done = progress.get(idx)
             if planned.noop:
                 if done is None:
-                    await self._journal.record_step(decision_id, idx, bound.kind, "apply", "noop",
-                                                    planned.summary, planned.as_dict(), 0.0)
+                    await self._journal.decisions.record_step.in_thread(decision_id, idx, bound.kind, "apply", "noop",
+                                                                        planned.summary, planned.as_dict(), 0.0)
                 continue
             step = replace(planned, effect_key=effect_key(decision_id, idx))
             final = done.final() if done is not None else None
@@ -108,7 +109,7 @@ class StepRunner:
             if landed:
                 # Applied, even if verify then failed: the change is in place and revert must undo it.
                 applied.append((idx, step))
-            if not outcome.ok and bound.kind == NOTIFY_KIND:
+            if not outcome.ok and self._action(bound.kind).advisory:
                 notify_failed.append(idx)  # journaled failed; a notification never stops a remediation
                 continue
             if not outcome.ok:
@@ -123,6 +124,26 @@ class StepRunner:
         if notify_failed:
             finished += f"; notify step(s) {notify_failed} failed (a notification never stops a plan)"
         return DecisionState.SUCCEEDED, finished
+
+    async def changed_since_plan(self, decision_id: int, policy: LoadedPolicy, plan: Plan,
+                                 progress: Mapping[int, StepProgress]) -> str | None:
+        """Before a resumed decision goes on: why it must not (a step still to apply or re-verify
+        whose action offers `Preconditions` and finds the target changed since the plan), else None.
+        Steps with a final result are not asked; neither is an action without preconditions."""
+        for idx, (bound, planned) in enumerate(zip(policy.actions, plan.steps)):
+            done = progress.get(idx)
+            if planned.noop or (done is not None and done.final() is not None):
+                continue
+            action = self._action(bound.kind)
+            if not isinstance(action, Preconditions):
+                continue
+            step = replace(planned, effect_key=effect_key(decision_id, idx))
+            held = await self._call(action.preconditions(step, policy.target, bound.params), bound.kind,
+                                    "preconditions")
+            if not held.ok:
+                details = held.data.get("changed")
+                return f"step {idx} ({bound.kind}): {held.message}" + (f": {details}" if details else "")
+        return None
 
     async def _apply_and_verify(self, decision_id: int, idx: int, kind: str, step: Step, policy: LoadedPolicy,
                                 params: Any, done: StepProgress | None) -> tuple[Outcome, bool]:
@@ -141,7 +162,7 @@ class StepRunner:
             check = await self._call(action.verify(step, policy.target, params), kind, "verify")
             if check.status is OutcomeStatus.OK:
                 applied = verified = check
-                await self._journal.record_step(
+                await self._journal.decisions.record_step.in_thread(
                     decision_id, idx, kind, "apply", OutcomeStatus.OK.value,
                     f"recovered after restart: attempt {done.attempt} had landed ({check.message})",
                     {"step": step.as_dict(), "attempt": done.attempt, "effect_key": step.effect_key,
@@ -149,14 +170,26 @@ class StepRunner:
             else:
                 log.info("step in doubt after restart is not in place; applying it", action=kind, idx=idx,
                          observed=check.message)
+        last = done.attempt if done is not None else 0
         if applied is None:
-            applied = await self._apply(decision_id, idx, kind, step, policy, params,
-                                        done.attempt + 1 if done is not None else 1, started)
+            applied, last = await self._apply(decision_id, idx, kind, step, policy, params, last + 1, started)
         outcome, landed = applied, applied.ok
-        if landed:
+        while landed:
             outcome = verified or await self._call(action.verify(step, policy.target, params), kind, "verify")
-            await self._journal.record_step(decision_id, idx, kind, "verify", outcome.status.value,
-                                            outcome.message, dict(outcome.data), time.monotonic() - started)
+            verified = None
+            await self._journal.decisions.record_step.in_thread(decision_id, idx, kind, "verify", outcome.status.value,
+                                                                outcome.message, dict(outcome.data),
+                                                                time.monotonic() - started)
+            if outcome.ok or not outcome.data.get(REAPPLY) or last >= MAX_APPLY_ATTEMPTS:
+                break
+            # Verify found a part of the target the apply could not settle (a replica back on the old
+            # version): the apply runs again, within the same attempts, then verify again.
+            log.info("verify asks to apply again", action=kind, idx=idx, observed=outcome.message)
+            await self._sleep(_retry_delay(last, outcome))
+            again, last = await self._apply(decision_id, idx, kind, step, policy, params, last + 1, started)
+            if not again.ok:
+                outcome = again  # landed stays: the earlier apply's change is in place (a revert undoes it)
+                break
         result = "succeeded" if outcome.ok else "failed"
         self._metrics.actions.labels(kind, result).inc()
         self._metrics.action_duration.labels(kind).observe(time.monotonic() - started)
@@ -166,33 +199,34 @@ class StepRunner:
         return outcome, landed
 
     async def _apply(self, decision_id: int, idx: int, kind: str, step: Step, policy: LoadedPolicy,
-                     params: Any, first: int, started: float) -> Outcome:
+                     params: Any, first: int, started: float) -> tuple[Outcome, int]:
         """Apply from attempt `first` while retryable, up to MAX_APPLY_ATTEMPTS (at least once);
         each attempt's intent journaled before the call and its result after.
 
         Between attempts: the backoff (1 s, 2 s, 4 s ...) or the wait the failure asked for
         (`TemporaryError.delay_seconds`), whichever is longer; a failure that asks for more than
         MAX_RETRY_DELAY_SECONDS is not retried. An exception that is no ActionError is a bug, not a
-        transient failure: the step fails at once (`_call`)."""
+        transient failure: the step fails at once (`_call`). Returns the last Outcome and its attempt."""
         action = self._action(kind)
         last = max(first, MAX_APPLY_ATTEMPTS)
         outcome = Outcome.failure("not attempted")
+        attempt = first
         for attempt in range(first, last + 1):
             attempted = {"step": step.as_dict(), "attempt": attempt, "effect_key": step.effect_key}
-            await self._journal.record_step(decision_id, idx, kind, INTENT, "pending",
-                                            f"attempt {attempt}: {step.summary}", attempted, None)
+            await self._journal.decisions.record_step.in_thread(decision_id, idx, kind, INTENT, "pending",
+                                                                f"attempt {attempt}: {step.summary}", attempted, None)
             outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
             delay = _retry_delay(attempt, outcome)
             if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
                 outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
                                                   f"more than {MAX_RETRY_DELAY_SECONDS:g}s", False, outcome.data)
-            await self._journal.record_step(decision_id, idx, kind, "apply", outcome.status.value, outcome.message,
-                                            {**attempted, "retryable": outcome.retryable, **dict(outcome.data)},
-                                            time.monotonic() - started)
+            await self._journal.decisions.record_step.in_thread(
+                decision_id, idx, kind, "apply", outcome.status.value, outcome.message,
+                {**attempted, "retryable": outcome.retryable, **dict(outcome.data)}, time.monotonic() - started)
             if outcome.ok or not outcome.retryable or attempt == last:
                 break
             await self._sleep(delay)
-        return outcome
+        return outcome, attempt
 
     async def _call(self, coro: Awaitable[Outcome], kind: str, phase: str) -> Outcome:
         """An action's apply, verify or revert as an Outcome; an exception that is no ActionError
@@ -208,7 +242,7 @@ class StepRunner:
         pin = outcome.data.get("pin") if outcome.ok else None
         if pin:
             from_version = pin.get("from_version")
-            await self._journal.record_pin(
+            await self._journal.pins.record.in_thread(
                 policy.target.key, pin["model"], int(pin["version"]),
                 from_version=int(from_version) if from_version is not None else None,
                 decision_id=decision_id, reason=str(pin.get("reason", "")), policy=policy.name)
@@ -225,8 +259,9 @@ class StepRunner:
             bound = policy.actions[idx]
             outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
                                        bound.kind, "revert")
-            await self._journal.record_step(decision_id, idx, bound.kind, "revert", outcome.status.value,
-                                            outcome.message, dict(outcome.data), None)
+            await self._journal.decisions.record_step.in_thread(decision_id, idx, bound.kind, "revert",
+                                                                outcome.status.value, outcome.message,
+                                                                dict(outcome.data), None)
             self._metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
             if not outcome.ok:
                 failed.append(idx)

@@ -20,14 +20,22 @@ class History:
     timestamps: NDArray[np.float64]
     values: NDArray[np.float64]
     step: float  # the sampling step, given or inferred
-    max_gap: float  # a longer gap breaks the history (Holt) and makes the data stale
+    max_gap: float  # a longer run of missed scrapes breaks the history
+    max_staleness: float  # a newest point older than this is stale data
 
 
 def read_history(series: Series, now: float, params: ForecastBreachParams) -> History:
     """The series' history as the parameters ask for it; raises ValueError if it is malformed."""
     ts, vs = clean_history(series.timestamps, series.values, now, params.lookback_seconds)
     step = params.step_seconds or infer_step(ts)
-    return History(ts, vs, step, params.max_gap_seconds or 4 * step)
+    return History(ts, vs, step, params.gap_seconds(step), params.staleness_seconds(step))
+
+
+def window_of(history: History, points: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The grid the forecasters fit on: the history after its last long gap, regular, the latest
+    `points` of it (shorter gaps linearly interpolated)."""
+    grid, values = regularize(history.timestamps, history.values, history.step, history.max_gap)
+    return grid[-points:], values[-points:]
 
 
 def clean_history(
@@ -58,8 +66,8 @@ def regularize(
     timestamps: NDArray[np.float64], values: NDArray[np.float64], step: float, max_gap: float
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The series on a grid of ``step`` ending at its last point, linearly interpolated,
-    keeping only the stretch after the last gap longer than ``max_gap`` (Holt has no notion of
-    missing data, and bridging a long gap with a straight line would invent a trend)."""
+    keeping only the stretch after the last gap longer than ``max_gap`` (the forecasters have no
+    notion of missing data, and bridging a long gap with a straight line would invent a trend)."""
     if timestamps.size < 2:
         return timestamps.copy(), values.copy()
     big = np.nonzero(np.diff(timestamps) > max_gap)[0]

@@ -1,5 +1,6 @@
-"""`ForecastBreachDetector`: asks its forecaster for curves and fires while the series is still on
-the safe side but a curve crosses the threshold within the horizon."""
+"""`ForecastBreachDetector`: asks its forecaster for a predictive distribution and fires while the
+series' level is still on the safe side but P(it reaches the threshold within the horizon) is at
+least `min_probability`, with the predicted crossing at least `min_lead_seconds` away."""
 from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping, Sequence
@@ -7,11 +8,12 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from core.detection import Detection
+from core.detection import Detection, threshold_or_baseline
 from core.query import Series, series_key
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.forecast.arrays import read_history
-from detectors.forecast.breach import Episodes, first_crossing
+from detectors.forecast.breach import Episodes
+from detectors.forecast.calibration import MIN_PATHS, PathForecast, level_points
 from detectors.forecast.holt import HoltForecaster
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.prophet import ProphetForecaster
@@ -20,23 +22,35 @@ from detectors.forecast.protocol import Forecaster
 KIND = "forecast_breach"
 _DETAIL_POINTS = 20  # forecast points kept in Detection.details (the journal, not the math)
 _EVIDENCE_POINTS = 10
+BAND = (0.1, 0.5, 0.9)
+FORECAST_COLUMNS = ["time", "point", "p10", "p50", "p90"]
 
 
-def _downsample_rows(*cols: NDArray[np.float64], points: int = _DETAIL_POINTS) -> list[list[float]]:
-    n = cols[0].size
-    if not n:
+def _detail_steps(n: int, points: int = _DETAIL_POINTS) -> NDArray[np.intp]:
+    """The steps (of n) the journal keeps: at most `points`, evenly spread, first and last included."""
+    return np.unique(np.linspace(0, n - 1, min(points, n)).round().astype(np.intp)) if n else np.empty(0, np.intp)
+
+
+def forecast_rows(forecast: PathForecast) -> list[list[float]]:
+    """The forecast as the journal keeps it: up to 20 rows of [time, point, p10, p50, p90]. The
+    band is computed at those steps only (the per-series cost of a cycle was mostly this sort)."""
+    idx = _detail_steps(forecast.point.size)
+    if not idx.size:
         return []
-    idx = np.unique(np.linspace(0, n - 1, min(points, n)).round().astype(int))
-    return [[round(float(c[i]), 6) for c in cols] for i in idx]
+    cols = np.vstack([forecast.times[idx], forecast.point[idx], forecast.band(BAND, idx)]).round(6)
+    return [[float(v) for v in row] for row in cols.T]
 
 
 class ForecastBreachDetector:
-    """Fires while the series is still on the safe side but its forecast crosses the threshold
-    within ``horizon_seconds``. A breach already under way is left to the tail detector: this
+    """Fires while the series' level is still on the safe side but the probability that it
+    reaches the threshold within ``horizon_seconds`` is at least ``min_probability``. The
+    probability is read from the forecaster's predictive distribution: its point path plus the
+    series' own recent forecast-error paths (detectors/forecast/calibration.py), recomputed from
+    the queried range every cycle. A breach already under way is left to the tail detector: this
     one's value is the lead time, and the episode stays open so re-crossing is not a new one.
 
-    Holt (damped trend) refits every cycle; Prophet refits off the loop on a staggered schedule and
-    `detect` only compares its cached forecast with the threshold.
+    Holt (damped trend, no trend learned from jumps) filters every cycle; Prophet refits off the
+    loop on a staggered schedule and `detect` only anchors and calibrates its cached curve.
     """
 
     kind: ClassVar[str] = KIND
@@ -57,8 +71,8 @@ class ForecastBreachDetector:
         return self.params.lookback_seconds
 
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """The only place heavy work starts, always through offload: Holt batch-fits equally long
-        series, Prophet refits the series whose slot is due."""
+        """The only place heavy work starts, always through offload: Holt refits the due series'
+        parameters and filters all of them in one batch, Prophet refits the series whose slot is due."""
         await self._forecaster.prepare(batch, now, offload)
 
     def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
@@ -72,7 +86,7 @@ class ForecastBreachDetector:
     def detect_many(
         self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None = None
     ) -> list[Detection]:
-        """One `detect` per series: the fits that batch well already did in `prepare`."""
+        """One `detect` per series: the fits that batch well already ran in `prepare`."""
         return detect_each(self.detect, series, now, companions)
 
     def _quiet(self, reason: str, value: float | None = None, **details: Any) -> Detection:
@@ -93,51 +107,51 @@ class ForecastBreachDetector:
             return self._quiet(f"too little history: {ts.size} usable points in the lookback, "
                                f"need {p.min_history_points}")
         current = float(vs[-1])
-        if now - ts[-1] > history.max_gap:
+        if now - ts[-1] > history.max_staleness:
             self._episodes.close(key, now)
             return self._quiet(f"stale data: last point is {now - ts[-1]:.0f}s old "
-                               f"(max gap {history.max_gap:.0f}s)", current)
+                               f"(max staleness {history.max_staleness:.0f}s)", current)
         if np.ptp(vs) == 0:
             self._episodes.close(key, now)
             return self._quiet("constant series: no trend to extrapolate", current)
         evidence = tuple((float(t), float(v)) for t, v in zip(ts[-_EVIDENCE_POINTS:], vs[-_EVIDENCE_POINTS:]))
-        if self._beyond(current):
+        points = level_points(p.level_window_seconds, history.step)
+        level = float(np.mean(vs[-points:]))
+        if self._beyond(level):
             self._episodes.touch(key, now)  # the incident goes on; keep its dedup key
             return Detection(detector=KIND, fired=False, value=current, threshold=p.threshold,
-                             reason=f"already breaching ({current:g} vs {p.threshold:g}): "
+                             reason=f"already breaching (level {level:g} vs {p.threshold:g}): "
                                     "the tail detector's case, not a forecast",
                              evidence=evidence)
-        curves = self._forecaster.curves(key, history, now)
-        if isinstance(curves, str):
+        forecast = self._forecaster.forecast(key, history, now)
+        if isinstance(forecast, str):
             self._episodes.close(key, now)
-            return self._quiet(curves, current)
-        window = (curves.times > now) & (curves.times <= now + p.horizon_seconds)
-        t, point, outer = curves.times[window], curves.point[window], curves.outer[window]
-        if not t.size:
+            return self._quiet(forecast, current)
+        if forecast.errors.shape[0] < MIN_PATHS:
             self._episodes.close(key, now)
-            return self._quiet("forecast does not cover the horizon", current, **curves.info)
-        curve = outer if p.bound == "upper" else point
-        breach_t = first_crossing(t, curve, p.threshold, p.direction, float(ts[-1]), current)
-        extreme = float(curve.max() if p.direction == "above" else curve.min())
-        forecast_rows = _downsample_rows(t, point, outer)
-        if breach_t is None:
+            return self._quiet(f"too few past forecasts to calibrate on: {forecast.errors.shape[0]} "
+                               f"(need {MIN_PATHS})", current, **forecast.info)
+        fp = forecast.first_passage(p.threshold, p.direction, forecast.point.size)
+        lead = None if fp.crossing_time is None else max(fp.crossing_time - now, 0.0)
+        figures = {**forecast.info, "probability": round(fp.probability, 6), "min_probability": p.min_probability,
+                   "predicted_crossing_time": fp.crossing_time, "lead_seconds": lead,
+                   "min_lead_seconds": p.min_lead_seconds, "horizon_seconds": p.horizon_seconds,
+                   "calibration_paths": fp.paths, "level": level,
+                   "forecast": forecast_rows(forecast), "forecast_columns": FORECAST_COLUMNS}
+        fired = fp.probability >= p.min_probability and lead is not None and lead >= p.min_lead_seconds
+        shown = f"P(level reaches {p.threshold:g} within {p.horizon_seconds:.0f}s) = {fp.probability:.3f}"
+        if not fired:
             self._episodes.close(key, now)
-            return Detection(
-                detector=KIND, fired=False, value=current, threshold=p.threshold, score=extreme,
-                reason=f"{p.model} {p.bound} forecast stays "
-                       f"{'below' if p.direction == 'above' else 'above'} {p.threshold:g} for "
-                       f"{p.horizon_seconds:.0f}s (extreme {extreme:.6g})",
-                details={**curves.info, "forecast": forecast_rows},
-            )
-        breach_t = max(breach_t, now)
+            why = (f"below min_probability {p.min_probability:g}" if fp.probability < p.min_probability
+                   else f"predicted crossing in {lead or 0:.0f}s, under min_lead_seconds {p.min_lead_seconds:g}")
+            return Detection(detector=KIND, fired=False, value=current, threshold=p.threshold,
+                             score=fp.probability, reason=f"{p.model}: {shown}, {why}", details=figures)
         start = self._episodes.touch(key, now)
-        lead = breach_t - now
+        assert lead is not None
         return Detection(
-            detector=KIND, fired=True, value=current, threshold=p.threshold, score=extreme,
-            baseline=float(point[-1]), episode_start=start, evidence=evidence,
-            reason=f"{p.model} {p.bound} forecast crosses {p.threshold:g} in {lead:.0f}s "
-                   f"(now {current:.6g})",
-            details={**curves.info, "predicted_breach_time": breach_t, "lead_time_seconds": lead,
-                     "forecast": forecast_rows,
-                     "forecast_columns": ["time", "point", "bound"]},
+            detector=KIND, fired=True, value=current, threshold=p.threshold, score=fp.probability,
+            baseline=float(forecast.point[-1]), episode_start=start, evidence=evidence,
+            recovery_line=threshold_or_baseline(p.recovery_rule.good, p.threshold, float(forecast.point[-1])),
+            reason=f"{p.model}: {shown}; predicted crossing in {lead:.0f}s (level now {level:.6g})",
+            details=figures,
         )

@@ -1,9 +1,11 @@
 """The Prophet backend: fits run in the process pool on a staggered schedule and are cached;
-`curves` only re-anchors the cached forecast on the latest actuals."""
+`forecast` only re-anchors the cached curve on the latest actuals and calibrates it on the series'
+errors against that curve over the window."""
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Awaitable, Sequence
 
@@ -12,10 +14,10 @@ from numpy.typing import NDArray
 
 from core.query import Series, series_key
 from detectors.base import Offload
-from detectors.forecast.arrays import History, read_history
+from detectors.forecast.arrays import History, read_history, window_of
+from detectors.forecast.calibration import PathForecast, anchored_paths, level_points
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.prophet_fit import ProphetForecast, fit_prophet_forecast
-from detectors.forecast.protocol import Curves
 from detectors.forecast.refit_schedule import next_refit_time, refit_due, refit_phase_seconds
 
 _ANCHOR_POINTS = 5
@@ -102,13 +104,13 @@ class ProphetForecaster:
             ahead_seconds=p.horizon_seconds + 2 * p.refit_interval_seconds,
             step_seconds=history.step,
             init=previous.init if previous is not None else None,
-            interval_width=p.interval_width,
-            uncertainty_samples=p.uncertainty_samples if p.bound == "upper" else 0,
+            uncertainty_samples=0,  # the spread comes from the series' own errors, not Prophet's draws
             max_points=p.prophet_max_points,
+            past_points=p.holt_fit_points,
         )
         return offload(fn, history.timestamps, history.values)
 
-    def curves(self, key: str, history: History, now: float) -> Curves | str:
+    def forecast(self, key: str, history: History, now: float) -> PathForecast | str:
         p = self.params
         st = self._states.get(key)
         f = st.forecast if st else None
@@ -118,10 +120,21 @@ class ProphetForecaster:
         if f.times[-1] < now + p.horizon_seconds:
             return (f"Prophet forecast from {f.fitted_at:.0f} ends before now + horizon: "
                     "refit overdue")
-        # Shift the cached curve by how far the latest actuals sit from it: the fit may be up to
-        # a refit interval old, and a level change since then must show without waiting for it.
+        grid, values = window_of(history, p.holt_fit_points)
+        step = history.step
+        steps = max(1, int(math.ceil((now + p.horizon_seconds - grid[-1]) / step - 1e-9)))
+        times = np.concatenate([grid, grid[-1] + step * np.arange(1, steps + 1)])
+        curve = np.interp(times, f.times, f.yhat, left=np.nan, right=np.nan)
+        first = int(np.argmax(np.isfinite(curve)))
+        if not np.isfinite(curve[first:]).all() or grid.size - first < p.min_history_points:
+            return "Prophet forecast does not cover the window: refit overdue"
+        points = level_points(p.level_window_seconds, step)
+        relative = p.errors == "relative"
+        # The curve is shifted by how far the latest actuals sit from it (the fit may be up to a
+        # refit interval old, and a level change since then must show without waiting for it).
+        point, errors = anchored_paths(values[first:], curve[first:], steps, points, relative)
         offset = anchor_offset(history.timestamps, history.values, f.times, f.yhat)
-        outer = f.yhat_upper if p.direction == "above" else f.yhat_lower
         info = {"model": "prophet", "fitted_at": f.fitted_at, "fit_points": f.n_points,
-                "warm_started": f.warm_started, "anchor_offset": offset}
-        return Curves(f.times, f.yhat + offset, outer + offset, info)
+                "warm_started": f.warm_started, "anchor_offset": offset, "step_seconds": step,
+                "level_points": points}
+        return PathForecast.from_errors(float(grid[-1]), step, point, errors, relative, 1e9, info)

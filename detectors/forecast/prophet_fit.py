@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-# Points kept before the history's end, so `detect` can compare fresh actuals to the curve.
+# Points kept before the history's end (at the series' step), so `detect` can anchor the curve on
+# fresh actuals and calibrate on the series' recent errors against it.
 _PAST_POINTS = 10
 _MAX_FUTURE_POINTS = 400
 
@@ -76,6 +77,7 @@ def fit_prophet_forecast(
     max_points: int = 2000,
     changepoint_range: float = 0.9,
     changepoint_prior_scale: float = 0.05,
+    past_points: int = _PAST_POINTS,
 ) -> ProphetForecast:
     """Fit Prophet to one series and forecast ``ahead_seconds`` past its last point.
 
@@ -91,6 +93,8 @@ def fit_prophet_forecast(
             changed) with its default, so a stale init is harmless.
         uncertainty_samples: 0 skips Prophet's simulation (its costliest step); then the
             lower and upper curves equal ``yhat``.
+        past_points: points of the curve kept before the last history point, at the series'
+            step: the detector calibrates on the series' errors against them.
 
     Returns:
         A `ProphetForecast`.
@@ -115,7 +119,8 @@ def fit_prophet_forecast(
 
     last = float(ts[-1])
     fstep = max(float(step_seconds), ahead_seconds / _MAX_FUTURE_POINTS)
-    grid = last + fstep * np.arange(-_PAST_POINTS, int(np.ceil(ahead_seconds / fstep)) + 1)
+    past = last - float(step_seconds) * np.arange(max(past_points, 1), 0, -1)
+    grid = np.concatenate([past, last + fstep * np.arange(0, int(np.ceil(ahead_seconds / fstep)) + 1)])
     pred = model.predict(pd.DataFrame({"ds": pd.to_datetime(grid, unit="s")}))
     yhat = pred["yhat"].to_numpy(dtype=np.float64)
     lower = pred["yhat_lower"].to_numpy(dtype=np.float64) if "yhat_lower" in pred else yhat

@@ -2,7 +2,19 @@
 
 It keeps the semantics that remediation code depends on: a cluster-wide resourceVersion, 409 on
 stale writes, JSON merge/JSON patch (with `test` ops), schema validation on every write (422 with
-the field path), plus fault injection (403/5xx/latency), hooks, and a record of every request.
+the field path), watches (below), plus fault injection (403/5xx/latency), hooks, and a record of
+every request.
+
+Watches follow the API server's watch cache: `?watch=true` streams one JSON event per line
+(ADDED, MODIFIED, DELETED, BOOKMARK, ERROR). Without a resourceVersion (or "0") the stream starts
+with a synthetic ADDED per object that exists, then follows; from a resourceVersion it replays
+what changed after it, as long as the history still holds it, and else answers an ERROR event
+with a 410 Expired Status ("too old resource version"), after which a client lists again.
+Selectors filter as the cache does: an object that stops matching is sent as DELETED, one that
+starts matching as ADDED. With allowWatchBookmarks=true a BOOKMARK carries the resourceVersion
+every `bookmark_interval_seconds` while no event is waiting; timeoutSeconds ends the stream.
+`compact()` drops the history (the next watch from an older version gets 410), `end_watches()`
+ends every open stream (an API server restart), `watchers` counts the open ones.
 
 Why not kmock's KubernetesEmulator: it merges PUT bodies like patches, has no resourceVersion,
 no JSON patch and no validation, and mutates state before user reactions run; overriding it would
@@ -30,7 +42,12 @@ from lab.kube._selectors import SelectorError, parse_label_selector
 from lab.kube.schemas import SchemaRegistry, default_registry
 
 Obj = dict[str, Any]
-VERBS = ("get", "list", "create", "update", "patch", "delete")
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+_TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool reads as true
+WATCH_HISTORY = 10_000
+"""Events kept for watches that resume from a resourceVersion; older ones are compacted away."""
+DEFAULT_WATCH_TIMEOUT_SECONDS = 1800.0
+"""A watch without timeoutSeconds ends after this (the API server picks 30 to 60 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,17 @@ class Hook:
     fired: int = 0
 
 
+@dataclass
+class _Watcher:
+    """One open watch stream: what it selects and the events waiting to be written (None: end)."""
+
+    rt: ResourceType
+    version: str
+    namespace: str | None
+    selects: Callable[[Mapping[str, Any]], bool]
+    queue: "asyncio.Queue[Obj | None]"
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -191,6 +219,12 @@ class KubeEmulator:
         self._store: dict[tuple[str, str, str, str], Obj] = {}
         self._rv = itertools.count(1000)
         self._last_rv = 999
+        # Watches: the history of changes (resourceVersion, type, resource, object after, object
+        # before), the oldest resourceVersion a watch may resume from, and the open streams.
+        self._history: list[tuple[int, str, ResourceType, Obj, Obj | None]] = []
+        self._oldest_rv = 999
+        self._watchers: list[_Watcher] = []
+        self.bookmark_interval_seconds = 5.0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -205,6 +239,7 @@ class KubeEmulator:
         self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
+        self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -313,6 +348,27 @@ class KubeEmulator:
         """The cluster-wide counter: the resourceVersion of the latest write."""
         return self._last_rv
 
+    def delete(self, resource: str, namespace: str, name: str) -> None:
+        """An out-of-band delete by another actor (watchers see DELETED)."""
+        rt = self.resource_type(resource)
+        self._delete(rt, self._get_or_404(rt, namespace, name), None)
+
+    def compact(self) -> None:
+        """Forget the change history (etcd compaction): a watch from an older version gets 410."""
+        self._history.clear()
+        self._oldest_rv = self._last_rv
+
+    def end_watches(self) -> None:
+        """End every open watch stream (the API server restarted or timed them out)."""
+        for watcher in self._watchers:
+            watcher.queue.put_nowait(None)
+        self._watchers.clear()
+
+    @property
+    def watchers(self) -> int:
+        """Watch streams open now."""
+        return len(self._watchers)
+
     def _type_for_object(self, obj: Mapping[str, Any]) -> ResourceType:
         api_version, kind = obj.get("apiVersion", ""), obj.get("kind", "")
         for rt in RESOURCES:
@@ -338,7 +394,7 @@ class KubeEmulator:
     @staticmethod
     def _verb(method: str, name: str | None, query: Mapping[str, str]) -> str:
         if method == "GET" and not name:
-            return "watch" if query.get("watch") in ("true", "1") else "list"
+            return "watch" if query.get("watch") in _TRUE else "list"
         if method == "POST":
             return "unknown" if name else "create"
         if not name:  # deletecollection and friends are not emulated
@@ -366,6 +422,8 @@ class KubeEmulator:
             if rt is None or sub is not None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             await self._apply_faults(rec, rt)
+            if rec.verb == "watch":
+                return await self._watch(request, rec, rt)
             code, payload = self._dispatch(rec, rt, body)
         except ApiError as err:
             code, payload = err.code, err.status()
@@ -407,8 +465,6 @@ class KubeEmulator:
         ns = rec.namespace
         if rec.verb == "list":
             return 200, self._list(rt, rec.version, ns, rec.query)
-        if rec.verb == "watch":
-            raise ApiError(405, "MethodNotAllowed", "watch is not implemented by the emulator")
         if ns is None or rec.verb == "unknown":
             raise ApiError(405, "MethodNotAllowed",
                            "the server does not allow this method on the requested resource")
@@ -527,6 +583,7 @@ class KubeEmulator:
         self._validate(rt, obj)
         meta["resourceVersion"] = self._next_rv()
         self._store[key] = obj
+        self._changed("ADDED", rt, obj, None)
         return obj
 
     def _replace(self, rt: ResourceType, current: Obj, desired: Obj, *, keep_status: bool) -> tuple[Obj, bool]:
@@ -553,6 +610,7 @@ class KubeEmulator:
         self._validate(rt, desired)
         meta["resourceVersion"] = self._next_rv()
         self._store[(rt.group, rt.plural, old_meta["namespace"], old_meta["name"])] = desired
+        self._changed("MODIFIED", rt, desired, current)
         return desired, True
 
     def _patched(self, rt: ResourceType, rec: RecordedRequest, current: Obj, body: Any) -> Obj:
@@ -588,25 +646,36 @@ class KubeEmulator:
         if preconditions.get("uid") not in (None, meta["uid"]):
             raise self._conflict(rt, meta["name"])
         del self._store[(rt.group, rt.plural, meta["namespace"], meta["name"])]
-        self._next_rv()
+        gone = copy.deepcopy(current)
+        gone["metadata"]["resourceVersion"] = self._next_rv()  # as the server sends it: at the delete
+        self._changed("DELETED", rt, gone, None)
         self.writes.append(WriteRecord("delete", rt, copy.deepcopy(current)))
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "details": {"name": meta["name"], "group": rt.group, "kind": rt.plural,
                             "uid": meta["uid"]}}
 
-    def _list(self, rt: ResourceType, version: str, namespace: str | None,
-              query: Mapping[str, str]) -> Obj:
+    @staticmethod
+    def _selector(query: Mapping[str, str]) -> Callable[[Mapping[str, Any]], bool]:
+        """Whether an object matches the request's labelSelector and fieldSelector (metadata fields)."""
         try:
-            selects = parse_label_selector(query.get("labelSelector", ""))
+            labels = parse_label_selector(query.get("labelSelector", ""))
         except SelectorError as err:
             raise ApiError(400, "BadRequest", f"unable to parse requirement: {err}")
         fields = dict(term.split("=", 1) for term in query.get("fieldSelector", "").split(",") if "=" in term)
+
+        def selects(obj: Mapping[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            return labels(meta.get("labels") or {}) and all(
+                meta.get(k.removeprefix("metadata.")) == v for k, v in fields.items())
+
+        return selects
+
+    def _list(self, rt: ResourceType, version: str, namespace: str | None,
+              query: Mapping[str, str]) -> Obj:
+        selects = self._selector(query)
         items = []
         for obj in self._iter(rt, namespace):
-            meta = obj["metadata"]
-            if not selects(meta.get("labels") or {}):
-                continue
-            if any(meta.get(k.removeprefix("metadata.")) != v for k, v in fields.items()):
+            if not selects(obj):
                 continue
             item = self._as_version(rt, obj, version)
             if not rt.custom:  # built-in lists omit each item's apiVersion/kind
@@ -614,6 +683,100 @@ class KubeEmulator:
             items.append(item)
         return {"apiVersion": rt.api_version(version), "kind": f"{rt.kind}List",
                 "metadata": {"resourceVersion": str(self._last_rv)}, "items": items}
+
+    # ---- watches ------------------------------------------------------------------------------
+    def _changed(self, kind: str, rt: ResourceType, obj: Obj, before: Obj | None) -> None:
+        """A stored change: into the history and to every open watch it concerns."""
+        rv = int(obj["metadata"]["resourceVersion"])
+        after, prior = copy.deepcopy(obj), copy.deepcopy(before) if before is not None else None
+        self._history.append((rv, kind, rt, after, prior))
+        if len(self._history) > WATCH_HISTORY:
+            dropped = self._history.pop(0)
+            self._oldest_rv = dropped[0]
+        for watcher in self._watchers:
+            event = self._event_for(watcher, kind, rt, after, prior)
+            if event is not None:
+                watcher.queue.put_nowait(event)
+
+    def _event_for(self, watcher: _Watcher, kind: str, rt: ResourceType, obj: Obj, before: Obj | None) -> Obj | None:
+        """The event `watcher` gets for a change, or None; a MODIFIED that moves an object into or
+        out of the selection is an ADDED or DELETED, as the watch cache sends it."""
+        if rt != watcher.rt or watcher.namespace not in (None, obj["metadata"].get("namespace")):
+            return None
+        now = watcher.selects(obj)
+        if kind == "MODIFIED" and before is not None:
+            was = watcher.selects(before)
+            if not was and not now:
+                return None
+            if was and not now:
+                gone = copy.deepcopy(before)
+                gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+                return {"type": "DELETED", "object": self._as_version(rt, gone, watcher.version)}
+            kind = "MODIFIED" if was else "ADDED"
+        elif not now:
+            return None
+        return {"type": kind, "object": self._as_version(rt, obj, watcher.version)}
+
+    async def _watch(self, request: web.Request, rec: RecordedRequest, rt: ResourceType) -> web.StreamResponse:
+        query = rec.query
+        watcher = _Watcher(rt, rec.version, rec.namespace, self._selector(query), asyncio.Queue())
+        since = query.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise ApiError(400, "BadRequest", f'invalid resource version "{since}"')
+        try:
+            timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT_SECONDS)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "timeoutSeconds must be a number")
+        bookmarks = query.get("allowWatchBookmarks") in _TRUE
+        # Everything up to `start` is sent before anything newer: computed and registered without an
+        # await in between, so no change falls between the replay and the live events.
+        first: list[Obj] = []
+        if since in ("", "0"):
+            first = [{"type": "ADDED", "object": self._as_version(rt, o, rec.version)}
+                     for o in self._iter(rt, rec.namespace) if watcher.selects(o)]
+        elif int(since) < self._oldest_rv:
+            first = [{"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": f"too old resource version: {since} ({self._oldest_rv})", "reason": "Expired",
+                "code": 410}}]
+            timeout = 0.0
+        else:
+            for erv, kind, ert, obj, before in self._history:
+                event = self._event_for(watcher, kind, ert, obj, before) if erv > int(since) else None
+                if event is not None:
+                    first.append(event)
+        if timeout > 0:
+            self._watchers.append(watcher)
+        rec.status = 200
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + timeout
+        try:
+            for event in first:
+                await response.write(json.dumps(event).encode() + b"\n")
+            while loop.time() < ends:
+                wait = ends - loop.time()
+                if bookmarks:
+                    wait = min(wait, self.bookmark_interval_seconds)
+                try:
+                    event = await asyncio.wait_for(watcher.queue.get(), timeout=max(wait, 0.0))
+                except asyncio.TimeoutError:
+                    if bookmarks and watcher.queue.empty() and loop.time() < ends:
+                        event = {"type": "BOOKMARK", "object": {
+                            "kind": rt.kind, "apiVersion": rt.api_version(rec.version),
+                            "metadata": {"resourceVersion": str(self._last_rv)}}}
+                    else:
+                        continue
+                if event is None:
+                    break
+                await response.write(json.dumps(event).encode() + b"\n")
+        except ConnectionResetError:
+            pass  # the client went away
+        finally:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+        return response
 
     def _iter(self, rt: ResourceType, namespace: str | None) -> Iterator[Obj]:
         for (group, plural, ns, _), obj in sorted(self._store.items()):

@@ -46,9 +46,7 @@ class SchemaRegistry:
     """Validates any object the emulator stores: CRD kinds by their CRD, the rest by core schemas."""
 
     def __init__(self, crd_dir: Path, kubernetes_version: str = KUBERNETES_VERSION) -> None:
-        self._crd: dict[tuple[str, str], Any] = {}
-        for path in sorted(crd_dir.glob("*.yaml")):
-            self._crd.update(load_crd_validators(path, strict=True))
+        self._crd = crd_validators(crd_dir)
         self._version = kubernetes_version
         self._core: dict[tuple[str, str], Any] = {}
 
@@ -94,6 +92,16 @@ class SchemaRegistry:
 @functools.lru_cache(maxsize=4)
 def _core_definitions(schema_dir: str, version: str) -> Any:
     return kv_utils.schema_contents(f"{schema_dir}/_definitions.json", version)
+
+
+@functools.lru_cache(maxsize=4)
+def crd_validators(crd_dir: Path = SCHEMAS) -> Mapping[tuple[str, str], Any]:
+    """(apiVersion, kind) -> strict validator for every served version of every CRD in `crd_dir`;
+    built once per directory and process (parsing the CRDs takes seconds), shared by every user."""
+    validators: dict[tuple[str, str], Any] = {}
+    for path in sorted(crd_dir.glob("*.yaml")):
+        validators.update(load_crd_validators(path, strict=True))
+    return validators
 
 
 @functools.lru_cache(maxsize=1)

@@ -46,6 +46,23 @@ def virtual_service(name: str = "ranker", namespace: str = "serving", timeout: s
             "spec": {"hosts": [name], "http": [route]}}
 
 
+def destination_rule(name: str = "ranker", namespace: str = "serving",
+                     subsets: Mapping[str, Mapping[str, str]] | None = None,
+                     api_version: str = "networking.istio.io/v1") -> dict[str, Any]:
+    """A DestinationRule for host `name` whose subsets select pods by label, as two Deployments
+    of one model carry them (`version: v1`, `version: v2`): what the canary judge maps subsets to
+    the version label of the mesh's series through.
+
+    Args:
+        subsets: Subset name -> its pod labels; default v1 and v2 by `version`.
+    """
+    chosen = subsets if subsets is not None else {"v1": {"version": "v1"}, "v2": {"version": "v2"}}
+    return {"apiVersion": api_version, "kind": "DestinationRule",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"host": name, "subsets": [{"name": subset, "labels": dict(labels)}
+                                               for subset, labels in chosen.items()]}}
+
+
 def route_weights(vs: Mapping[str, Any], route: str = "primary") -> dict[str, int]:
     """Subset -> weight of the named http route (a destination without a weight counts 0, a lone one 100)."""
     for http in vs.get("spec", {}).get("http", []):

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonclient.http.aio import InferenceServerClient
-
 from daemon.report import Marker, Series
 from daemon.wiring.service import Service
 from lab.alertmanager import AlertmanagerServer
@@ -24,8 +22,11 @@ from lab.kube.emulator import KubeEmulator
 from lab.prometheus import PrometheusServer
 from lab.scenarios.clients import METRIC as CLIENT_METRIC
 from lab.scenarios.clients import ClientView
+from lab.scenarios.clients_process import ClientsProcess
 from lab.scenarios.progress import Console
 from lab.triton import TritonServer
+from lab.triton import load_version as triton_load_version
+from lab.triton import served_versions as triton_served_versions
 
 MODEL = "ranker"
 ALERT = "TritonTailLatencyHigh"
@@ -49,12 +50,14 @@ class Timings:
     """How long the clients' P99.9 must hold below the line for tailguard to call it recovered."""
     rule_for: str
     """The Alertmanager rule's `for:` (how long P99.9 must stay above 500 ms before it fires)."""
+    short: bool = False
+    """`--short`: a scenario with phases of its own (canary) picks their short lengths."""
 
 
 FULL = Timings(baseline_seconds=30, watch_seconds=180, settle_seconds=20, client_window_seconds=15,
                verify_for="10s", rule_for="30s")
 SHORT = Timings(baseline_seconds=14, watch_seconds=90, settle_seconds=3, client_window_seconds=8,
-                verify_for="4s", rule_for="15s")
+                verify_for="4s", rule_for="15s", short=True)
 
 
 @dataclass
@@ -67,7 +70,7 @@ class Run:
     prometheus: PrometheusServer
     alertmanager: AlertmanagerServer
     service: Service
-    clients: ClientView
+    clients: ClientView | ClientsProcess
     console: Console
     emulator: KubeEmulator | None = None
     started_at: float = field(default_factory=time.time)
@@ -94,8 +97,8 @@ class Run:
 
     async def verdict(self) -> dict[str, Any] | None:
         """The first recovery verdict in the journal (recovered / not_recovered / unknown), if any."""
-        for decision in await self.service.journal.decisions():
-            for step in await self.service.journal.steps(decision.id):
+        for decision in await self.service.journal.decisions.all.in_thread():
+            for step in await self.service.journal.decisions.steps.in_thread(decision.id):
                 if step["phase"] == "recovery" and step["status"] != "pending":
                     return step
         return None
@@ -113,10 +116,22 @@ class Run:
     async def wait_for_decision(self, timeout_seconds: float) -> bool:
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
-            if await self.service.journal.decisions():
+            if await self.service.journal.decisions.all.in_thread():
                 return True
             await asyncio.sleep(0.5)
         return False
+
+    async def first_apply_time(self, timeout_seconds: float) -> float | None:
+        """When the first action was applied (its journal step's time), polled (bounded); None if none."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            for decision in await self.service.journal.decisions.all.in_thread():
+                applied = [float(s["at"]) for s in await self.service.journal.decisions.steps.in_thread(decision.id)
+                           if s["phase"] == "apply"]
+                if applied:
+                    return min(applied)
+            await asyncio.sleep(0.5)
+        return None
 
     def instant(self, query: str) -> list[dict[str, Any]]:
         """An instant query to the lab Prometheus (blocking; call through a thread on the loop)."""
@@ -134,6 +149,8 @@ class Scenario:
     rate_per_second = 25.0
     uses_kube = False
     clock_offset_seconds = 0.0
+    model_seed = 0
+    """Seed of the model's slow-path choices (`--seed`; the scenarios that seed them read it)."""
     """The daemon's clock runs this far behind the wall clock (see the ramp scenario)."""
 
     def write_models(self, root: Path) -> None:
@@ -143,6 +160,19 @@ class Scenario:
     def policy(self, triton_url: str, timings: Timings) -> str:
         """The policy YAML tailguard runs with."""
         raise NotImplementedError
+
+    def policy_files(self, triton: TritonServer, timings: Timings) -> dict[str, str]:
+        """File name (without `.yaml`) -> policy YAML: the policies tailguard runs with; by default
+        `policy()` alone."""
+        return {MODEL: self.policy(triton.base_url, timings)}
+
+    clients_process = False
+    """The clients (load, their /metrics, the router) run as a process of their own
+    (lab/scenarios/clients_process.py) rather than on the daemon's event loop."""
+
+    def clients_options(self, run: Run) -> dict[str, Any]:
+        """`ClientsProcess.launch` keywords besides Triton and the rate (the router's source)."""
+        return {}
 
     def rules(self, timings: Timings) -> str:
         """Prometheus rule file: the Alertmanager backstop rule the report shows as a span."""
@@ -167,6 +197,9 @@ groups:
         """Per-request version choice for the load; None lets Triton pick (it serves one version)."""
         return None
 
+    async def prepare(self, triton: TritonServer) -> None:
+        """After the servers are up, before the daemon starts (what it must not see: a warm-up)."""
+
     async def setup(self, run: Run) -> None:
         """After the servers are up, before the daemon and the load start."""
 
@@ -178,8 +211,8 @@ groups:
         """The report's time range: from the live start by default."""
         return run.live_since, ended_at
 
-    def prometheus_series(self) -> list[tuple[str, str, float, str]]:
-        """(name, PromQL, scale, unit) of the Prometheus lines on the latency panel."""
+    def prometheus_series(self) -> list[tuple[str, ...] | tuple[str, str, float, str]]:
+        """(name, PromQL, scale, unit[, panel]) of the Prometheus lines (panel: latency by default)."""
         return [(f"{name} Prometheus",
                  f'max by (model) (nv_inference_request_summary_us{{model="{MODEL}",quantile="{q}"}})', 0.001, "ms")
                 for name, q in (("P50", "0.5"), ("P99", "0.99"), ("P99.9", "0.999"))]
@@ -192,28 +225,16 @@ groups:
         """What the run left behind worth checking (canary: the VirtualService)."""
         return {}
 
-    def thresholds(self) -> list[tuple[float, str]]:
-        """(ms, label) lines on the latency panel."""
+    def thresholds(self) -> list[tuple[float, str] | tuple[float, str, str]]:
+        """(value, label[, panel]) lines; on the latency panel (ms) by default."""
         return [(500.0, "500 ms: the P99.9 line")]
 
 
 async def load_version(triton: TritonServer, version: int | list[int] | None) -> None:
-    """Serve one version, several, or (None) what the repository says, as a deploy does."""
-    client = InferenceServerClient(triton.http_url, conn_timeout=60)
-    try:
-        if version is None:
-            await client.load_model(MODEL)  # re-read from disk: the newest version
-        else:
-            versions = version if isinstance(version, list) else [version]
-            config = await client.get_model_config(MODEL)
-            config["version_policy"] = {"specific": {"versions": versions}}
-            await client.load_model(MODEL, config=json.dumps(config))
-    finally:
-        await client.close()
+    """Serve one version of `ranker`, several, or (None) what the repository says, as a deploy does."""
+    await triton_load_version(triton, MODEL, version)
 
 
 def served_versions(triton: TritonServer) -> list[str]:
     """Versions of `ranker` Triton reports READY (blocking)."""
-    req = urllib.request.Request(f"{triton.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("name") == MODEL and e.get("state") == "READY")
+    return triton_served_versions(triton, MODEL)

@@ -30,8 +30,9 @@ from lab.kube.seeds import kube_settings, route_timeout, route_weights, write_ku
 from lab.load import run_load
 from lab.ports import free_port
 from lab.prometheus import PrometheusServer
-from lab.scenarios.base import ALERT, MODEL, SHORT, FULL, Run, Scenario
+from lab.scenarios.base import ALERT, FULL, MODEL, SHORT, Run, Scenario, Timings
 from lab.scenarios.clients import ClientView
+from lab.scenarios.clients_process import ClientsProcess
 from lab.scenarios.progress import Console
 from lab.scenarios.timeline import (TABLE_HEADER, Progress, alert_spans, client_series, decision_rows,
                                     journal_markers, prometheus_series)
@@ -57,6 +58,7 @@ class Outcome:
         """The run's facts for tests and docs: markers (seconds from the start), final objects, files."""
         path.write_text(json.dumps({
             "scenario": self.scenario, "png": str(self.png), "html": str(self.html), "verdict": self.verdict,
+            "started_at": self.started_at,
             "markers": [{"t": round(m.t - self.started_at, 2), "kind": m.kind, "label": m.label}
                         for m in self.markers],
             "final_objects": self.final_objects,
@@ -69,9 +71,10 @@ class Outcome:
 
 
 async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
-                       console: Console | None = None) -> Outcome:
-    """Play `scenario` end to end and write `<out_dir>/<name>.png` and `.html`."""
-    timings = SHORT if short else FULL
+                       console: Console | None = None, timings: Timings | None = None) -> Outcome:
+    """Play `scenario` end to end and write `<out_dir>/<name>.png` and `.html` (`timings`, when
+    given, in place of the full or short ones)."""
+    timings = timings or (SHORT if short else FULL)
     console = console or Console()
     work = out_dir / f"{scenario.name}-work"
     work.mkdir(parents=True, exist_ok=True)
@@ -81,7 +84,9 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
     triton = TritonServer(work / "models", models=[MODEL], workdir=work / "triton")
     am = AlertmanagerServer(f"http://127.0.0.1:{port}/api/v1/alerts", bearer_token=TOKEN, group_wait="2s",
                             workdir=work / "am")
-    clients = ClientView(MODEL, timings.client_window_seconds)
+    clients: ClientView | ClientsProcess = (
+        ClientsProcess(MODEL, timings.client_window_seconds, work / "clients") if scenario.clients_process
+        else ClientView(MODEL, timings.client_window_seconds))
     rules = work / "rules.yaml"
     rules.write_text(scenario.rules(timings))
     prom = PrometheusServer({"triton": [triton.metrics_target], "clients": []}, scrape_interval="1s",
@@ -118,9 +123,11 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
             # they launched; a thread cannot be interrupted half-way through Popen.
             await asyncio.wait({starting})
             raise
+        await scenario.prepare(triton)
         policies = work / "policies"
         policies.mkdir(exist_ok=True)
-        (policies / f"{MODEL}.yaml").write_text(scenario.policy(triton.base_url, timings))
+        for name, text in scenario.policy_files(triton, timings).items():
+            (policies / f"{name}.yaml").write_text(text)
         os.environ["TAILGUARD_WEBHOOK_TOKEN"] = TOKEN
         raw: dict[str, Any] = {
             "listen": {"host": "127.0.0.1", "port": port},
@@ -152,16 +159,25 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
 async def background(run: Run, scenario: Scenario) -> AsyncIterator[None]:
     """Load, the VirtualService sampler and the progress line, cancelled and awaited on exit."""
     run.live_since = time.time()
-    load = asyncio.create_task(run_load(run.triton.base_url, MODEL, rate_per_second=scenario.rate_per_second,
-                                        duration_seconds=3600.0, max_in_flight=64, request_timeout_seconds=10.0,
-                                        route=scenario.router(run), on_sample=run.clients.record), name="demo-load")
-    watch = asyncio.create_task(_watch(run), name="demo-progress")
+    tasks = []
+    if isinstance(run.clients, ClientsProcess):
+        await asyncio.to_thread(run.clients.launch, run.triton.base_url, scenario.rate_per_second,
+                                **scenario.clients_options(run))
+    else:
+        clients = run.clients
+        tasks.append(asyncio.create_task(run_load(
+            run.triton.base_url, MODEL, rate_per_second=scenario.rate_per_second, duration_seconds=3600.0,
+            max_in_flight=64, request_timeout_seconds=10.0, route=scenario.router(run), on_sample=clients.record),
+            name="demo-load"))
+    tasks.append(asyncio.create_task(_watch(run), name="demo-progress"))
     try:
         yield
     finally:
-        for task in (load, watch):
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(load, watch, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if isinstance(run.clients, ClientsProcess):
+            await run.clients.stop()
         run.console.text("")
 
 
@@ -172,12 +188,11 @@ async def _watch(run: Run) -> None:
             vs = run.emulator.get("virtualservices", "serving", MODEL) or {}
             run.vs_history.append((time.time(), route_weights(vs), route_timeout(vs)))
         journal = run.service.journal
-        signals = len(await journal.signals())
+        signals = len(await journal.signals.all.in_thread())
         actions = 0
-        for decision in await journal.decisions():
-            actions += sum(1 for s in await journal.steps(decision.id) if s["phase"] == "apply")
-        p999 = run.clients.quantiles()["P99.9"]
-        run.console.progress(Progress(run.phase, run.elapsed(), p999, signals, actions))
+        for decision in await journal.decisions.all.in_thread():
+            actions += sum(1 for s in await journal.decisions.steps.in_thread(decision.id) if s["phase"] == "apply")
+        run.console.progress(Progress(run.phase, run.elapsed(), run.clients.quantiles(), signals, actions))
         await asyncio.sleep(PROGRESS_INTERVAL_SECONDS)
 
 
@@ -191,17 +206,17 @@ def _range(prom: PrometheusServer, query: str, start: float, end: float, step: f
 
 async def _report(run: Run, scenario: Scenario, out_dir: Path, ended_at: float) -> Outcome:
     journal = run.service.journal
-    decisions = await journal.decisions()
-    steps = {d.id: await journal.steps(d.id) for d in decisions}
-    signals = await journal.signals()
+    decisions = await journal.decisions.all.in_thread()
+    steps = {d.id: await journal.decisions.steps.in_thread(d.id) for d in decisions}
+    signals = await journal.signals.all.in_thread()
     markers = sorted(run.markers + journal_markers(signals, [s for rows in steps.values() for s in rows]),
                      key=lambda m: m.t)
     start, end = scenario.report_window(run, ended_at)
     step = max(1.0, (end - start) / 600)  # at most ~600 points a line
     series: list[Series] = []
-    for name, query, scale, unit in scenario.prometheus_series():
-        matrix = await asyncio.to_thread(_range, run.prometheus, query, start, end, step)
-        series.append(prometheus_series(name, matrix, scale, unit))
+    for name, query, scale, unit, *panel in scenario.prometheus_series():
+        matrix = await asyncio.to_thread(_range, run.prometheus, str(query), start, end, step)
+        series.append(prometheus_series(str(name), matrix, float(scale), str(unit), *(str(p) for p in panel)))
     series += client_series(run.clients.samples, run.live_since, end, 1.0, run.timings.client_window_seconds)
     series += scenario.extra_series(run)
     alerts = await asyncio.to_thread(_range, run.prometheus, f'ALERTS{{alertname="{ALERT}"}}', start, end, 1.0)
@@ -212,7 +227,8 @@ async def _report(run: Run, scenario: Scenario, out_dir: Path, ended_at: float) 
         series=series,
         markers=[m for m in markers if start <= m.t <= end or not math.isfinite(m.t)],
         spans=alert_spans(alerts, 1.0, ALERT),
-        thresholds=[Threshold(v, label) for v, label in scenario.thresholds()],
+        thresholds=[Threshold(float(v), str(label), *(str(p) for p in panel))
+                    for v, label, *panel in scenario.thresholds()],
         table_header=TABLE_HEADER,
         table_rows=decision_rows(decisions, steps, run.started_at),
         notes=[f"scenario {scenario.name}; started {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(run.started_at))}"

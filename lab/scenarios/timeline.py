@@ -38,6 +38,12 @@ def window_quantiles(samples: Sequence[RequestSample], now: float, window_second
     return {name: nearest_rank(latencies, q) for name, q in QUANTILES}
 
 
+def span_quantiles(samples: Sequence[RequestSample], start: float, end: float) -> dict[str, float]:
+    """P50/P99/P99.9 in ms of requests sent within [start, end) and answered 200; NaN without any."""
+    latencies = [s.latency_seconds * 1000.0 for s in samples if s.status == 200 and start <= s.sent_at_unix < end]
+    return {name: nearest_rank(latencies, q) for name, q in QUANTILES}
+
+
 def client_series(samples: Sequence[RequestSample], start: float, end: float, step_seconds: float,
                   window_seconds: float) -> list[Series]:
     """The clients' P50/P99/P99.9 (ms) every `step_seconds`, each over the trailing window."""
@@ -151,15 +157,16 @@ class Progress:
 
     phase: str
     elapsed_seconds: float
-    p999_ms: float
+    quantiles_ms: Mapping[str, float]
+    """The clients' P50/P99/P99.9 over the trailing window (NaN without answers)."""
     signals: int
     actions: int
 
 
 def progress_text(p: Progress) -> str:
-    """One line: phase, elapsed, current P99.9 (clients' view), signals and actions so far."""
-    p999 = "   --   " if math.isnan(p.p999_ms) else f"{p.p999_ms:6.1f}ms"
-    return (f"[{p.elapsed_seconds:6.1f}s] {p.phase:<12} P99.9 {p999}  "
+    """One line: phase, elapsed, the clients' current P50/P99/P99.9, signals and actions so far."""
+    shown = "  ".join(f"{name} " + ("  --  " if math.isnan(v) else f"{v:5.0f}ms") for name, v in p.quantiles_ms.items())
+    return (f"[{p.elapsed_seconds:6.1f}s] {p.phase:<12} {shown}  "
             f"signals {p.signals:<3} actions {p.actions:<3}")
 
 

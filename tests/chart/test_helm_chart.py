@@ -120,6 +120,7 @@ def test_chart_lints_without_warnings(case: str, kube_version: str) -> None:
     assert problems == [] and report["errors"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kube_version", hr.KUBE_VERSIONS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_builtin_objects_match_kubernetes_schema(rendered, case: str, kube_version: str) -> None:
@@ -529,12 +530,13 @@ def _promtool_check(groups: list[dict[str, Any]], tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_prometheus_rules_pass_promtool(rendered, tmp_path: Path) -> None:
     """Every alert expression and template in the PrometheusRule is accepted by promtool."""
     rule = hr.one(rendered["everything-on"], "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert alerts == {"TailguardActionFailed", "TailguardPrometheusDown", "TailguardDown",
-                      "TailguardNoLeader", "TailguardSplitBrain"}
+    assert alerts == {"TailguardActionFailed", "TailguardPrometheusDown", "TailguardQueryFailing",
+                      "TailguardTargetUnwatched", "TailguardDown", "TailguardNoLeader", "TailguardSplitBrain"}
     _promtool_check(rule["spec"]["groups"], tmp_path)
 
 
@@ -559,11 +561,17 @@ def test_dashboard_shows_tail_quantiles_and_actions(rendered) -> None:
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     quantiles = {m for e in exprs if "nv_inference_request_summary_us" in e
                  for m in re.findall(r'quantile="([0-9.]+)"', e)}
-    assert quantiles == {"0.9", "0.95", "0.99", "0.999"}
-    (annotation,) = dash["annotations"]["list"]
-    assert "tailguard_actions_total" in annotation["expr"]
+    assert quantiles == {"0.9", "0.95", "0.99", "0.999", "0.9999"}
+    (radar,) = [p for p in dash["panels"] if p["title"].startswith("Tail radar")]
+    assert radar["type"] == "bargauge" and all("by (model, version)" in t["expr"] for t in radar["targets"])
+    assert "0.9999" in radar["description"]
+    annotations = [a["expr"] for a in dash["annotations"]["list"]]
+    assert any("tailguard_actions_total" in e for e in annotations)
+    assert any("tailguard_decisions_total" in e for e in annotations)
+    assert any("tailguard_detector_threshold" in t["expr"] for p in dash["panels"] for t in p.get("targets", []))
 
 
+@pytest.mark.integration
 def test_dashboard_queries_pass_promtool(rendered, tmp_path: Path) -> None:
     """Each dashboard query, with Grafana variables filled in, is valid PromQL."""
     _, dash = _dashboard(rendered["everything-on"])
@@ -578,6 +586,7 @@ def test_dashboard_queries_pass_promtool(rendered, tmp_path: Path) -> None:
 # ---- NOTES.txt: the Alertmanager receiver snippet ---------------------------------------------------
 
 
+@pytest.mark.integration
 def test_notes_receiver_snippet_is_valid_alertmanager_config(tmp_path: Path) -> None:
     """The receiver pasted from NOTES.txt passes `amtool check-config` and points at the Service."""
     notes = hr.render_files({})["tailguard/templates/NOTES.txt"]
@@ -671,6 +680,7 @@ def test_chart_app_version_matches_package_version() -> None:
     assert hr.chart().metadata["appVersion"] == pyproject["project"]["version"]
 
 
+@pytest.mark.slow
 def test_docs_example_values_render_and_validate() -> None:
     """The values file shown in docs/helm.md renders, and its objects pass the Kubernetes schema."""
     text = (REPO / "docs" / "helm.md").read_text()

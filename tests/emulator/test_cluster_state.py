@@ -9,16 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import pytest
+
 from kubernetes_asyncio.client import ApiClient
 
 from core.signal import Signal, SignalSource
 from daemon.cluster.cluster_state import ClusterState, journal_document, merge_documents, parse_document
-from daemon.storage.journal import AsyncJournal, Journal
+from daemon.storage.journal import Journal
 from daemon.common.metrics import Metrics
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, wait_for
+from tests.support.helpers import NotifySink, local_settings, notify_policy, payload_with, post_alerts, wait_for
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
@@ -41,13 +42,6 @@ async def _service(tmp_path: Path, name: str, kubeconfig: Path, sink_url: str) -
     return svc
 
 
-async def _post(svc: Service, starts_at: str) -> int:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", json=payload_with(starts_at=starts_at),
-                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
-            return resp.status
-
-
 def _stored(emulator: KubeEmulator) -> Any:
     return parse_document(emulator.get("configmaps", NS, NAME)["data"]["state.json"])
 
@@ -66,8 +60,8 @@ async def test_new_leader_keeps_the_old_leaders_cooldown_and_pins(
             leader = next(s for s in services if s.may_act())
             follower = next(s for s in services if s is not leader)
             assert not follower.may_act()
-            await leader.journal.record_pin(TARGET, "ranker", 1)  # as a rollback's verify would
-            assert await _post(leader, "2026-11-29T18:00:00Z") == 200
+            await leader.journal.pins.record.in_thread(TARGET, "ranker", 1)  # as a rollback's verify would
+            assert (await post_alerts(leader, payload_with(starts_at="2026-11-29T18:00:00Z"))).status == 200
             await leader.drain()
             assert len(sink.received) == 1
             await leader.stop()
@@ -77,11 +71,11 @@ async def test_new_leader_keeps_the_old_leaders_cooldown_and_pins(
             assert doc.pins[TARGET]["version"] == 1
             assert len(doc.marks[f"ranker-notify|{TARGET}"]) == 1
             await wait_for(follower.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
-            assert [(p["target"], p["version"]) for p in await follower.journal.pins()] == [(TARGET, 1)]
-            assert await _post(follower, "2026-11-29T18:05:00Z") == 200
+            assert [(p["target"], p["version"]) for p in await follower.journal.pins.live.in_thread()] == [(TARGET, 1)]
+            assert (await post_alerts(follower, payload_with(starts_at="2026-11-29T18:05:00Z"))).status == 200
             await follower.drain()
             assert len(sink.received) == 1, "the new leader acted within the old leader's cooldown"
-            last = (await follower.journal.decisions())[-1]
+            last = (await follower.journal.decisions.all.in_thread())[-1]
             assert last.state == "blocked" and last.reason.startswith("cooldown"), last
         finally:
             for svc in services:
@@ -105,9 +99,9 @@ async def test_write_conflict_merges_from_a_fresh_read(tmp_path: Path, kube_emul
         emulator.modify("configmaps", NS, NAME, add_mark)
 
     kube_emulator.after("get", "configmaps", concurrent_edit, times=1)
-    journal = AsyncJournal(Journal(tmp_path / "journal.db"))
+    journal = Journal(tmp_path / "journal.db")
     try:
-        await journal.record_pin(TARGET, "ranker", 2)
+        await journal.pins.record.in_thread(TARGET, "ranker", 2)
         state = ClusterState(kube_api, NS, NAME, journal, Metrics(), lambda: (3600.0, 3))
         state.request_publish()
         await state.flush()
@@ -117,9 +111,10 @@ async def test_write_conflict_merges_from_a_fresh_read(tmp_path: Path, kube_emul
         assert set(doc.pins) == {"serving/other", TARGET}
         assert set(doc.marks) == {"other|serving/other", "rival|serving/rival"}
     finally:
-        journal.sync.close()
+        journal.close()
 
 
+@pytest.mark.slow
 async def test_forbidden_state_blocks_acting_until_the_import_succeeds(
         tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
     """403 on the ConfigMap: recorded as a fault, the leader answers 503 and acts only once a
@@ -131,14 +126,14 @@ async def test_forbidden_state_blocks_acting_until_the_import_succeeds(
         try:
             await wait_for(lambda: svc.is_leader, timeout=5)
             assert not svc.may_act()
-            assert await _post(svc, "2026-11-29T18:00:00Z") == 503
+            assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T18:00:00Z"))).status == 503
             assert svc.metrics.registry.get_sample_value("tailguard_is_leader") == 0
             await wait_for(svc.may_act, timeout=5)
             assert forbidden.fired == 3
             assert svc.metrics.registry.get_sample_value(
                 "tailguard_faults_total", {"component": "cluster_state"}) == 3
             assert svc.metrics.registry.get_sample_value("tailguard_is_leader") == 1
-            assert await _post(svc, "2026-11-29T18:00:00Z") == 200
+            assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T18:00:00Z"))).status == 200
             await svc.drain()
             assert len(sink.received) == 1
         finally:
@@ -151,11 +146,11 @@ def test_reimported_own_marks_count_once(tmp_path: Path) -> None:
     try:
         signal = Signal(SignalSource.ALERT, "TritonTailLatencyHigh", {}, datetime.datetime.now(datetime.timezone.utc),
                         "k1")
-        (signal_id, _), = journal.record_signals([signal])[0]
-        journal.record_decision(signal_id, "p", TARGET, "succeeded", "", {}, executed=True)
-        own = journal.executed_marks(0)
-        journal.merge_cluster_state([], [*own, ("p", TARGET, own[0][2] - 60)], since=0)
-        last, count = journal.guard_history("p", TARGET, 3600)
+        (signal_id, _), = journal.signals.record([signal])[0]
+        journal.decisions.record(signal_id, "p", TARGET, "succeeded", "", {}, executed=True)
+        own = journal.decisions.executed_marks(0)
+        journal.cluster.merge([], [*own, ("p", TARGET, own[0][2] - 60)], since=0)
+        last, count = journal.decisions.guard_history("p", TARGET, 3600)
         assert (last, count) == (own[0][2], 2)
     finally:
         journal.close()
@@ -181,15 +176,15 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             leader = next(s for s in services if s.may_act())
             follower = next(s for s in services if s is not leader)
             assert leader.cluster_state is not None
-            await leader.journal.record_pin(TARGET, "ranker", 1, from_version=2)  # version 2 marked bad
+            await leader.journal.pins.record.in_thread(TARGET, "ranker", 1, from_version=2)  # version 2 marked bad
             leader.cluster_state.request_publish()
             await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).pins, timeout=5)
-            (pin,) = await leader.journal.pins()
+            (pin,) = await leader.journal.pins.live.in_thread()
             # The follower led before and imported the pin then: it holds it in its own journal.
-            await follower.journal.merge_cluster_state([(TARGET, "ranker", 1, pin["at"])], [], 0)
+            await follower.journal.cluster.merge.in_thread([(TARGET, "ranker", 1, pin["at"])], [], 0)
 
-            assert await leader.journal.end_pin(TARGET, "rolled forward: version 3 is served") is not None
-            await leader.journal.record_freeze(TARGET, "escalated: did not recover", time.time() + 3600)
+            assert await leader.journal.pins.end.in_thread(TARGET, "rolled forward: version 3 is served") is not None
+            await leader.journal.freezes.record.in_thread(TARGET, "escalated: did not recover", time.time() + 3600)
             leader.cluster_state.request_publish()
             await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).ends, timeout=5)
             doc = _stored(kube_emulator)
@@ -202,16 +197,16 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             services.remove(leader)
 
             await wait_for(follower.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
-            assert await follower.journal.pins() == []
-            ended = await follower.journal.ended_pins(TARGET)
+            assert await follower.journal.pins.live.in_thread() == []
+            ended = await follower.journal.pins.ended.in_thread(TARGET)
             assert [(e["at"], e["ended_reason"]) for e in ended] == [(pin["at"], "rolled forward: version 3 is served")]
-            assert await follower.journal.known_bad(TARGET) == frozenset({2})
-            frozen = await follower.journal.active_freeze(TARGET)
+            assert await follower.journal.bad_versions.known.in_thread(TARGET) == frozenset({2})
+            frozen = await follower.journal.freezes.active_on.in_thread(TARGET)
             assert frozen is not None and frozen.reason == "escalated: did not recover"
-            assert await _post(follower, "2026-11-29T18:05:00Z") == 200
+            assert (await post_alerts(follower, payload_with(starts_at="2026-11-29T18:05:00Z"))).status == 200
             await follower.drain()
             assert sink.received == [], "the new leader acted on a target the old leader froze"
-            last = (await follower.journal.decisions())[-1]
+            last = (await follower.journal.decisions.all.in_thread())[-1]
             assert last.state == "blocked" and "target frozen" in last.reason, last
 
             assert follower.cluster_state is not None
@@ -231,20 +226,21 @@ async def test_version_1_document_still_imports(tmp_path: Path, kube_emulator: K
            "guardMarks": {f"ranker-notify|{TARGET}": [now - 10]}}
     kube_emulator.seed({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NAME, "namespace": NS},
                         "data": {"state.json": json.dumps(old)}})
-    journal = AsyncJournal(Journal(tmp_path / "journal.db"))
+    journal = Journal(tmp_path / "journal.db")
     stop = asyncio.Event()
     state = ClusterState(kube_api, NS, NAME, journal, Metrics(), lambda: (3600.0, 3))
     task = asyncio.create_task(state.run(stop))
     try:
         state.leadership_changed(True)
         await wait_for(lambda: state.imported and not state.publish_pending, timeout=5)
-        assert [(p["target"], p["version"], p["at"]) for p in await journal.pins()] == [(TARGET, 4, now - 5)]
-        assert await journal.guard_history("ranker-notify", TARGET, 3600) == (now - 10, 1)
+        pins = await journal.pins.live.in_thread()
+        assert [(p["target"], p["version"], p["at"]) for p in pins] == [(TARGET, 4, now - 5)]
+        assert await journal.decisions.guard_history.in_thread("ranker-notify", TARGET, 3600) == (now - 10, 1)
         assert json.loads(kube_emulator.get("configmaps", NS, NAME)["data"]["state.json"])["version"] == 1
     finally:
         stop.set()
         await task
-        journal.sync.close()
+        journal.close()
 
 
 def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path: Path) -> None:
@@ -253,30 +249,30 @@ def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path
     source, dest = Journal(tmp_path / "a.db"), Journal(tmp_path / "b.db")
     try:
         now = time.time()
-        source.record_pin(TARGET, "ranker", 1, from_version=3)
-        source.record_pin("default/other", "other", 5, from_version=6)
-        source.record_freeze(TARGET, "escalated", now + 3600)
-        source.record_freeze("default/other", "escalated too", now + 3600)
-        doc = journal_document(source.pins(), [], source.shared_state(now - 3600, now))
+        source.pins.record(TARGET, "ranker", 1, from_version=3)
+        source.pins.record("default/other", "other", 5, from_version=6)
+        source.freezes.record(TARGET, "escalated", now + 3600)
+        source.freezes.record("default/other", "escalated too", now + 3600)
+        doc = journal_document(source.pins.live(), [], source.cluster.shared_state(now - 3600, now))
         assert parse_document(doc.render()) == doc
         pins = [(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
-        assert dest.merge_cluster_state(pins, [], 0, doc.shared(), now) == (2, 0, 4)
-        assert dest.merge_cluster_state(pins, [], 0, doc.shared(), now) == (0, 0, 0)
-        assert dest.known_bad(TARGET) == {3} and dest.active_freeze(TARGET, now) is not None
+        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == (2, 0, 4)
+        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == (0, 0, 0)
+        assert dest.bad_versions.known(TARGET) == {3} and dest.freezes.active_on(TARGET, now) is not None
 
-        source.end_pin(TARGET, "unpinned")
-        source.clear_bad(TARGET, 3, "fixed in 4")
-        source.lift_freezes(TARGET, "operator")
-        later = journal_document(source.pins(), [], source.shared_state(now - 3600, now))
+        source.pins.end(TARGET, "unpinned")
+        source.bad_versions.clear(TARGET, 3, "fixed in 4")
+        source.freezes.lift(TARGET, "operator")
+        later = journal_document(source.pins.live(), [], source.cluster.shared_state(now - 3600, now))
         merged = merge_documents(doc, later, now - 3600, 3, now=now)  # the stale pin meets its end
         assert set(merged.pins) == {"default/other"} and (TARGET, 3) not in merged.bad
         assert [k[0] for k in merged.freezes] == ["default/other"]
         stale = [(TARGET, "ranker", 1, doc.pins[TARGET]["at"])]  # an older replica still publishes it
-        assert dest.merge_cluster_state(stale, [], 0, merged.shared(), now) == (1, 0, 2)
-        assert dest.merge_cluster_state(stale, [], 0, merged.shared(), now) == (0, 0, 0)
-        assert [p["target"] for p in dest.pins()] == ["default/other"]
-        assert dest.known_bad(TARGET) == frozenset() and dest.known_bad("default/other") == {6}
-        assert dest.active_freeze(TARGET, now) is None and dest.active_freeze("default/other", now) is not None
+        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (1, 0, 2)
+        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (0, 0, 0)
+        assert [p["target"] for p in dest.pins.live()] == ["default/other"]
+        assert dest.bad_versions.known(TARGET) == frozenset() and dest.bad_versions.known("default/other") == {6}
+        assert dest.freezes.active_on(TARGET, now) is None and dest.freezes.active_on("default/other", now) is not None
     finally:
         source.close()
         dest.close()

@@ -84,12 +84,6 @@ def test_declared_freezes_fail_safe_and_skip_bad_targets() -> None:
 
 
 @pytest.fixture
-async def sink() -> AsyncIterator[NotifySink]:
-    async with NotifySink() as s:
-        yield s
-
-
-@pytest.fixture
 async def svc(tmp_path: Path, kube_emulator: KubeEmulator, sink: NotifySink) -> AsyncIterator[Service]:
     kube_emulator.seed({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NAME, "namespace": NS},
                         "data": {"freeze": "false", "freezeTargets": "", "freezeReason": ""}})
@@ -103,7 +97,7 @@ async def svc(tmp_path: Path, kube_emulator: KubeEmulator, sink: NotifySink) -> 
 
 
 def _active(svc: Service) -> list[str]:
-    return sorted(f.target for f in svc.journal.sync.active_freezes())
+    return sorted(f.target for f in svc.journal.freezes.active())
 
 
 async def test_freeze_via_configmap_stops_the_action_and_clearing_it_lets_the_next_through(
@@ -116,7 +110,7 @@ async def test_freeze_via_configmap_stops_the_action_and_clearing_it_lets_the_ne
     state, reason = await last_decision(svc)
     assert state == "blocked" and sink.received == []
     assert reason.startswith(f"daemon frozen: ConfigMap {NS}/{NAME} key freeze set by kubectl-patch: node upgrades")
-    (freeze,) = svc.journal.sync.active_freezes()
+    (freeze,) = svc.journal.freezes.active()
     assert (freeze.by, freeze.source) == ("kubectl-patch", "configmap")
     assert (await call(svc, "GET", "/readyz", None))[1]["frozen"] is True
     status, body = await call(svc, "POST", "/api/v1/unfreeze", OPERATOR, {"reason": "no"})
@@ -124,7 +118,7 @@ async def test_freeze_via_configmap_stops_the_action_and_clearing_it_lets_the_ne
 
     await kubectl_patch(kube_emulator, {"freeze": "false"}, "kubectl-edit")
     await wait_for(lambda: _active(svc) == [])
-    (lifted,) = svc.journal.sync.freezes("*")
+    (lifted,) = svc.journal.freezes.all("*")
     assert lifted.lifted_by == "kubectl-edit" and lifted.lifted_reason == f"cleared in ConfigMap {NS}/{NAME} by kubectl-edit"
     await alert(svc, 1)
     assert (await last_decision(svc))[0] == "succeeded" and len(sink.received) == 1

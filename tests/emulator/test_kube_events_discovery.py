@@ -111,3 +111,23 @@ def test_event_falls_back_to_own_pod_or_is_skipped(monkeypatch: pytest.MonkeyPat
     body = event_body(policy, "RemediationFailed", "m", True, "x", 0.0)
     assert body is not None and body["type"] == "Warning"
     assert body["involvedObject"]["kind"] == "Pod" and body["metadata"]["namespace"] == "tailguard"
+
+
+def test_replica_urls_count_the_replicas_that_are_not_ready():
+    """All-or-nothing rollbacks count every replica: ready ones, and not-ready ones apart (down,
+    starting); terminating ones are leaving and left out; the Service's own name never appears."""
+    from types import SimpleNamespace as NS
+
+    from core.target import ServiceRef
+    from daemon.cluster.kube import replica_urls
+
+    def ep(address: str, **conditions: bool) -> NS:
+        return NS(addresses=[address], conditions=NS(ready=conditions.get("ready"),
+                                                     terminating=conditions.get("terminating")))
+
+    slices = [NS(metadata=NS(name="s1"), ports=[NS(name="http", port=8000)],
+                 endpoints=[ep("10.0.0.1", ready=True), ep("10.0.0.2", ready=False), ep("10.0.0.3"),
+                            ep("10.0.0.4", ready=False, terminating=True)])]
+    found = replica_urls(slices, ServiceRef("serving", "triton", 8000, "http"))
+    assert found.ready == ("http://10.0.0.1:8000", "http://10.0.0.3:8000")
+    assert found.not_ready == ("http://10.0.0.2:8000",)

@@ -20,8 +20,8 @@ from daemon.http.intake import alert_signals, parse_payload
 from daemon.storage.journal import Journal
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.emulator.test_cluster_state import LEASE, POLICY, _post  # the same Lease, notify policy (1h cooldown)
-from tests.support.helpers import NotifySink, local_settings, payload_with, wait_for
+from tests.emulator.test_cluster_state import LEASE, POLICY  # the same Lease, notify policy (1h cooldown)
+from tests.support.helpers import NotifySink, local_settings, payload_with, post_alerts, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from lab.kube.emulator import KubeEmulator
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
@@ -51,15 +51,15 @@ async def _replica(tmp_path: Path, name: str, kubeconfig: Path | None, sink_url:
 
 def _stop_workers(svc: Service) -> None:
     """As a crash right after the webhook would: what is journaled from now on is never processed here."""
-    for task in svc._tasks:
+    for task in svc.supervisor.tasks:
         if task.get_name().startswith("worker-"):
             task.cancel()
 
 
 async def _journaled(svc: Service) -> tuple[list[str], list[tuple[str, str]]]:
     """(state of each signal, (state, reason) of each decision) in this replica's journal."""
-    signals = [s["state"] for s in await svc.journal.signals()]
-    return signals, [(d.state.value, d.reason) for d in await svc.journal.decisions()]
+    signals = [s["state"] for s in await svc.journal.signals.all.in_thread()]
+    return signals, [(d.state.value, d.reason) for d in await svc.journal.decisions.all.in_thread()]
 
 
 async def _stop_all(services: list[Service]) -> None:
@@ -67,6 +67,7 @@ async def _stop_all(services: list[Service]) -> None:
         await svc.stop()
 
 
+@pytest.mark.slow
 async def test_follower_leaves_a_pending_signal_alone_and_processes_it_once_on_takeover(
         tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
     """The leader journals a signal (200) and stops before processing it; the follower, on the same
@@ -80,12 +81,12 @@ async def test_follower_leaves_a_pending_signal_alone_and_processes_it_once_on_t
             a = services[0]
             await wait_for(a.may_act, timeout=5)
             _stop_workers(a)
-            assert await _post(a, FIRST) == 200
+            assert (await post_alerts(a, payload_with(starts_at=FIRST))).status == 200
             b = await _replica(tmp_path, "b", kubeconfig, sink.url, journal=journal)
             services.append(b)
             await asyncio.sleep(SETTLE_SECONDS)
             assert not b.may_act()
-            assert await _post(b, LATER) == 503  # a follower's answer is unchanged
+            assert (await post_alerts(b, payload_with(starts_at=LATER))).status == 503  # a follower's answer is unchanged
             assert await _journaled(b) == (["pending"], [])
             assert sink.received == []
 
@@ -99,6 +100,7 @@ async def test_follower_leaves_a_pending_signal_alone_and_processes_it_once_on_t
             await _stop_all(services)
 
 
+@pytest.mark.slow
 async def test_resend_to_the_new_leader_acts_once_and_the_old_copy_waits_for_the_lease(
         tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
     """Each replica with its own journal (the chart's emptyDir): the leader journals a signal and stops
@@ -114,12 +116,12 @@ async def test_resend_to_the_new_leader_acts_once_and_the_old_copy_waits_for_the
             b = await _replica(tmp_path, "b", kubeconfig, sink.url)
             services.append(b)
             _stop_workers(a)
-            assert await _post(a, FIRST) == 200
+            assert (await post_alerts(a, payload_with(starts_at=FIRST))).status == 200
             await a.stop()
             services.remove(a)
 
             await wait_for(b.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
-            assert await _post(b, FIRST) == 200  # Alertmanager's next attempt
+            assert (await post_alerts(b, payload_with(starts_at=FIRST))).status == 200  # Alertmanager's next attempt
             await b.drain()
             assert len(sink.received) == 1
 
@@ -141,6 +143,7 @@ async def test_resend_to_the_new_leader_acts_once_and_the_old_copy_waits_for_the
             await _stop_all(services)
 
 
+@pytest.mark.slow
 async def test_restarted_replica_processes_its_pending_signal_once_it_holds_the_lease(
         tmp_path: Path, kube_emulator: KubeEmulator) -> None:  # noqa: F811
     """One replica, election on: it journals a signal and dies before processing it, the Lease still
@@ -152,7 +155,7 @@ async def test_restarted_replica_processes_its_pending_signal_once_it_holds_the_
         try:
             await wait_for(old.may_act, timeout=5)
             _stop_workers(old)
-            assert await _post(old, FIRST) == 200
+            assert (await post_alerts(old, payload_with(starts_at=FIRST))).status == 200
             assert old.elector is not None
             old.elector._release_on_stop = False  # a crash hands nothing back
         finally:
@@ -179,7 +182,7 @@ async def test_over_age_pending_signal_is_journaled_as_expired_and_not_acted_on(
     is sent, and that decision does not count for the cooldown (a new alert is acted on)."""
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
     journal = Journal(tmp_path / "a" / "journal.db")
-    journal.record_signals(alert_signals(parse_payload(payload_with(starts_at=FIRST))))
+    journal.signals.record(alert_signals(parse_payload(payload_with(starts_at=FIRST))))
     journal.close()
     async with NotifySink() as sink:
         svc = await _replica(tmp_path, "a", kubeconfig, sink.url, clock=lambda: time.time() + 900)
@@ -195,10 +198,10 @@ async def test_over_age_pending_signal_is_journaled_as_expired_and_not_acted_on(
             assert svc.metrics.registry.get_sample_value(
                 "tailguard_decisions_total", {"policy": "ranker-notify", "state": "blocked"}) == 1
 
-            assert await _post(svc, LATER) == 200
+            assert (await post_alerts(svc, payload_with(starts_at=LATER))).status == 200
             await svc.drain()
             assert len(sink.received) == 1
-            assert (await svc.journal.decisions())[-1].state == "succeeded"
+            assert (await svc.journal.decisions.all.in_thread())[-1].state == "succeeded"
         finally:
             await svc.stop()
 
@@ -211,9 +214,9 @@ async def test_signal_that_waited_too_long_in_the_backlog_is_expired_when_taken(
         svc = await _replica(tmp_path, "a", None, sink.url, clock=lambda: now[0])
         try:
             _stop_workers(svc)
-            assert await _post(svc, FIRST) == 200
+            assert (await post_alerts(svc, payload_with(starts_at=FIRST))).status == 200
             now[0] += 700
-            svc._tasks.append(asyncio.create_task(svc.backlog.work(), name="worker-again"))
+            svc.supervisor.spawn("worker-again", svc.backlog.work())
             await svc.drain()
             assert await _journaled(svc) == (
                 ["processed"], [("blocked", "expired: signal is 700s old (max 600s); not acted on")])
@@ -239,6 +242,7 @@ async def _reported(svc: Service, fragment: str) -> tuple[int, dict[str, Any]]:
     return await _readyz(svc)
 
 
+@pytest.mark.slow
 async def test_reload_loop_outlives_any_file_and_picks_up_the_fixed_one(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A file that is not UTF-8, a file deleted while the reload reads it, and a fault outside the
@@ -249,7 +253,7 @@ async def test_reload_loop_outlives_any_file_and_picks_up_the_fixed_one(tmp_path
         svc = await _replica(tmp_path, "a", None, sink.url)
         pol = tmp_path / "a" / "policies"
         try:
-            (reload_task,) = [t for t in svc._tasks if t.get_name() == "policy-reload"]
+            (reload_task,) = [t for t in svc.supervisor.tasks if t.get_name() == "policy-reload"]
 
             def errors() -> float | None:
                 return svc.metrics.registry.get_sample_value("tailguard_policy_reload_errors_total")
@@ -283,7 +287,7 @@ async def test_reload_loop_outlives_any_file_and_picks_up_the_fixed_one(tmp_path
             def fault(*_: Any) -> None:
                 raise RuntimeError("loader bug")
 
-            monkeypatch.setattr("daemon.wiring.service.load_policies", fault)
+            monkeypatch.setattr("daemon.workers.policy_reload.load_policies", fault)
             status, detail = await _reported(svc, "RuntimeError: loader bug")
             assert status == 200 and detail["policies"] == 2
             monkeypatch.undo()

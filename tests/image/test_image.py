@@ -23,7 +23,7 @@ import yaml
 from lab.ports import free_port
 from tests.support.paths import CHART_DIR, REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 UID = 10001
 TOKEN = "image-test-token"

@@ -62,12 +62,13 @@ async def test_approved_plan_runs_journaled_and_notified(tmp_path: Path, capsys:
     async with NotifySink() as actions, NotifySink() as events:
         async with _service(tmp_path, actions.url, events.url, clock) as svc:
             await alert(svc, 0)
-            (decision,) = await svc.journal.decisions()
+            (decision,) = await svc.journal.decisions.all.in_thread()
             assert decision.state == "blocked" and decision.reason.startswith("awaiting approval 1 until ")
             await alert(svc, 1)
-            second = (await svc.journal.decisions())[-1]
+            second = (await svc.journal.decisions.all.in_thread())[-1]
             assert second.state == "blocked" and second.reason.startswith("awaiting approval 1 (decision 1)")
-            assert [a.id for a in await svc.journal.approvals("pending")] == [1] and actions.received == []
+            pending = await svc.journal.approvals.all.in_thread("pending")
+            assert [a.id for a in pending] == [1] and actions.received == []
             await _notified(svc)
             (requested,) = _events(events, "approval_requested")
             assert requested["approval"] == 1 and requested["decision"] == 1
@@ -86,10 +87,10 @@ async def test_approved_plan_runs_journaled_and_notified(tmp_path: Path, capsys:
             assert code == 0 and "approval 1 approved by alice" in capsys.readouterr().out
             await svc.executor.wait_approved()
             assert len(actions.received) == 1
-            decision = await svc.journal.decision(1)
+            decision = await svc.journal.decisions.get.in_thread(1)
             assert decision is not None and decision.executed and decision.state == "succeeded"
             assert decision.reason == "1 step(s) applied and verified"
-            approval = await svc.journal.approval(1)
+            approval = await svc.journal.approvals.get.in_thread(1)
             assert approval is not None and (approval.status, approval.decided_by, approval.reason) == \
                 ("approved", "alice", "looks right")
             await _notified(svc)
@@ -97,6 +98,28 @@ async def test_approved_plan_runs_journaled_and_notified(tmp_path: Path, capsys:
             assert _events(events, "acted")[0]["decision"] == 1
             again = await call(svc, "POST", "/api/v1/approvals/1/approve", OPERATOR, {})
             assert again[0] == 409 and "approved by alice, not pending" in again[1]["error"]
+
+
+async def test_without_an_external_url_notifications_name_the_port_the_api_listens_on(tmp_path: Path) -> None:
+    """listen.port 0: the port is known only once the API listens; the approval notifications (the
+    request and its expiry) name that one, read when each is made."""
+    clock = Clock()
+    async with NotifySink() as actions, NotifySink() as events:
+        pol = tmp_path / "policies"
+        pol.mkdir()
+        (pol / "p.yaml").write_text(POLICY.replace("{url}", actions.url))
+        settings = local_settings(tmp_path, pol, notifications=[{"url": events.url}])
+        async with Service(settings, action_registry(), detector_registry(), clock=clock) as svc:
+            assert svc.port
+            await alert(svc, 0)
+            clock.now += 601
+            await svc.approvals.expire_due()
+            await _notified(svc)
+            url = f"http://127.0.0.1:{svc.port}"
+            for kind in ("approval_requested", "approval_expired"):
+                (note,) = _events(events, kind)
+                assert note["command"].startswith(f"tailguard approve 1 --url {url} ")
+                assert f"{url}/api/v1/approvals/1/approve" in note["call"]
 
 
 async def test_expired_plan_does_not_run_journaled_and_notified(tmp_path: Path) -> None:
@@ -108,8 +131,9 @@ async def test_expired_plan_does_not_run_journaled_and_notified(tmp_path: Path) 
             await alert(svc, 0)
             clock.now += 601
             (expired,) = await svc.approvals.expire_due()
-            assert expired.id == 1 and (await svc.journal.approval(1)).status == "expired"  # type: ignore[union-attr]
-            decision = await svc.journal.decision(1)
+            approval = await svc.journal.approvals.get.in_thread(1)
+            assert expired.id == 1 and approval is not None and approval.status == "expired"
+            decision = await svc.journal.decisions.get.in_thread(1)
             assert decision is not None and decision.state == "blocked" and not decision.executed
             assert decision.reason.startswith("approval 1 expired at ")
             status, body = await call(svc, "POST", "/api/v1/approvals/1/approve", OPERATOR, {})
@@ -120,7 +144,7 @@ async def test_expired_plan_does_not_run_journaled_and_notified(tmp_path: Path) 
             assert actions.received == []
             # The next signal asks again (a new approval), since none is pending any more.
             await alert(svc, 1)
-            assert [a.id for a in await svc.journal.approvals("pending")] == [2]
+            assert [a.id for a in await svc.journal.approvals.all.in_thread("pending")] == [2]
 
 
 async def test_pending_approval_survives_a_restart_and_a_freeze_keeps_it_waiting(tmp_path: Path) -> None:
@@ -131,7 +155,7 @@ async def test_pending_approval_survives_a_restart_and_a_freeze_keeps_it_waiting
         async with _service(tmp_path, actions.url, events.url, clock) as svc:
             await alert(svc, 0)
         async with _service(tmp_path, actions.url, events.url, clock) as svc:
-            assert [a.id for a in await svc.journal.approvals("pending")] == [1]
+            assert [a.id for a in await svc.journal.approvals.all.in_thread("pending")] == [1]
             assert (await call(svc, "POST", "/api/v1/freeze", OPERATOR, {"reason": "hold"}))[0] == 201
             status, body = await call(svc, "POST", "/api/v1/approvals/1/approve", OPERATOR, {"reason": "go"})
             assert status == 409 and "stays pending: daemon frozen: hold" in body["error"]
@@ -139,4 +163,5 @@ async def test_pending_approval_survives_a_restart_and_a_freeze_keeps_it_waiting
             status, body = await call(svc, "POST", "/api/v1/approvals/1/approve", OPERATOR, {"reason": "go"})
             assert status == 202 and body["approval"]["status"] == "approved"
             await svc.executor.wait_approved()
-            assert len(actions.received) == 1 and (await svc.journal.decision(1)).state == "succeeded"  # type: ignore[union-attr]
+            decision = await svc.journal.decisions.get.in_thread(1)
+            assert len(actions.received) == 1 and decision is not None and decision.state == "succeeded"

@@ -15,13 +15,14 @@ from typing import Any, AsyncIterator
 import pytest
 from aiohttp import web
 
+from core.detection import RecoveryLine, Side
 from core.query import Series
 from core.signal import Signal, SignalSource
-from daemon.wiring.backtest import backtest, parse_time, text_lines
+from daemon.wiring.backtest import BacktestResult, Fired, backtest, build_report, parse_time, text_lines
 from daemon.wiring.cli import main
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from daemon.workers.replay import ReplayGuards, chunks, merge_series, window
+from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, merge_series, window
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from policies.loader import load_policies
 from tests.support.helpers import NotifySink, local_settings, wait_for
@@ -111,12 +112,32 @@ def test_replay_guards_count_only_the_replays_own_actions(tmp_path: Path):
 
     def signal(n: int) -> Signal:
         return Signal(SignalSource.DETECTOR, "threshold", {"model": "ranker"}, _utc(0), f"detector:ranker-tail:0:{n}",
-                      policy="ranker-tail", details={"threshold": 500000.0, "query": policy.detectors[0].trigger.query})
+                      policy="ranker-tail", details={"threshold": 500000.0, "query": policy.detectors[0].trigger.query},
+                      recovery_line=RecoveryLine(500000.0, Side.BELOW, "threshold"))
 
     first = guards.decide(policy, signal(1), 1000.0)
     assert first.acts and first.actions == "triton.rollback()" and "below 500000" in (first.recovery or "")
     assert guards.decide(policy, signal(2), 1300.0).reason.startswith("cooldown")
     assert guards.decide(policy, signal(3), 1700.0).acts
+
+
+def test_text_and_report_show_the_line_each_signal_drew():
+    """A signal's line is printed beside its value and drawn on its trigger's panel with the line the
+    params fix; a signal that drew none (tail_excess on counters) prints none."""
+    def fired(index: int, value: float, line: RecoveryLine | None) -> Fired:
+        signal = Signal(SignalSource.DETECTOR, "tail_anomaly", {"model": "ranker"}, _utc(0),
+                        f"detector:ranker-tail:{index}:x", value=value, policy="ranker-tail",
+                        details={"reason": "why"}, recovery_line=line)
+        return Fired(signal, 10.0, ReplayDecision(10.0, "ranker-tail", "default/ranker", "blocked", "cooldown", ""))
+
+    result = BacktestResult(0.0, 60.0, fired=[fired(0, 900.0, RecoveryLine(316.2, Side.BELOW, "threshold")),
+                                              fired(1, 14.5, None)])
+    result.panels[("ranker-tail", 0)] = ("p999", 5.0, [], 500.0)
+    lines = text_lines(result)
+    assert lines[1].endswith("tail_anomaly on model=ranker: value 900 (threshold 316.2): why")
+    assert lines[3].endswith("tail_anomaly on model=ranker: value 14.5: why")
+    report = build_report(result)
+    assert [t.value for t in report.thresholds] == [316.2, 500.0]
 
 
 def test_parse_time():
@@ -145,6 +166,7 @@ def _incident(end: float, incident_at: float) -> list[tuple[float, float]]:
     return out
 
 
+@pytest.mark.integration
 async def test_backtest_acts_within_one_interval_of_the_live_daemon(
         tmp_path: Path, prometheus_factory, triton_stand_in: Recorder, capsys: pytest.CaptureFixture[str]):
     """Backtest first (it must call nothing and write no journal), then the live daemon stepped
@@ -199,16 +221,16 @@ async def _live_action_time(tmp_path: Path, prom_url: str, triton: str, notify: 
     now = [start]
     settings = local_settings(tmp_path, live_policies, prometheus={"url": prom_url})
     async with Service(settings, action_registry(), detector_registry(), clock=lambda: now[0]) as svc:
-        await wait_for(lambda: bool(svc.journal.sync.evaluations()), timeout=30)
+        await wait_for(lambda: bool(svc.journal.evaluations.all()), timeout=30)
         for _ in range(20):
-            if svc.journal.sync.signals():
+            if svc.journal.signals.all():
                 break
             mark = time.time()
             now[0] += INTERVAL
-            await wait_for(lambda: any(e["at"] > mark for e in svc.journal.sync.evaluations()), timeout=30)
+            await wait_for(lambda: any(e["at"] > mark for e in svc.journal.evaluations.all()), timeout=30)
         await svc.drain()
-        decisions = await svc.journal.decisions()
-        (signal,) = await svc.journal.signals()
+        decisions = await svc.journal.decisions.all.in_thread()
+        (signal,) = await svc.journal.signals.all.in_thread()
     (decision,) = decisions
     assert decision.state == "succeeded", decision.reason
     return Signal.from_summary(signal["payload"]).observed_at.timestamp()

@@ -20,12 +20,10 @@ The emulator-backed tests at the end check the stamp every Kubernetes write carr
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sqlite3
 import sys
-import urllib.request
 from contextlib import closing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,10 +41,11 @@ from actions.istio import ShiftWeights, ShiftWeightsParams
 from core.outcome import OutcomeStatus
 from core.query import QueryResult, Sample
 from core.target import Target
-from daemon.storage.journal import Decision, Journal
+from daemon.storage.journal import Journal
+from daemon.storage.records import Decision
 from lab.ports import free_port
 from lab.process import ManagedProcess
-from lab.triton import TritonServer
+from lab.triton import TritonServer, served_versions
 from tests.support.helpers import TOKEN, sample_payload, wait_for
 from lab.kube.emulator import KubeEmulator, RecordedRequest
 from lab.kube.schemas import object_errors
@@ -164,10 +163,10 @@ class Journaled:
 def read_journal(path: Path) -> Journaled:
     journal = Journal(path)
     try:
-        (decision,) = journal.decisions()
-        steps = [s for s in journal.steps(decision.id) if s["phase"] != "recovery"]
-        return Journaled(decision, steps, [s["state"] for s in journal.signals()],
-                         [(p["model"], int(p["version"])) for p in journal.pins()])
+        (decision,) = journal.decisions.all()
+        steps = [s for s in journal.decisions.steps(decision.id) if s["phase"] != "recovery"]
+        return Journaled(decision, steps, [s["state"] for s in journal.signals.all()],
+                         [(p["model"], int(p["version"])) for p in journal.pins.live()])
     finally:
         journal.close()
 
@@ -286,6 +285,7 @@ class KillingTritonProxy:
 # ---- the three crashes ---------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 async def test_notify_killed_after_the_post_is_delivered_once_by_its_idempotency_key(
         tmp_path: Path, daemon_factory: Callable[..., Daemon]) -> None:
     """At-least-once with a key: the POST that killed the daemon and the resumed decision's POST
@@ -317,6 +317,7 @@ def weighted_virtual_service() -> dict[str, Any]:
     return vs
 
 
+@pytest.mark.integration
 async def test_istio_killed_after_the_patch_landed_is_recovered_without_a_second_patch(
         tmp_path: Path, kube_emulator: KubeEmulator, daemon_factory: Callable[..., Daemon]) -> None:
     """Exactly-once by re-observation: the emulator applies the PATCH, then kills the daemon before
@@ -347,18 +348,13 @@ async def test_istio_killed_after_the_patch_landed_is_recovered_without_a_second
     assert f"stamped {key} by this step's write" in rows[1]["message"]
 
 
-def _served(server: TritonServer) -> list[str]:
-    req = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
-
-
+@pytest.mark.integration
 async def test_triton_killed_after_the_load_is_recovered_without_a_second_load(
         tmp_path: Path, triton_server: TritonServer, daemon_factory: Callable[..., Daemon]) -> None:
     """Exactly-once by re-observation: Triton loads v1 pinned, the proxy kills the daemon before
     passing the answer on; the resumed decision finds only v1 served and records the step as
     recovered, not re-applied. One load in all."""
-    assert _served(triton_server) == ["2"]
+    assert served_versions(triton_server) == ["2"]
     runner: web.AppRunner | None = None
     try:
         daemon = daemon_factory()
@@ -372,7 +368,7 @@ async def test_triton_killed_after_the_load_is_recovered_without_a_second_load(
             await runner.cleanup()
 
     rows = journaled.steps
-    assert _served(triton_server) == ["1"] and journaled.pins == [("ranker", 1)]
+    assert served_versions(triton_server) == ["1"] and journaled.pins == [("ranker", 1)]
     assert proxy.loads == ["/v2/repository/models/ranker/load"]
     assert [(s["phase"], s["status"]) for s in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
     assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.request
-import json
 from pathlib import Path
+
+import pytest
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.prometheus import BackfillSeries, PrometheusServer, backfill_openmetrics
-from lab.triton import TritonServer
+from lab.triton import TritonServer, served_versions
 from tests.support.helpers import NotifySink, local_settings, wait_for
+
+pytestmark = pytest.mark.integration
 
 OFFSET_SECONDS = 3600.0
 STEP = 15.0
@@ -64,12 +66,6 @@ async def _prometheus(tmp_path: Path, now: float, prometheus_factory) -> Prometh
     return await prometheus_factory(scrape_targets={}, data_dir=data)
 
 
-def _served(server: TritonServer) -> list[str]:
-    req = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
-
-
 async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, prometheus_factory,
                                                           triton_server: TritonServer):
     """Holt path: the ramp's breach is predicted ~5 min ahead and ranker is rolled back; the flat
@@ -86,18 +82,19 @@ async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, promet
     settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
     clock = lambda: time.time() - OFFSET_SECONDS  # noqa: E731
     async with Service(settings, action_registry(), detector_registry(), clock=clock) as svc:
-        await wait_for(lambda: len(svc.journal.sync.evaluations()) >= 2, timeout=30)
+        await wait_for(lambda: len(svc.journal.evaluations.all()) >= 2, timeout=30)
         await svc.drain()
-        decisions = await svc.journal.decisions()
-        signals = await svc.journal.signals()
-        evaluations = {e["policy"]: e for e in await svc.journal.evaluations()}
+        decisions = await svc.journal.decisions.all.in_thread()
+        signals = await svc.journal.signals.all.in_thread()
+        evaluations = {e["policy"]: e for e in await svc.journal.evaluations.all.in_thread()}
     (decision,) = decisions
     assert decision.policy == "ranker-forecast" and decision.state == "succeeded", decision.reason
     (signal,) = signals
     details = signal["payload"]["details"]
-    assert details["lead_time_seconds"] >= 300 - 60, details  # at least ~5 minutes ahead
-    assert details["predicted_breach_time"] > signal["payload"]["details"].get("episode_start", 0)
-    assert _served(triton_server) == ["1"]
+    assert details["lead_seconds"] >= 300 - 60, details  # at least ~5 minutes ahead
+    assert details["probability"] >= details["min_probability"], details
+    assert details["predicted_crossing_time"] > signal["payload"]["details"].get("episode_start", 0)
+    assert served_versions(triton_server) == ["1"]
     assert not evaluations["scorer-forecast"]["fired"]
 
 
@@ -119,8 +116,8 @@ async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometh
                            clock=lambda: time.time() - OFFSET_SECONDS) as svc:
             await wait_for(lambda: len(sink.received) == 1, timeout=120)
             await svc.drain()
-            (signal,) = await svc.journal.signals()
+            (signal,) = await svc.journal.signals.all.in_thread()
         details = signal["payload"]["details"]
         assert signal["payload"]["name"] == "forecast_breach"
-        assert details["lead_time_seconds"] > 0
+        assert details["lead_seconds"] > 0
         assert sink.received[0]["signal"]["labels"]["model"] == "ranker"

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
-
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from policies.guards import GuardState, check_guards
 from policies.schema import Guards
-from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with
+from tests.support.helpers import NotifySink, local_settings, notify_policy, payload_with, post_alerts
 
 def test_check_guards_order_and_reasons():
     """Freeze beats cooldown beats rate limit; each refusal says why."""
@@ -20,14 +18,6 @@ def test_check_guards_order_and_reasons():
     assert "cooldown" in check_guards(g, GuardState(900.0, 1), 1000).reason
     assert check_guards(g, GuardState(0.0, 1), 1000).allowed
     assert "rate limit" in check_guards(g, GuardState(0.0, 2), 1000).reason
-
-
-async def _post(svc: Service, body: dict) -> dict:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", json=body,
-                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
-            assert resp.status == 200
-            return await resp.json()
 
 
 def _policies(tmp_path: Path, url: str, cooldown: str = "1h", max_actions: int = 5) -> Path:
@@ -43,18 +33,18 @@ async def test_cooldown_and_dedup_survive_a_restart(tmp_path: Path):
     async with NotifySink() as sink:
         pol = _policies(tmp_path, sink.url)
         async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
-            await _post(svc, payload_with(starts_at="2026-11-29T17:00:00Z"))
-            await _post(svc, payload_with(starts_at="2026-11-29T17:05:00Z"))
+            await post_alerts(svc, payload_with(starts_at="2026-11-29T17:00:00Z"), expect=200)
+            await post_alerts(svc, payload_with(starts_at="2026-11-29T17:05:00Z"), expect=200)
             await svc.drain()
-            states = [d.state for d in await svc.journal.decisions()]
+            states = [d.state for d in await svc.journal.decisions.all.in_thread()]
         assert states == ["succeeded", "blocked"]
         assert len(sink.received) == 1
 
         async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
-            assert (await _post(svc, payload_with(starts_at="2026-11-29T17:00:00Z")))["duplicates"] == 1
-            await _post(svc, payload_with(starts_at="2026-11-29T17:10:00Z"))
+            assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T17:00:00Z"), expect=200)).body["duplicates"] == 1
+            await post_alerts(svc, payload_with(starts_at="2026-11-29T17:10:00Z"), expect=200)
             await svc.drain()
-            decisions = await svc.journal.decisions()
+            decisions = await svc.journal.decisions.all.in_thread()
         assert [d.state for d in decisions] == ["succeeded", "blocked", "blocked"]
         assert "cooldown" in decisions[-1].reason
         assert len(sink.received) == 1
@@ -66,9 +56,9 @@ async def test_rate_limit_counts_executed_plans(tmp_path: Path):
         pol = _policies(tmp_path, sink.url, cooldown="0s", max_actions=2)
         async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
             for minute in range(3):
-                await _post(svc, payload_with(starts_at=f"2026-11-29T17:0{minute}:00Z"))
+                await post_alerts(svc, payload_with(starts_at=f"2026-11-29T17:0{minute}:00Z"), expect=200)
                 await svc.drain()
-            decisions = await svc.journal.decisions()
+            decisions = await svc.journal.decisions.all.in_thread()
     assert [d.state for d in decisions] == ["succeeded", "succeeded", "blocked"]
     assert "rate limit" in decisions[-1].reason
     assert len(sink.received) == 2
@@ -80,9 +70,9 @@ async def test_global_freeze_journals_and_does_nothing(tmp_path: Path):
         pol = _policies(tmp_path, sink.url)
         settings = local_settings(tmp_path, pol, freeze=True)
         async with Service(settings, action_registry(), detector_registry()) as svc:
-            await _post(svc, payload_with())
+            await post_alerts(svc, payload_with(), expect=200)
             await svc.drain()
-            (decision,) = await svc.journal.decisions()
+            (decision,) = await svc.journal.decisions.all.in_thread()
     assert decision.state == "blocked" and "freeze" in decision.reason
     assert sink.received == []
 
@@ -92,10 +82,10 @@ async def test_alert_about_another_model_never_acts(tmp_path: Path):
     async with NotifySink() as sink:
         pol = _policies(tmp_path, sink.url)
         async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
-            body = await _post(svc, payload_with(model="fraud-scorer"))
+            body = (await post_alerts(svc, payload_with(model="fraud-scorer"), expect=200)).body
             await svc.drain()
             assert body["accepted"] == 1
-            assert await svc.journal.decisions() == []
+            assert await svc.journal.decisions.all.in_thread() == []
     assert sink.received == []
 
 
@@ -107,14 +97,14 @@ async def test_pending_signal_is_processed_after_restart(tmp_path: Path):
         svc = Service(settings, action_registry(), detector_registry())
         await svc.start()
         # Stop the workers first, as a crash would: the signal is journaled but never processed.
-        for task in svc._tasks:
+        for task in svc.supervisor.tasks:
             if task.get_name().startswith("worker-"):
                 task.cancel()
-        await _post(svc, payload_with())
+        await post_alerts(svc, payload_with(), expect=200)
         await svc.stop()
         assert sink.received == []
         async with Service(settings, action_registry(), detector_registry()) as svc2:
             await svc2.drain()
-            (sig,) = await svc2.journal.signals()
+            (sig,) = await svc2.journal.signals.all.in_thread()
         assert sig["state"] == "processed"
         assert len(sink.received) == 1

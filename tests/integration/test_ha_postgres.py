@@ -34,6 +34,8 @@ from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fix
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.integration
+
 NS = "tailguard"
 LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": NS, "leaseDurationSeconds": 2,
          "renewDeadlineSeconds": 1.5, "retryPeriodSeconds": 0.3}
@@ -186,7 +188,7 @@ async def _wait_acted_on_all(sink: Sink, dsn: str) -> None:
     await wait_for(lambda: _notified(sink) >= EXPECTED, timeout=WAIT_SECONDS)
     journal = Journal(dsn)
     try:
-        await wait_for(lambda: journal.refresh_pending() == 0, timeout=WAIT_SECONDS, interval=0.2)
+        await wait_for(lambda: journal.signals.refresh_pending() == 0, timeout=WAIT_SECONDS, interval=0.2)
     finally:
         journal.close()
 
@@ -219,10 +221,10 @@ def _assert_each_alert_acted_on_once(sink: Sink, dsn: str, first: Replica, secon
 
     journal = Journal(dsn)
     try:
-        signals = journal.signals()
-        decisions = journal.decisions()
+        signals = journal.signals.all()
+        decisions = journal.decisions.all()
         claims = journal._read("SELECT holder, MAX(term) AS term, COUNT(*) AS n FROM decisions GROUP BY holder")
-        term = journal.current_term()
+        term = journal.terms.current()
     finally:
         journal.close()
     assert len(signals) == len(EXPECTED) and {s["state"] for s in signals} == {"processed"}
@@ -346,8 +348,8 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
         status, body = await _call(follower, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"),
                                    token=TOKEN)
         assert status == 200, body
-        await wait_for(lambda: len(leader.journal.sync.decisions()) == 1, timeout=30)
-        (blocked,) = leader.journal.sync.decisions()
+        await wait_for(lambda: len(leader.journal.decisions.all()) == 1, timeout=30)
+        (blocked,) = leader.journal.decisions.all()
         assert blocked.state == "blocked" and "target frozen: maintenance" in blocked.reason, blocked
         assert sink.posts == []
 
@@ -358,7 +360,7 @@ async def test_a_follower_answers_from_the_shared_journal_and_its_freeze_binds_t
         assert status == 200, body
         await wait_for(lambda: len(sink.posts) == 1, timeout=30)
 
-        await wait_for(lambda: leader.journal.sync.decisions()[-1].state.final, timeout=30)
+        await wait_for(lambda: leader.journal.decisions.all()[-1].state.final, timeout=30)
         status, doc = await _call(follower, "GET", "/api/v1/status", token=READER)
         assert status == 200 and doc["role"] == "follower" and doc["replica"] == follower.identity
         (target,) = doc["targets"]
@@ -387,15 +389,15 @@ async def test_a_pending_approval_survives_failover_and_the_new_leader_applies_i
         new = next(s for s in services if s is not old)
         status, body = await _call(old, "POST", "/api/v1/alerts", body=payload_with(fingerprint="f1"), token=TOKEN)
         assert status == 200, body
-        await wait_for(lambda: [a.id for a in old.journal.sync.approvals("pending")] == [1], timeout=30)
+        await wait_for(lambda: [a.id for a in old.journal.approvals.all("pending")] == [1], timeout=30)
         await old.stop()  # hands the Lease back
         services.remove(old)
         await wait_for(new.may_act, timeout=30)
         status, approved = await _call(new, "POST", "/api/v1/approvals/1/approve", body={"reason": "looked at it"})
         assert status == 202, approved
         await wait_for(lambda: len(sink.posts) == 1, timeout=30)
-        await wait_for(lambda: new.journal.sync.decisions()[0].state == "succeeded", timeout=30)
-        assert len(new.journal.sync.decisions()) == 1
+        await wait_for(lambda: new.journal.decisions.all()[0].state == "succeeded", timeout=30)
+        assert len(new.journal.decisions.all()) == 1
     finally:
         for svc in services:
             await svc.stop()
@@ -417,8 +419,8 @@ async def test_the_leader_takes_a_followers_webhook_at_its_commit_not_at_its_nex
                                        body=payload_with(fingerprint=f"n{n}"))
             assert status == 200, body
             await wait_for(lambda: len(sink.posts) == n + 1, timeout=20)  # well inside the 60 s poll
-        assert [d.state for d in leader.journal.sync.decisions()] == ["succeeded"] * 3
-        assert follower.journal.sync.decisions() == leader.journal.sync.decisions()
+        assert [d.state for d in leader.journal.decisions.all()] == ["succeeded"] * 3
+        assert follower.journal.decisions.all() == leader.journal.decisions.all()
     finally:
         for svc in services:
             await svc.stop()

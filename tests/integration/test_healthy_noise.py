@@ -18,16 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.load import run_load
 from lab.prometheus import PrometheusServer
-from lab.triton import TritonServer
-from tests.integration.test_tail_integration import _pin, _served
+from lab.triton import TritonServer, load_version, served_versions
 from tests.support.helpers import local_settings
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 EXAMPLE = REPO / "examples" / "policies" / "ranker.yaml"
 POLICY = "ranker-tail"
@@ -109,13 +111,14 @@ async def assert_quiet_and_looking(svc: Service, version: str, since: dict[str, 
     """No decision, no signal; each policy in `since` scored `version` in the last seconds and
     judged more than 5 times after its count in `since`."""
     await svc.drain()
-    decisions = await svc.journal.decisions()
+    decisions = await svc.journal.decisions.all.in_thread()
     assert decisions == [], [(d.policy, d.reason) for d in decisions]
-    signals = await svc.journal.signals()
+    signals = await svc.journal.signals.all.in_thread()
     assert signals == [], [s["payload"] for s in signals]
     for policy, before in since.items():
-        rows = [e for e in await svc.journal.evaluations(policy) if series_version(e["series"]) == version]
-        assert rows, await svc.journal.evaluations(policy)
+        rows = [e for e in await svc.journal.evaluations.all.in_thread(policy)
+                if series_version(e["series"]) == version]
+        assert rows, await svc.journal.evaluations.all.in_thread(policy)
         assert time.time() - float(rows[0]["at"]) < 5.0 and rows[0]["reason"].startswith(SCORED), rows
         assert verdicts(svc, policy, fired=True) == 0.0
         assert verdicts(svc, policy, fired=False) - before > 5, (policy, verdicts(svc, policy, fired=False), before)
@@ -132,14 +135,14 @@ async def test_traffic_bursts_and_drops_take_no_action(tmp_path: Path, triton_fa
 
 async def test_healthy_redeploy_takes_no_action(tmp_path: Path, triton_factory, prometheus_factory) -> None:
     triton = await healthy_triton(triton_factory)
-    await _pin(triton, "ranker", 1)
+    await load_version(triton, "ranker", 1)
     prom = await prometheus_factory(scrape_targets={"triton": [triton.metrics_target]}, scrape_interval="1s")
     async with daemon(tmp_path, triton, prom) as svc:
         load = asyncio.create_task(staged_load(triton, [(RATE, WARMUP_S + 12.0)]))
         try:
             await asyncio.sleep(WARMUP_S)
-            await _pin(triton, "ranker", None)  # the deploy: v2, no defect; its load holds requests a moment
-            assert _served(triton, "ranker") == ["2"]
+            await load_version(triton, "ranker", None)  # the deploy: v2, no defect; its load holds requests a moment
+            assert served_versions(triton, "ranker") == ["2"]
             before = verdicts(svc, POLICY, fired=False)
         finally:
             await load
@@ -168,8 +171,8 @@ async def test_triton_restart_takes_no_action_and_a_defect_after_it_still_rolls_
             load.cancel()
             await asyncio.gather(load, return_exceptions=True)
         assert decision.executed, decision.reason
-        assert await served_within(triton, ["1"], timeout_s=20.0), _served(triton, "ranker")
-        fired = [s["payload"] for s in await svc.journal.signals() if s["payload"].get("policy") == POLICY]
+        assert await served_within(triton, ["1"], timeout_s=20.0), served_versions(triton, "ranker")
+        fired = [s["payload"] for s in await svc.journal.signals.all.in_thread() if s["payload"].get("policy") == POLICY]
         assert fired and fired[0]["labels"]["version"] == "2", fired[:1]
         # The series' history spans the restart (one reset, read as increase() does) and still fires.
         assert fired[0]["details"]["counter_resets"] == 1, fired[0]["details"]
@@ -203,8 +206,8 @@ def write_fault(path: Path, fault: dict[str, Any]) -> None:
 async def first_decision(svc: Service, policy: str, timeout_s: float) -> Any:
     """The policy's first decision, polled every 0.5 s up to `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while not (found := [d for d in await svc.journal.decisions() if d.policy == policy]):
-        assert time.monotonic() < deadline, await svc.journal.evaluations(policy)
+    while not (found := [d for d in await svc.journal.decisions.all.in_thread() if d.policy == policy]):
+        assert time.monotonic() < deadline, await svc.journal.evaluations.all.in_thread(policy)
         await asyncio.sleep(0.5)
     return found[0]
 
@@ -212,6 +215,6 @@ async def first_decision(svc: Service, policy: str, timeout_s: float) -> Any:
 async def served_within(triton: TritonServer, versions: list[str], timeout_s: float) -> bool:
     """Whether Triton serves exactly `versions` within `timeout_s` (the rollback's load takes a moment)."""
     deadline = time.monotonic() + timeout_s
-    while (served := await asyncio.to_thread(_served, triton, "ranker")) != versions and time.monotonic() < deadline:
+    while (served := await asyncio.to_thread(served_versions, triton, "ranker")) != versions and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     return served == versions

@@ -22,7 +22,8 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from tests.support.helpers import TOKEN, local_settings, payload_with
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")]
 
 READER = "reader-token-https-5a1e9c0b"
 TOKENS = f"- {{name: dashboards, token: {READER}, scopes: [read]}}\n"
@@ -179,6 +180,6 @@ async def test_webhook_over_https(svc: Service, pki: Pki) -> None:
                                  headers={"Authorization": f"Bearer {TOKEN}"}):
                 pass
     await svc.drain()
-    (decision,) = await svc.journal.decisions()
+    (decision,) = await svc.journal.decisions.all.in_thread()
     assert decision.policy == "ranker-watch" and decision.state == "dry_run"
-    assert len(await svc.journal.signals()) == 1
+    assert len(await svc.journal.signals.all.in_thread()) == 1

@@ -38,6 +38,7 @@ async def _poll_json(session: aiohttp.ClientSession, url: str, params: dict[str,
         await asyncio.sleep(0.5)
 
 
+@pytest.mark.integration
 def test_wait_ready_fails_fast_when_the_process_exits(tmp_path: Path) -> None:
     """A server that dies at start is reported at once with its log, not after the deadline."""
     process = ManagedProcess(argv=["sh", "-c", "echo boom; exit 3"], log_path=tmp_path / "log")
@@ -49,6 +50,7 @@ def test_wait_ready_fails_fast_when_the_process_exits(tmp_path: Path) -> None:
     assert process.stop() == 3
 
 
+@pytest.mark.integration
 def test_stop_ends_a_process_that_never_became_ready(tmp_path: Path) -> None:
     """The deadline bounds the wait, and stop() ends our own child by PID."""
     process = ManagedProcess(argv=["sleep", "60"], log_path=tmp_path / "log")
@@ -59,6 +61,7 @@ def test_stop_ends_a_process_that_never_became_ready(tmp_path: Path) -> None:
     assert not process.running
 
 
+@pytest.mark.integration
 async def test_triton_serves_v2_with_p999_summary(triton_server: TritonServer) -> None:
     """Fresh load serves only v2 (latest), answers an inference, and exposes the 0.999 quantile."""
     async with aiohttp.ClientSession() as session:
@@ -73,6 +76,7 @@ async def test_triton_serves_v2_with_p999_summary(triton_server: TritonServer) -
     assert 'nv_inference_request_summary_us{model="ranker",version="2",quantile="0.999"}' in metrics
 
 
+@pytest.mark.integration
 async def test_load_generator_reaches_the_model(triton_server: TritonServer) -> None:
     """run_load sends exactly rate x duration requests, unpinned, all answered by v2."""
     result = await run_load(triton_server.base_url, rate_per_second=20, duration_seconds=1.0)
@@ -87,6 +91,7 @@ async def test_load_generator_refuses_non_loopback() -> None:
         await run_load("http://example.com:8000", duration_seconds=0.1)
 
 
+@pytest.mark.integration
 async def test_prometheus_scrapes_triton(
     triton_server: TritonServer, prometheus_factory: PrometheusFactory
 ) -> None:
@@ -118,6 +123,7 @@ def test_openmetrics_text_escapes_labels_and_groups_families() -> None:
     assert text.endswith("# EOF\n")
 
 
+@pytest.mark.integration
 async def test_backfilled_history_is_queryable(tmp_path: Path, prometheus_factory: PrometheusFactory) -> None:
     """promtool-backfilled samples from hours ago come back from query_range, values intact."""
     end = int(time.time()) // 60 * 60 - 3600
@@ -161,6 +167,7 @@ async def webhook_receiver() -> AsyncIterator[tuple[str, asyncio.Queue[tuple[dic
         await runner.cleanup()
 
 
+@pytest.mark.integration
 async def test_alertmanager_delivers_webhook_with_bearer_token(
     webhook_receiver: tuple[str, asyncio.Queue[tuple[dict[str, str], Any]]],
     alertmanager_factory: AlertmanagerFactory,
@@ -184,6 +191,7 @@ async def test_alertmanager_delivers_webhook_with_bearer_token(
 
 
 # Last in the file: it changes the shared server, which the fixture then has to reset (~1.5 s).
+@pytest.mark.integration
 def test_load_model_with_specific_version_rolls_back_to_v1(triton_server: TritonServer) -> None:
     """The daemon's rollback path: version_policy specific [1] via load_model(config=...)."""
     client = triton_http.InferenceServerClient(triton_server.http_url)

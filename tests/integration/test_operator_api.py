@@ -46,12 +46,6 @@ def _settings(tmp_path: Path, sink_url: str = "http://127.0.0.1:9/hook", cooldow
 
 
 @pytest.fixture
-async def sink() -> AsyncIterator[NotifySink]:
-    async with NotifySink() as s:
-        yield s
-
-
-@pytest.fixture
 async def svc(tmp_path: Path, sink: NotifySink) -> AsyncIterator[Service]:
     async with Service(_settings(tmp_path, sink.url), action_registry(), detector_registry()) as s:
         yield s
@@ -74,7 +68,7 @@ async def alert(svc: Service, minute: int) -> None:
 
 
 async def last_decision(svc: Service) -> tuple[str, str]:
-    d = (await svc.journal.decisions())[-1]
+    d = (await svc.journal.decisions.all.in_thread())[-1]
     return d.state.value, d.reason
 
 
@@ -91,7 +85,7 @@ async def test_token_scopes(svc: Service) -> None:
     status, body = await call(svc, "POST", "/api/v1/freeze", READER, {"reason": "x"})
     assert status == 403 and body["error"] == "token 'dashboards' lacks the 'write' scope"
     assert (await call(svc, "POST", "/api/v1/alerts", OPERATOR, payload_with()))[0] == 401
-    assert await svc.journal.freezes() == []
+    assert await svc.journal.freezes.all.in_thread() == []
 
 
 async def test_openapi_is_served_and_committed(svc: Service) -> None:
@@ -127,7 +121,7 @@ async def test_freeze_via_api_stops_the_action_and_unfreeze_lets_the_next_throug
     assert status == 200 and [f["scope"] for f in body["lifted"]] == ["*"]
     await alert(svc, 1)
     assert (await last_decision(svc))[0] == "succeeded" and len(sink.received) == 1
-    (freeze,) = await svc.journal.freezes("*")
+    (freeze,) = await svc.journal.freezes.all.in_thread("*")
     assert (freeze.by, freeze.source, freeze.lifted_by) == ("alice", "api", "alice")
     assert freeze.lifted_reason == "window over (by alice via api)"
     assert "tailguard_frozen 0.0" in (await call(svc, "GET", "/metrics", None))[1]
@@ -166,7 +160,7 @@ async def test_freeze_via_cli_stops_the_action_and_unfreeze_lets_the_next_throug
     assert "unfrozen: default/ranker" in capsys.readouterr().out
     await alert(svc, 1)
     assert (await last_decision(svc))[0] == "succeeded" and len(sink.received) == 1
-    (freeze,) = await svc.journal.freezes("default/ranker")
+    (freeze,) = await svc.journal.freezes.all.in_thread("default/ranker")
     assert freeze.by == "alice" and freeze.lifted_reason == "fixed (by alice via api)"
     # A read token is refused by the CLI too, with the reason on stderr and exit 1.
     token_file.write_text(READER)
@@ -210,8 +204,8 @@ async def test_status_mid_incident_lists_pin_cooldown_and_last_decision(
         await alert(svc, 0)
         await alert(svc, 1)  # inside the cooldown: blocked
         # As triton.rollback's verify records it (real Triton rollbacks: tests/integration/test_e2e_rollback.py).
-        await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2, decision_id=1,
-                                     reason="P99.9 above 500 ms", policy="ranker-notify")
+        await svc.journal.pins.record.in_thread("default/ranker", "ranker", 1, from_version=2, decision_id=1,
+                                                reason="P99.9 above 500 ms", policy="ranker-notify")
         status, doc = await call(svc, "GET", "/api/v1/status", READER)
         assert status == 200 and doc["role"] == "leader" and doc["acting"] is True
         assert doc["policies"]["count"] == 1 and doc["policies"]["errors"] is None and doc["policies"]["lastReloadAt"]
@@ -238,10 +232,10 @@ async def test_status_mid_incident_lists_pin_cooldown_and_last_decision(
 
 
 async def test_unpin_via_api(svc: Service) -> None:
-    await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2)
+    await svc.journal.pins.record.in_thread("default/ranker", "ranker", 1, from_version=2)
     status, body = await call(svc, "POST", "/api/v1/unpin", body={"target": "ranker", "reason": "v3 is fixed"})
     assert status == 200 and body["unpinned"]["version"] == 1
-    assert await svc.journal.pins() == []
+    assert await svc.journal.pins.live.in_thread() == []
     assert (await call(svc, "POST", "/api/v1/unpin", body={"target": "ranker"}))[0] == 409
     assert (await call(svc, "POST", "/api/v1/unpin", READER, {"target": "ranker"}))[0] == 403
 
@@ -253,29 +247,29 @@ async def test_unpin_via_cli_calls_the_api(tmp_path: Path, svc: Service, capsys:
     token_file = tmp_path / "token"
     token_file.write_text(OPERATOR + "\n")
     url = ["--url", f"http://127.0.0.1:{svc.port}"]
-    await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2, decision_id=None)
+    await svc.journal.pins.record.in_thread("default/ranker", "ranker", 1, from_version=2, decision_id=None)
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["unpin", "ranker", "--reason", "v3 is fixed", *url,
                                           "--token-file", str(token_file)]) == 0
     assert "unpinned: default/ranker (was pinned to version 1 from 2)" in capsys.readouterr().out.splitlines()
-    assert await svc.journal.pins() == []
-    (ended,) = svc.journal.sync.ended_pins("default/ranker")
+    assert await svc.journal.pins.live.in_thread() == []
+    (ended,) = svc.journal.pins.ended("default/ranker")
     assert ended["ended_reason"] == "v3 is fixed (by alice via api)"
     assert await asyncio.to_thread(main, ["unpin", "default/ranker", *url, "--token-file", str(token_file)]) == 1
     # The daemon runs in this process: its own log lines may share stderr with the CLI's.
     assert "error: 409: no pin on default/ranker" in capsys.readouterr().err.splitlines()
 
-    await svc.journal.record_pin("default/ranker", "ranker", 1, from_version=2)
+    await svc.journal.pins.record.in_thread("default/ranker", "ranker", 1, from_version=2)
     token_file.write_text(READER)
     assert await asyncio.to_thread(main, ["unpin", "ranker", *url, "--token-file", str(token_file)]) == 1
     assert "403: token 'dashboards' lacks the 'write' scope" in capsys.readouterr().err
-    assert len(await svc.journal.pins()) == 1
+    assert len(await svc.journal.pins.live.in_thread()) == 1
     os.environ["TAILGUARD_API_TOKEN"] = OPERATOR
     try:
         assert await asyncio.to_thread(main, ["unpin", "ranker", *url]) == 0
     finally:
         os.environ.pop("TAILGUARD_API_TOKEN")
-    assert await svc.journal.pins() == []
+    assert await svc.journal.pins.live.in_thread() == []
     # A daemon that cannot be reached: one line, exit 1 (the daemon in this process logs to stderr too).
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["unpin", "ranker", "--url", "http://127.0.0.1:9"]) == 1
@@ -291,7 +285,7 @@ async def test_bad_versions_via_cli_list_and_clear_through_the_api(
     token_file = tmp_path / "token"
     token_file.write_text(OPERATOR)
     api = ["--url", f"http://127.0.0.1:{svc.port}", "--token-file", str(token_file)]
-    await svc.journal.mark_bad("default/ranker", 2, "rolled back by decision 7", decision_id=7)
+    await svc.journal.bad_versions.mark.in_thread("default/ranker", 2, "rolled back by decision 7", decision_id=7)
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["bad-versions", "ranker", *api]) == 0
     (line,) = capsys.readouterr().out.splitlines()
@@ -305,8 +299,8 @@ async def test_bad_versions_via_cli_list_and_clear_through_the_api(
     assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", "--reason", "v2 was fine",
                                           *api]) == 0
     assert "cleared: version 2 of default/ranker" in capsys.readouterr().out.splitlines()
-    assert await svc.journal.known_bad("default/ranker") == frozenset()
-    (mark,) = await svc.journal.bad_versions("default/ranker", include_cleared=True)
+    assert await svc.journal.bad_versions.known.in_thread("default/ranker") == frozenset()
+    (mark,) = await svc.journal.bad_versions.of.in_thread("default/ranker", include_cleared=True)
     assert mark["cleared_reason"] == "v2 was fine (by alice via api)"
     assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", *api]) == 1
     assert "error: 409: version 2 of default/ranker is not marked bad" in capsys.readouterr().err.splitlines()
@@ -321,6 +315,37 @@ async def test_bad_versions_via_cli_list_and_clear_through_the_api(
                 {"target": "ranker", "version": 10**30}, {"version": 2}]:
         status, body = await call(svc, "POST", "/api/v1/bad-versions/clear", OPERATOR, bad)
         assert status == 422, (bad, body)
+
+
+async def test_bad_versions_mark_through_the_cli_and_the_api_is_journaled_and_scoped(
+        tmp_path: Path, svc: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tailguard bad-versions mark TARGET VERSION --reason` marks through the API, journaled with the
+    token's name; marking it again is a 409; a read token cannot mark, a target no policy names and a
+    missing reason or version are 422, never a 500."""
+    token_file = tmp_path / "token"
+    token_file.write_text(OPERATOR)
+    api = ["--url", f"http://127.0.0.1:{svc.port}", "--token-file", str(token_file)]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["bad-versions", "mark", "ranker", "3", "--reason", "slow path", *api]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        "marked bad: version 3 of default/ranker: slow path (by alice via api)"
+    (mark,) = await svc.journal.bad_versions.of.in_thread("default/ranker")
+    assert (mark["version"], mark["reason"], mark["decision_id"]) == (3, "slow path (by alice via api)", None)
+    assert await asyncio.to_thread(main, ["bad-versions", "mark", "ranker", "3", "--reason", "again", *api]) == 1
+    assert "error: 409: version 3 of default/ranker is already marked bad" in capsys.readouterr().err.splitlines()
+
+    assert await call(svc, "POST", "/api/v1/bad-versions/mark", READER,
+                      {"target": "ranker", "version": 4, "reason": "x"}) == (
+        403, {"error": "token 'dashboards' lacks the 'write' scope"})
+    status, body = await call(svc, "POST", "/api/v1/bad-versions/mark", OPERATOR,
+                              {"target": "serving/other", "version": 4, "reason": "x"})
+    assert status == 422 and body["error"].startswith("target: no policy names serving/other"), body
+    for bad in [{"target": "ranker", "version": 4}, {"target": "ranker", "reason": "x"},
+                {"target": "ranker", "version": 0, "reason": "x"}, {"version": 4, "reason": "x"},
+                {"target": "ranker", "version": "x", "reason": "x"}, {"target": "ranker", "version": 4, "reason": ""}]:
+        status, body = await call(svc, "POST", "/api/v1/bad-versions/mark", OPERATOR, bad)
+        assert status == 422, (bad, body)
+    assert await svc.journal.bad_versions.known.in_thread("default/ranker") == frozenset({3})
 
 
 # ---- hostile input --------------------------------------------------------------------------------
@@ -342,7 +367,7 @@ async def test_bad_freeze_bodies_get_a_4xx_with_one_line(svc: Service, body: byt
             assert resp.status == code, await resp.text()
             error = (await resp.json())["error"]
             assert error and "\n" not in error
-    assert await svc.journal.freezes() == []
+    assert await svc.journal.freezes.all.in_thread() == []
 
 
 @pytest.mark.parametrize("path", ["/api/v1/approvals/x/approve", "/api/v1/approvals/-1/approve",
@@ -376,6 +401,7 @@ _bodies = st.one_of(
 )
 
 
+@pytest.mark.slow
 def test_random_operator_requests_never_get_a_500(threaded: ThreadedService) -> None:
     """Any method, path, token and body: a 2xx or a 4xx/503 with a one-line JSON reason, never a 500."""
 

@@ -9,38 +9,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from actions.triton import choose_version
+from actions.triton import TritonRollbackParams, choose_version, plan_rollback
+from core.outcome import PermanentError
+from core.target import Target
 from daemon.wiring.cli import main as cli_main
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from lab.triton import TritonServer, write_model_repository
-from tests.support.helpers import TOKEN, local_settings, payload_with, sample_payload
+from lab.policies import rollback_policy
+from lab.triton import TritonServer, served_versions, write_model_repository
+from tests.support.helpers import local_settings, payload_with, post_alerts, sample_payload
 
-POLICY = """
-name: ranker-tail
-target:
-  model: ranker
-  triton: {{endpoints: ["{url}"]}}
-triggers:
-  - alert: {{name: TritonTailLatencyHigh, matchers: {{severity: page}}}}
-actions:
-  - type: triton.rollback
-    to: previous
-guards: {{cooldown: 0s}}
-enabled: {enabled}
-# alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)
-verify: {{query: 'vector(0)', below: 1, onNotRecovered: none}}
-"""
 KEY = "default/ranker"
-
-
-def _served(server: TritonServer) -> list[str]:
-    req = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
 
 
 def _roll_forward(server: TritonServer, version: int) -> None:
@@ -58,15 +39,21 @@ def _roll_forward(server: TritonServer, version: int) -> None:
 def _write_policy(tmp_path: Path, url: str, enabled: bool = True) -> Path:
     pol = tmp_path / "policies"
     pol.mkdir(exist_ok=True)
-    (pol / "ranker.yaml").write_text(POLICY.format(url=url, enabled=str(enabled).lower()))
+    (pol / "ranker.yaml").write_text(rollback_policy(url, guards="cooldown: 0s", extra=f"enabled: {str(enabled).lower()}\n"))
     return pol
 
 
-async def _post(svc: Service, body: dict[str, Any]) -> int:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", json=body,
-                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
-            return resp.status
+def test_an_explicit_version_marked_bad_is_refused() -> None:
+    """Pure: `to: N` never loads a version known bad; planning fails with why (and how to clear it)."""
+    version, why = choose_version(1, [2], [1, 2], None, frozenset({1}))
+    assert version is None and why.startswith("version 1 requested by the policy is marked bad")
+    assert "--clear 1" in why
+    assert choose_version(1, [2], [1, 2], None, frozenset({2})) == (1, "version 1 requested by the policy")
+    target = Target("ranker", "default", ("http://127.0.0.1:9",))
+    observed = {"replicas": {"http://127.0.0.1:9": {"index": [{"name": "ranker", "version": "2", "state": "READY"}],
+                                                    "config": {}}}, "known_bad": [1]}
+    with pytest.raises(PermanentError, match="version 1 requested by the policy is marked bad"):
+        plan_rollback(target, TritonRollbackParams(to=1), observed, frozenset({1}))
 
 
 def test_previous_skips_known_bad_versions() -> None:
@@ -81,6 +68,28 @@ def test_previous_skips_known_bad_versions() -> None:
 
 
 @pytest.mark.integration
+async def test_to_n_refuses_a_version_an_operator_marked_bad(tmp_path: Path, triton_server: TritonServer) -> None:
+    """`to: 1` with version 1 marked bad (`tailguard bad-versions mark`): the decision fails at planning
+    with why, and nothing is loaded: the bad version 2 stays served rather than a known-bad 1."""
+    pol = tmp_path / "policies"
+    pol.mkdir()
+    (pol / "ranker.yaml").write_text(rollback_policy(triton_server.base_url, to="1", guards="cooldown: 0s"))
+    settings = local_settings(tmp_path, pol)
+    config = tmp_path / "tailguard.yaml"
+    config.write_text(json.dumps({"journal": {"path": str(settings.journal.path)}}))
+    async with Service(settings, action_registry(), detector_registry()) as svc:
+        assert await asyncio.to_thread(cli_main, ["bad-versions", "mark", "ranker", "1", "--config", str(config),
+                                                  "--reason", "v1 leaks memory"]) == 0
+        assert (await post_alerts(svc, sample_payload())).status == 200
+        await svc.drain()
+        (decision,) = await svc.journal.decisions.all.in_thread()
+        assert decision.state == "failed" and not decision.executed
+        assert decision.reason.startswith("planning failed: ranker: version 1 requested by the policy is marked bad")
+        assert served_versions(triton_server, "ranker") == ["2"]
+        assert await svc.journal.pins.live.in_thread() == []
+
+
+@pytest.mark.integration
 async def test_roll_forward_ends_the_pin_and_previous_skips_the_bad_version(
         tmp_path: Path, triton_factory: Any) -> None:
     """Rolled back v2 -> v1 (v2 marked bad, pin from 2); the operator loads v3: the reconciler ends
@@ -88,35 +97,35 @@ async def test_roll_forward_ends_the_pin_and_previous_skips_the_bad_version(
     triton = await triton_factory(name="ranker")
     pol = _write_policy(tmp_path, triton.base_url)
     async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
-        assert await _post(svc, sample_payload()) == 200
+        assert (await post_alerts(svc, sample_payload())).status == 200
         await svc.drain()
-        assert _served(triton) == ["1"]
-        (pin,) = await svc.journal.pins()
-        (decision,) = await svc.journal.decisions()
+        assert served_versions(triton) == ["1"]
+        (pin,) = await svc.journal.pins.live.in_thread()
+        (decision,) = await svc.journal.decisions.all.in_thread()
         assert (pin["version"], pin["from_version"], pin["decision_id"], pin["policy"]) == (
             1, 2, decision.id, "ranker-tail")
         assert pin["signal"] and pin["reason"]
-        assert await svc.journal.known_bad(KEY) == frozenset({2})
+        assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset({2})
 
         _roll_forward(triton, 3)
-        assert _served(triton) == ["3"]
+        assert served_versions(triton) == ["3"]
         results = await svc.pins.reconcile_once()
         assert results[KEY].status.value == "noop" and "rolled forward" in results[KEY].data["ended"]
-        assert _served(triton) == ["3"]  # not fought
-        assert await svc.journal.pins() == []
-        (ended,) = await svc.journal.ended_pins(KEY)
+        assert served_versions(triton) == ["3"]  # not fought
+        assert await svc.journal.pins.live.in_thread() == []
+        (ended,) = await svc.journal.pins.ended.in_thread(KEY)
         assert "version 3" in ended["ended_reason"] and ended["from_version"] == 2
         assert await svc.pins.reconcile_once() == {}
 
-        assert await _post(svc, payload_with(starts_at="2026-11-29T17:40:00Z")) == 200
+        assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T17:40:00Z"))).status == 200
         await svc.drain()
-        second = (await svc.journal.decisions())[-1]
+        second = (await svc.journal.decisions.all.in_thread())[-1]
         assert second.state == "succeeded", second.reason
         assert second.plan["steps"][0]["after"]["version"] == 1
-        assert _served(triton) == ["1"]
-        (pin,) = await svc.journal.pins()
+        assert served_versions(triton) == ["1"]
+        (pin,) = await svc.journal.pins.live.in_thread()
         assert (pin["version"], pin["from_version"]) == (1, 3)
-        assert await svc.journal.known_bad(KEY) == frozenset({2, 3})
+        assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset({2, 3})
 
 
 @pytest.mark.integration
@@ -136,9 +145,9 @@ async def test_disabling_the_policy_and_unpin_end_the_pin(tmp_path: Path, triton
 
     async with Service(settings, action_registry(), detector_registry()) as svc:
         svc.deps.record_event = record_event
-        assert await _post(svc, sample_payload()) == 200
+        assert (await post_alerts(svc, sample_payload())).status == 200
         await svc.drain()
-        assert _served(triton) == ["1"] and len(await svc.journal.pins()) == 1
+        assert served_versions(triton) == ["1"] and len(await svc.journal.pins.live.in_thread()) == 1
 
         _write_policy(tmp_path, triton.base_url, enabled=False)
         for _ in range(100):
@@ -147,8 +156,8 @@ async def test_disabling_the_policy_and_unpin_end_the_pin(tmp_path: Path, triton
             await asyncio.sleep(0.1)
         assert not svc.state.policies.policies[0].spec.enabled
         assert await svc.pins.reconcile_once() == {}
-        assert await svc.journal.pins() == []
-        (ended,) = await svc.journal.ended_pins(KEY)
+        assert await svc.journal.pins.live.in_thread() == []
+        (ended,) = await svc.journal.pins.ended.in_thread(KEY)
         assert ended["ended_reason"] == "policy ranker-tail disabled"
         assert [e["reason"] for e in events if e["reason"] == "PinEnded"] == ["PinEnded"]
 
@@ -157,18 +166,18 @@ async def test_disabling_the_policy_and_unpin_end_the_pin(tmp_path: Path, triton
             if svc.state.policies.policies[0].spec.enabled:
                 break
             await asyncio.sleep(0.1)
-        await svc.journal.record_pin(KEY, "ranker", 1, from_version=2, policy="ranker-tail")
+        await svc.journal.pins.record.in_thread(KEY, "ranker", 1, from_version=2, policy="ranker-tail")
         assert (await svc.pins.reconcile_once())[KEY].status.value == "noop"  # live again, in sync
 
         assert await asyncio.to_thread(cli_main, ["unpin", "ranker", "--config", str(config),
                                                   "--reason", "operator"]) == 0
-        assert await svc.journal.pins() == []
-        assert (await svc.journal.ended_pins(KEY))[-1]["ended_reason"] == "operator"
+        assert await svc.journal.pins.live.in_thread() == []
+        assert (await svc.journal.pins.ended.in_thread(KEY))[-1]["ended_reason"] == "operator"
         assert await svc.pins.reconcile_once() == {}
         assert await asyncio.to_thread(cli_main, ["unpin", "ranker", "--config", str(config)]) == 1
 
         assert await asyncio.to_thread(cli_main, ["bad-versions", "ranker", "--config", str(config)]) == 0
         assert await asyncio.to_thread(cli_main, ["bad-versions", "ranker", "--config", str(config),
                                                   "--clear", "2"]) == 0
-        assert await svc.journal.known_bad(KEY) == frozenset()
-        assert _served(triton) == ["1"]
+        assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset()
+        assert served_versions(triton) == ["1"]

@@ -6,8 +6,6 @@ server's between-test reset does not reliably undo."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,12 +15,12 @@ from kubernetes_asyncio.client import ApiClient
 
 from actions.base import ActionDeps
 from daemon.workers.state import ExecutorState
-from daemon.storage.journal import AsyncJournal, Journal
+from daemon.storage.journal import Journal
 from daemon.cluster.kube import endpoints_resolver
 from daemon.common.metrics import Metrics
 from daemon.workers.pins import PinReconciler
 from daemon.wiring.registries import action_registry, detector_registry
-from lab.triton import TritonServer
+from lab.triton import served_versions
 from policies.loader import PolicySet, load_policies_text
 from tests.support.kube.conftest_plugin import kube_api, kube_emulator  # noqa: F401  (fixtures)
 from lab.kube.emulator import KubeEmulator
@@ -44,12 +42,6 @@ verify: {query: 'vector(0)', below: 1, onNotRecovered: none}
 """
 
 
-def _served(server: TritonServer) -> list[str]:
-    req = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
-
-
 async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         tmp_path: Path, triton_factory: Any, kube_api: ApiClient,  # noqa: F811
         kube_emulator: KubeEmulator) -> None:  # noqa: F811
@@ -57,7 +49,7 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
     a follower or a frozen leader does nothing; the leader loads v1 pinned; the next pass is in sync;
     a pin whose target no policy names ends (journaled with the reason)."""
     triton = await triton_factory(name="ranker")
-    assert _served(triton) == ["2"]
+    assert served_versions(triton) == ["2"]
     port = urlsplit(triton.base_url).port
     kube_emulator.seed({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
@@ -74,27 +66,28 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
     metrics = Metrics()
     leader = {"v": False}
     locks: dict[str, asyncio.Lock] = {}
-    reconciler = PinReconciler(AsyncJournal(journal), state,
+    reconciler = PinReconciler(journal, state,
                                ActionDeps(kube=kube_api, endpoints=endpoints_resolver(kube_api)), metrics,
-                               lambda: leader["v"], lambda key: locks.setdefault(key, asyncio.Lock()))
+                               lambda: leader["v"], lambda key: locks.setdefault(key, asyncio.Lock()),
+                               actions=action_registry())
     try:
-        journal.record_pin("serving/ranker", "ranker", 1)
-        journal.record_pin("serving/gone", "gone", 3)
+        journal.pins.record("serving/ranker", "ranker", 1)
+        journal.pins.record("serving/gone", "gone", 3)
         assert await reconciler.reconcile_once() == {}  # not the leader: nothing at all
 
         leader["v"] = True
         frozen = await reconciler.reconcile_once()
-        assert frozen["serving/ranker"].status.value == "skipped" and _served(triton) == ["2"]
+        assert frozen["serving/ranker"].status.value == "skipped" and served_versions(triton) == ["2"]
 
         state.frozen = False
         results = await reconciler.reconcile_once()
         assert set(results) == {"serving/ranker"}
-        assert [p["target"] for p in journal.pins()] == ["serving/ranker"]
-        (gone,) = journal.ended_pins()
+        assert [p["target"] for p in journal.pins.live()] == ["serving/ranker"]
+        (gone,) = journal.pins.ended()
         assert gone["target"] == "serving/gone" and gone["ended_reason"] == "no policy targets serving/gone any more"
         assert results["serving/ranker"].status.value == "ok", results["serving/ranker"].message
         assert results["serving/ranker"].data["drifted"] == {f"http://127.0.0.1:{port}": [2]}
-        assert _served(triton) == ["1"]
+        assert served_versions(triton) == ["1"]
 
         again = await reconciler.reconcile_once()
         assert again["serving/ranker"].status.value == "noop"

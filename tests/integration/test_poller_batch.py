@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from core.query import Series
 from daemon.sources.prometheus import PrometheusClient
@@ -57,6 +58,7 @@ def _history(now: float, pod: str) -> list[tuple[float, float]]:
     return out
 
 
+@pytest.mark.integration
 async def test_batch_path_on_real_prometheus_flags_only_the_jumping_series(tmp_path: Path, prometheus_factory):
     now0 = time.time() - OFFSET
     data = tmp_path / "tsdb"
@@ -70,9 +72,9 @@ async def test_batch_path_on_real_prometheus_flags_only_the_jumping_series(tmp_p
         settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
         async with Service(settings, action_registry(), detector_registry(),
                            clock=lambda: time.time() - OFFSET) as svc:
-            await wait_for(lambda: len(svc.journal.sync.evaluations()) == PODS, timeout=30)
+            await wait_for(lambda: len(svc.journal.evaluations.all()) == PODS, timeout=30)
             await wait_for(lambda: len(sink.received) == 1, timeout=15)
-            evaluations = await svc.journal.evaluations()
+            evaluations = await svc.journal.evaluations.all.in_thread()
             # the vectorized path ran: no fallback to per-series was recorded as a fault
             assert svc.metrics.registry.get_sample_value("tailguard_faults_total",
                                                          {"component": "detector"}) is None

@@ -84,5 +84,5 @@ async def _check_stale(tmp_path: Path, url: str) -> None:
         assert "tailguard_stale_queries 1.0" in metrics
         group = next(iter(svc.poller.groups.values()))
         assert group.next_due > svc.clock()  # backing off, not hammering
-        assert await svc.journal.signals() == []
-        assert await svc.journal.decisions() == []
+        assert await svc.journal.signals.all.in_thread() == []
+        assert await svc.journal.decisions.all.in_thread() == []

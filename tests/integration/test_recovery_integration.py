@@ -11,13 +11,15 @@ from typing import Any, AsyncIterator
 import aiohttp
 import pytest
 
-from daemon.storage.journal import Decision
+from daemon.storage.records import Decision
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.prometheus import PrometheusServer
 from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with
 from tests.support.kube_helpers import GaugeExporter
 from tests.support.lab_fixtures import PrometheusFactory
+
+pytestmark = pytest.mark.integration
 
 GAUGE = 'tg_verify_p999_ms{model="ranker"}'
 POLICY = """
@@ -78,7 +80,7 @@ def _service(tmp_path: Path, prometheus: PrometheusServer, step_sink: NotifySink
 
 
 async def _recovery(svc: Service, decision_id: int) -> list[dict[str, Any]]:
-    return [s for s in await svc.journal.steps(decision_id) if s["phase"] == "recovery"]
+    return [s for s in await svc.journal.decisions.steps.in_thread(decision_id) if s["phase"] == "recovery"]
 
 
 async def _act_and_settle(svc: Service) -> tuple[Decision, list[dict[str, Any]]]:
@@ -86,7 +88,7 @@ async def _act_and_settle(svc: Service) -> tuple[Decision, list[dict[str, Any]]]
     await _alert(svc, "2026-11-29T17:00:00Z")
     await svc.drain()
     await svc.executor.wait_recoveries()
-    (decision,) = await svc.journal.decisions()
+    (decision,) = await svc.journal.decisions.all.in_thread()
     return decision, await _recovery(svc, decision.id)
 
 
@@ -98,7 +100,7 @@ async def test_series_that_drops_below_the_line_is_journaled_recovered(
         async with _service(tmp_path, prometheus, step_sink, receiver) as svc:
             await _alert(svc, "2026-11-29T17:00:00Z")
             await svc.drain()
-            (decision,) = await svc.journal.decisions()
+            (decision,) = await svc.journal.decisions.all.in_thread()
             assert decision.state == "succeeded", decision.reason
             assert len(step_sink.received) == 1  # the notify step itself
             gauge.values[GAUGE] = 100.0
@@ -106,7 +108,7 @@ async def test_series_that_drops_below_the_line_is_journaled_recovered(
             rows = await _recovery(svc, decision.id)
             assert [r["status"] for r in rows] == ["pending", "recovered"], rows[-1]["message"]
             assert rows[0]["data"]["check"]["query"] == 'max(tg_verify_p999_ms{model="ranker"})'
-            assert await svc.journal.freezes() == []
+            assert await svc.journal.freezes.all.in_thread() == []
             await svc.parts.notifier.flush()
         assert [e["event"] for e in receiver.received] == ["acted", "recovered"]
 
@@ -120,12 +122,12 @@ async def test_series_that_stays_high_escalates_freezes_and_blocks_the_next_sign
             decision, rows = await _act_and_settle(svc)
             assert [r["status"] for r in rows] == ["pending", "not_recovered"]
             assert "last bad value 900" in rows[1]["message"] and rows[1]["data"]["samples"] >= 5
-            (freeze,) = await svc.journal.freezes()
+            (freeze,) = await svc.journal.freezes.all.in_thread()
             assert freeze.target == "default/ranker" and freeze.decision_id == decision.id
 
             await _alert(svc, "2026-11-29T17:05:00Z")
             await svc.drain()
-            _, second = await svc.journal.decisions()
+            _, second = await svc.journal.decisions.all.in_thread()
             assert second.state == "blocked" and second.reason.startswith("target frozen: ")
             assert len(step_sink.received) == 1  # the blocked plan sent nothing
             await svc.parts.notifier.flush()
@@ -142,7 +144,7 @@ async def test_verify_query_without_data_ends_unknown_and_escalates(tmp_path: Pa
             _, rows = await _act_and_settle(svc)
             assert [r["status"] for r in rows] == ["pending", "unknown"]
             assert "no data" in rows[1]["message"]
-            assert await svc.journal.active_freeze("default/ranker") is not None
+            assert await svc.journal.freezes.active_on.in_thread("default/ranker") is not None
             await svc.parts.notifier.flush()
         assert [e["event"] for e in receiver.received] == ["acted", "not_recovered", "escalated"]
         assert receiver.received[1]["verdict"] == "unknown"

@@ -19,7 +19,7 @@ from daemon.wiring.service import Service
 from daemon.workers.shadow import shadow_origin, trigger_index
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from policies.loader import load_policies
-from tests.support.helpers import TOKEN, NotifySink, local_settings, payload_with, wait_for
+from tests.support.helpers import NotifySink, local_settings, payload_with, post_alerts, wait_for
 
 ALERT_POLICY = """
 name: ranker-notify
@@ -65,14 +65,6 @@ def _alert(name: str, starts_at: str) -> dict[str, Any]:
     return body
 
 
-async def _post(svc: Service, body: dict[str, Any]) -> None:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", json=body,
-                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
-            assert resp.status == 200, await resp.text()
-    await svc.drain()
-
-
 def _policy_dir(tmp_path: Path, text: str) -> Path:
     pol = tmp_path / "policies"
     pol.mkdir(exist_ok=True)
@@ -106,13 +98,13 @@ async def test_shadow_alert_beside_live_one_never_acts_nor_counts(tmp_path: Path
         settings = local_settings(tmp_path, _policy_dir(tmp_path, ALERT_POLICY.format(url=sink.url)),
                                   api={"allowUnauthenticated": True})
         async with Service(settings, action_registry(), detector_registry()) as svc:
-            await _post(svc, _alert("TailCandidate", "2026-11-29T17:00:00Z"))
+            await post_alerts(svc, _alert("TailCandidate", "2026-11-29T17:00:00Z"), expect=200, drain=True)
             assert sink.received == []
-            await _post(svc, _alert("TritonTailLatencyHigh", "2026-11-29T17:01:00Z"))
+            await post_alerts(svc, _alert("TritonTailLatencyHigh", "2026-11-29T17:01:00Z"), expect=200, drain=True)
             assert len(sink.received) == 1
-            await _post(svc, _alert("TailCandidate", "2026-11-29T17:02:00Z"))
-            decisions = await svc.journal.decisions()
-            last, count = await svc.journal.guard_history("ranker-notify", "default/ranker", 3600, time.time())
+            await post_alerts(svc, _alert("TailCandidate", "2026-11-29T17:02:00Z"), expect=200, drain=True)
+            decisions = await svc.journal.decisions.all.in_thread()
+            last, count = await svc.journal.decisions.guard_history.in_thread("ranker-notify", "default/ranker", 3600, time.time())
             async with aiohttp.ClientSession() as http:
                 base = f"http://127.0.0.1:{svc.port}"
                 async with http.get(base + "/api/v1/status") as resp:
@@ -134,6 +126,7 @@ async def test_shadow_alert_beside_live_one_never_acts_nor_counts(tmp_path: Path
     assert 'tailguard_shadow_decisions_total{policy="ranker-notify",would="blocked"} 1.0' in metrics
 
 
+@pytest.mark.integration
 async def test_shadow_detector_beside_live_one(tmp_path: Path, prometheus_factory, capsys: pytest.CaptureFixture[str]):
     """Two detector triggers on one policy over real Prometheus data above both thresholds: the live
     one acts once, the shadow one (a lower threshold) is journaled and applies nothing; both show
@@ -149,10 +142,10 @@ async def test_shadow_detector_beside_live_one(tmp_path: Path, prometheus_factor
                                   prometheus={"url": prom.url})
         async with Service(settings, action_registry(), detector_registry(),
                            clock=lambda: time.time() - offset) as svc:
-            await wait_for(lambda: len(svc.journal.sync.decisions()) >= 2, timeout=30)
+            await wait_for(lambda: len(svc.journal.decisions.all()) >= 2, timeout=30)
             await svc.drain()
-            decisions = await svc.journal.decisions()
-            signals = await svc.journal.signals()
+            decisions = await svc.journal.decisions.all.in_thread()
+            signals = await svc.journal.signals.all.in_thread()
     assert len(sink.received) == 1
     by_trigger = {d.plan.get("shadow", {}).get("trigger", "live"): d for d in decisions}
     assert set(by_trigger) == {"live", 1}, [(d.state, d.reason) for d in decisions]

@@ -9,12 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from lab.ports import free_port
 from lab.process import ManagedProcess
 from tests.support.helpers import TOKEN
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.integration
 
 SHUTDOWN_SECONDS = 2.0
 BODY_READ_SECONDS = 120.0  # far longer than the bound under test: only the shutdown bound can end it

@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.ports import free_port
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from tests.support.helpers import NotifySink, local_settings, wait_for
+
+pytestmark = pytest.mark.integration
 
 OFFSET = 3600.0  # the daemon's clock runs an hour back, so backfilled history ends at its "now"
 POLICY = """
@@ -76,9 +79,9 @@ async def test_matching_silence_blocks_and_others_act(tmp_path: Path, prometheus
                                   alertmanager={"url": am.url})
         async with Service(settings, action_registry(), detector_registry(),
                            clock=lambda: time.time() - OFFSET) as svc:
-            await wait_for(lambda: len(svc.journal.sync.decisions()) >= 2, timeout=30)
+            await wait_for(lambda: len(svc.journal.decisions.all()) >= 2, timeout=30)
             await svc.drain()
-            decisions = {d.policy: d for d in await svc.journal.decisions()}
+            decisions = {d.policy: d for d in await svc.journal.decisions.all.in_thread()}
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://127.0.0.1:{svc.port}/metrics") as resp:
                     metrics = await resp.text()
@@ -108,6 +111,6 @@ async def test_alertmanager_down_does_not_block(tmp_path: Path, prometheus_facto
                            clock=lambda: time.time() - OFFSET) as svc:
             await wait_for(lambda: len(sink.received) == 1, timeout=30)
             await svc.drain()
-            (decision,) = await svc.journal.decisions()
+            (decision,) = await svc.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.executed
     assert decision.plan["silences"]["checked"] is False and decision.plan["silences"]["error"]

@@ -2,44 +2,28 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from daemon.wiring.cli import main
 from daemon.storage.journal import Journal
-from lab.triton import TritonServer
+from lab.policies import ALERT_TRIGGER, rollback_policy
+from lab.triton import TritonServer, served_versions
 from tests.support.helpers import SAMPLES
-
-POLICY = """
-name: ranker-tail
-target:
-  model: ranker
-  triton: {{endpoints: ["{url}"]}}
-triggers:
-  - alert: {{name: TritonTailLatencyHigh}}
-actions:
-  - type: triton.rollback
-guards: {{cooldown: 10m}}
-verify: {{query: 'max(p999_us{{model="$model"}})', below: 500000, for: 60s, within: 3m}}
-"""
-
-
-def _served(server: TritonServer) -> list[str]:
-    req = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return sorted(e["version"] for e in json.load(resp) if e.get("state") == "READY")
 
 
 def _config(tmp_path: Path, url: str) -> Path:
     (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "p.yaml").write_text(POLICY.format(url=url))
+    (tmp_path / "policies" / "p.yaml").write_text(rollback_policy(
+        url, triggers=ALERT_TRIGGER, to=None,
+        verify="verify: {query: 'max(p999_us{model=\"$model\"})', below: 500000, for: 60s, within: 3m}\n"))
     cfg = tmp_path / "config.yaml"
     cfg.write_text("policies: {path: policies}\njournal: {path: journal.db}\n")
     return cfg
 
 
+@pytest.mark.integration
 def test_simulate_prints_the_rollback_plan_and_changes_nothing(
         tmp_path: Path, triton_server: TritonServer, capsys: pytest.CaptureFixture[str]):
     """The plan names v1 from the live Triton; Triton still serves v2 and no journal appears."""
@@ -49,10 +33,11 @@ def test_simulate_prints_the_rollback_plan_and_changes_nothing(
     (plan,) = result["plans"]
     assert plan["policy"] == "ranker-tail" and plan["blocked"] is None
     assert plan["steps"][0]["after"]["version"] == 1
-    assert _served(triton_server) == ["2"]
+    assert served_versions(triton_server) == ["2"]
     assert not (tmp_path / "journal.db").exists()
 
 
+@pytest.mark.integration
 def test_simulate_reads_cooldowns_from_an_existing_journal(
         tmp_path: Path, triton_server: TritonServer, capsys: pytest.CaptureFixture[str]):
     """With a recent executed plan in the journal, the simulated plan is blocked by the cooldown."""
@@ -62,9 +47,9 @@ def test_simulate_reads_cooldowns_from_an_existing_journal(
 
     cfg = _config(tmp_path, triton_server.base_url)
     journal = Journal(tmp_path / "journal.db")
-    ((sid, _),), _ = journal.record_signals(
+    ((sid, _),), _ = journal.signals.record(
         [Signal(SignalSource.ALERT, "TritonTailLatencyHigh", {}, datetime.now(timezone.utc), "k")])
-    journal.record_decision(sid, "ranker-tail", "default/ranker", "succeeded", "", {}, executed=True)
+    journal.decisions.record(sid, "ranker-tail", "default/ranker", "succeeded", "", {}, executed=True)
     journal.close()
     assert main(["simulate", str(SAMPLES / "alertmanager_webhook_v4.json"), "--config", str(cfg)]) == 0
     (result,) = json.loads(capsys.readouterr().out)
@@ -138,10 +123,10 @@ def test_simulate_shows_a_blocked_shadow_trigger_as_blocked_shadow(
     cfg = tmp_path / "config.yaml"
     cfg.write_text("policies: {path: policies}\njournal: {path: journal.db}\n")
     journal = Journal(tmp_path / "journal.db")
-    ((sid, _),), _ = journal.record_signals(
+    ((sid, _),), _ = journal.signals.record(
         [Signal(SignalSource.ALERT, "TritonTailLatencyHigh", {}, datetime.now(timezone.utc), "k")])
     for policy in ("ranker-watch", "ranker-live"):
-        journal.record_decision(sid, policy, "default/ranker", "succeeded", "", {}, executed=True)
+        journal.decisions.record(sid, policy, "default/ranker", "succeeded", "", {}, executed=True)
     journal.close()
     assert main(["simulate", str(SAMPLES / "alertmanager_webhook_v4.json"), "--config", str(cfg)]) == 0
     out, err = capsys.readouterr()

@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.load import run_load
-from tests.integration.test_tail_integration import _pin, _served
+from lab.triton import load_version, served_versions
 from tests.support.helpers import local_settings
+
+pytestmark = pytest.mark.integration
 
 POLICY = """
 name: {name}-tail
@@ -42,7 +46,7 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
                                fast_ms=3, instances=2)
     good = await triton_factory(name="scorer", slow_fraction_by_version={1: 0.0, 2: 0.0}, fast_ms=3,
                                 instances=2)
-    await asyncio.gather(_pin(bad, "ranker", 1), _pin(good, "scorer", 1))
+    await asyncio.gather(load_version(bad, "ranker", 1), load_version(good, "scorer", 1))
     prom = await prometheus_factory(scrape_targets={"triton": [bad.metrics_target]}, scrape_interval="5s")
     pol = tmp_path / "policies"
     pol.mkdir()
@@ -56,28 +60,28 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
             run_load(bad.base_url, model="ranker", rate_per_second=40, duration_seconds=LOAD_SECONDS),
             run_load(good.base_url, model="scorer", rate_per_second=40, duration_seconds=LOAD_SECONDS))
         await asyncio.sleep(BASELINE_SECONDS)
-        assert await svc.journal.decisions() == []
-        await asyncio.gather(_pin(bad, "ranker", None), _pin(good, "scorer", None))  # the deploys
-        assert _served(bad, "ranker") == ["2"] and _served(good, "scorer") == ["2"]
+        assert await svc.journal.decisions.all.in_thread() == []
+        await asyncio.gather(load_version(bad, "ranker", None), load_version(good, "scorer", None))  # the deploys
+        assert served_versions(bad, "ranker") == ["2"] and served_versions(good, "scorer") == ["2"]
 
         async def rolled_back() -> bool:
-            return any(d.policy == "ranker-tail" for d in await svc.journal.decisions())
+            return any(d.policy == "ranker-tail" for d in await svc.journal.decisions.all.in_thread())
 
         deadline = asyncio.get_running_loop().time() + LOAD_SECONDS - BASELINE_SECONDS - 5
         while not await rolled_back():
             assert asyncio.get_running_loop().time() < deadline, \
-                [e for e in await svc.journal.evaluations() if e["policy"] == "ranker-tail"][-5:]
+                [e for e in await svc.journal.evaluations.all.in_thread() if e["policy"] == "ranker-tail"][-5:]
             await asyncio.sleep(0.5)
         await svc.drain()
         await load
-        decisions = await svc.journal.decisions()
-        evaluations = await svc.journal.evaluations()
-        signals = await svc.journal.signals()
+        decisions = await svc.journal.decisions.all.in_thread()
+        evaluations = await svc.journal.evaluations.all.in_thread()
+        signals = await svc.journal.signals.all.in_thread()
 
     assert [d.policy for d in decisions][:1] == ["ranker-tail"], [(d.policy, d.reason) for d in decisions]
     assert decisions[0].state == "succeeded", decisions[0].reason
-    assert _served(bad, "ranker") == ["1"]
-    assert _served(good, "scorer") == ["2"]
+    assert served_versions(bad, "ranker") == ["1"]
+    assert served_versions(good, "scorer") == ["2"]
     fired = [s["payload"] for s in signals if s["payload"].get("policy") == "ranker-tail"]
     assert fired and fired[0]["labels"]["version"] == "2", fired[:1]
     assert fired[0]["details"]["episode_start"] > fired[0]["details"]["series_first_seen"]

@@ -11,15 +11,9 @@ import pytest
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, sample_payload, wait_for
+from tests.support.helpers import TOKEN, NotifySink, local_settings, notify_policy, payload_with, post_alerts, sample_payload, wait_for
 
 POLICY = notify_policy("{url}")
-
-
-@pytest.fixture
-async def sink() -> AsyncIterator[NotifySink]:
-    async with NotifySink() as s:
-        yield s
 
 
 @pytest.fixture
@@ -33,26 +27,15 @@ async def service(tmp_path: Path, sink: NotifySink) -> AsyncIterator[Service]:
         yield svc
 
 
-async def _post(svc: Service, body: bytes, token: str | None = TOKEN,
-                content_type: str = "application/json") -> tuple[int, dict]:
-    headers = {"Content-Type": content_type, "User-Agent": "Alertmanager/0.25.0"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", data=body,
-                             headers=headers) as resp:
-            return resp.status, await resp.json()
-
-
 async def test_sample_payload_is_journaled_then_acted_on(service: Service, sink: NotifySink):
     """The real Alertmanager body is accepted, journaled, matched and acted on (notify sent)."""
-    status, body = await _post(service, json.dumps(sample_payload()).encode())
+    status, body = await post_alerts(service, json.dumps(sample_payload()).encode())
     assert (status, body) == (200, {"accepted": 1, "duplicates": 0})
     await wait_for(lambda: len(sink.received) == 1)
     await service.drain()
-    (sig,) = await service.journal.signals()
+    (sig,) = await service.journal.signals.all.in_thread()
     assert sig["state"] == "processed" and sig["name"] == "TritonTailLatencyHigh"
-    (decision,) = await service.journal.decisions()
+    (decision,) = await service.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.policy == "ranker-notify"
     assert sink.received[0]["signal"]["labels"]["model"] == "ranker"
 
@@ -60,20 +43,20 @@ async def test_sample_payload_is_journaled_then_acted_on(service: Service, sink:
 async def test_resend_of_the_same_group_is_deduplicated(service: Service, sink: NotifySink):
     """Alertmanager resends groups: same fingerprint + startsAt is journaled and acted on once."""
     raw = json.dumps(sample_payload()).encode()
-    assert (await _post(service, raw))[1]["accepted"] == 1
-    assert (await _post(service, raw))[1] == {"accepted": 0, "duplicates": 1}
+    assert (await post_alerts(service, raw))[1]["accepted"] == 1
+    assert (await post_alerts(service, raw))[1] == {"accepted": 0, "duplicates": 1}
     await service.drain()
-    assert len(await service.journal.signals()) == 1
+    assert len(await service.journal.signals.all.in_thread()) == 1
     assert len(sink.received) == 1
 
 
 async def test_resolved_alert_is_journaled_but_not_acted_on(service: Service, sink: NotifySink):
     """Resolved alerts trigger only where a policy asks for them (includeResolved)."""
-    status, body = await _post(service, json.dumps(sample_payload("alertmanager_webhook_v4_resolved.json")).encode())
+    status, body = await post_alerts(service, json.dumps(sample_payload("alertmanager_webhook_v4_resolved.json")).encode())
     assert status == 200 and body["accepted"] == 1
     await service.drain()
     assert sink.received == []
-    assert await service.journal.decisions() == []
+    assert await service.journal.decisions.all.in_thread() == []
 
 
 async def test_newer_alertmanager_fields_are_tolerated(service: Service):
@@ -82,7 +65,7 @@ async def test_newer_alertmanager_fields_are_tolerated(service: Service):
     body["notification_reason"] = "first_notification"
     body["routeLabels"] = {"team": "ml"}
     body["alerts"][0]["somethingNew"] = {"x": 1}
-    assert (await _post(service, json.dumps(body).encode()))[0] == 200
+    assert (await post_alerts(service, json.dumps(body).encode()))[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -104,34 +87,35 @@ async def test_newer_alertmanager_fields_are_tolerated(service: Service):
 async def test_bad_input_gets_its_status_and_journals_nothing(service: Service, raw: bytes,
                                                               token: str | None, status: int, reason: str):
     """Each kind of bad input gets its 4xx with a short reason; the journal stays empty."""
-    got, body = await _post(service, raw, token=token)
+    got, body = await post_alerts(service, raw, token=token)
     assert got == status
     assert reason in body["error"] and "\n" not in body["error"]
-    assert await service.journal.signals() == []
+    assert await service.journal.signals.all.in_thread() == []
 
 
+@pytest.mark.slow
 async def test_journal_unavailable_answers_503_so_alertmanager_retries(service: Service, tmp_path: Path,
                                                                       sink: NotifySink):
     """When the journal cannot be written (another process holds the lock), answer 503, act on nothing;
     the same alert sent again later is accepted."""
-    service.journal.sync._db.execute("PRAGMA busy_timeout = 200")
+    service.journal._db.execute("PRAGMA busy_timeout = 200")
     locker = sqlite3.connect(str(tmp_path / "journal.db"), isolation_level=None)
     locker.execute("BEGIN EXCLUSIVE")
     try:
-        status, body = await _post(service, json.dumps(sample_payload()).encode())
+        status, body = await post_alerts(service, json.dumps(sample_payload()).encode())
     finally:
         locker.execute("ROLLBACK")
         locker.close()
     assert status == 503 and "retry" in body["error"]
     assert sink.received == []
-    status, body = await _post(service, json.dumps(sample_payload()).encode())
+    status, body = await post_alerts(service, json.dumps(sample_payload()).encode())
     assert (status, body["accepted"]) == (200, 1)
     await wait_for(lambda: len(sink.received) == 1)
 
 
 async def test_health_ready_and_metrics(service: Service):
     """/healthz answers, /readyz is ready once policies load, /metrics counts webhooks and alerts."""
-    await _post(service, json.dumps(sample_payload()).encode())
+    await post_alerts(service, json.dumps(sample_payload()).encode())
     await service.drain()
     async with aiohttp.ClientSession() as http:
         base = f"http://127.0.0.1:{service.port}"

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from daemon.common.logs import configure_logging
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
-from tests.support.helpers import TOKEN, local_settings, payload_with, sample_payload
+from tests.support.helpers import TOKEN, local_settings, payload_with, post_alerts, sample_payload
 from tests.unit.test_policy_loader_properties import mutations
 
 BODY_READ_TIMEOUT = 0.5
@@ -111,13 +111,6 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, s
     return int(status_line.split()[1]), headers, body
 
 
-async def _post(svc: Service, body: bytes, headers: dict[str, str] | None = None,
-                **kw: Any) -> tuple[int, dict[str, Any]]:
-    assert svc.port is not None
-    status, _, raw = await _exchange(svc.port, _request(body, headers, **kw))
-    return status, json.loads(raw)
-
-
 def _json(body: Any) -> bytes:
     return json.dumps(body).encode()
 
@@ -174,12 +167,12 @@ async def test_hostile_body_gets_a_4xx_with_one_line_reason(service: Service, js
                                                             raw: bytes, status: int, reason: str):
     """Each class that once reached a 500 gets its 4xx, the reason says why on one line, nothing is
     journaled, the journal still takes the next valid alert, and the log has no traceback."""
-    got, body = await _post(service, raw)
+    got, body = await post_alerts(service, raw)
     assert (got, reason in body["error"]) == (status, True), body
     assert "\n" not in body["error"] and len(body["error"]) <= 300
-    assert await service.journal.signals() == []
-    assert await _post(service, _json(sample_payload())) == (200, {"accepted": 1, "duplicates": 0})
-    assert len(await service.journal.signals()) == 1
+    assert await service.journal.signals.all.in_thread() == []
+    assert await post_alerts(service, _json(sample_payload())) == (200, {"accepted": 1, "duplicates": 0})
+    assert len(await service.journal.signals.all.in_thread()) == 1
     metrics = await _metrics(service)
     assert f'tailguard_webhooks_total{{code="{status}"}} 1.0' in metrics
     assert 'code="500"' not in metrics and "tailguard_faults_total{" not in metrics
@@ -190,10 +183,10 @@ async def test_firing_alert_with_zero_ends_at_is_accepted_and_ends_at_is_never_c
     """A firing alert's endsAt is 0001-01-01T00:00:00Z (Go's zero time): accepted, like an endsAt that
     would overflow on conversion; only startsAt is checked. A naive startsAt reads as UTC."""
     assert sample_payload()["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
-    assert (await _post(service, _json(sample_payload())))[0] == 200
+    assert (await post_alerts(service, _json(sample_payload())))[0] == 200
     body = _with_alert(endsAt="9999-12-31T23:59:59-01:00", startsAt="2026-11-29T18:00:00")
-    assert await _post(service, _json(body)) == (200, {"accepted": 1, "duplicates": 0})
-    keys = sorted(s["dedup_key"] for s in await service.journal.signals())
+    assert await post_alerts(service, _json(body)) == (200, {"accepted": 1, "duplicates": 0})
+    keys = sorted(s["dedup_key"] for s in await service.journal.signals.all.in_thread())
     assert keys[0].endswith(":2026-11-29T17:26:08.551000+00:00:firing")
     assert keys[1].endswith(":2026-11-29T18:00:00+00:00:firing")
 
@@ -212,12 +205,13 @@ async def test_content_encoding_is_decoded_or_refused(service: Service, json_log
                                                      encoding: str, body: bytes, status: int, reason: str):
     """A body that does not match its Content-Encoding is a 400, and so is an encoding we do not
     decode (it is never read as raw JSON); gzip and deflate are decoded."""
-    got, answer = await _post(service, body, {"Content-Encoding": encoding})
+    got, answer = await post_alerts(service, body, headers={"Content-Encoding": encoding})
     assert got == status, answer
     assert reason in answer.get("error", "")
     _no_tracebacks(json_logs())
 
 
+@pytest.mark.slow
 async def test_half_sent_body_is_answered_408_and_closed(service: Service, json_logs: Callable[[], Any]):
     """A sender that stops mid-body gets 408 after bodyReadTimeoutSeconds and its connection is
     closed; it is not waited for."""
@@ -237,6 +231,7 @@ async def test_half_sent_body_is_answered_408_and_closed(service: Service, json_
     _no_tracebacks(json_logs())
 
 
+@pytest.mark.slow
 async def test_too_many_half_sent_bodies_get_503_with_retry_after(service: Service, json_logs: Callable[[], Any]):
     """Past maxConcurrentRequests unfinished webhooks, one more is answered 503 + Retry-After at once;
     those admitted time out with 408; afterwards a valid alert is accepted."""
@@ -254,7 +249,7 @@ async def test_too_many_half_sent_bodies_get_503_with_retry_after(service: Servi
     refused = next(a for a in answers if a[0] == 503)
     assert refused[1]["retry-after"] == "1"
     assert json.loads(refused[2])["error"] == f"more than {MAX_CONCURRENT} webhook requests in progress; retry"
-    assert (await _post(service, _json(sample_payload())))[0] == 200
+    assert (await post_alerts(service, _json(sample_payload())))[0] == 200
     metrics = await _metrics(service)
     assert 'tailguard_webhooks_total{code="503"} 3.0' in metrics
     assert f'tailguard_webhooks_total{{code="408"}} {MAX_CONCURRENT}.0' in metrics
@@ -270,6 +265,7 @@ async def test_unauthenticated_half_sent_body_is_refused_at_once(service: Servic
     assert status == 401 and loop.time() - started < BODY_READ_TIMEOUT
 
 
+@pytest.mark.slow
 async def test_stop_does_not_wait_for_a_stalled_sender(tmp_path: Path):
     """A client holding a half-sent body delays stopping by at most bodyReadTimeoutSeconds (aiohttp's
     own shutdown timeout is 60 s; the pod's grace period 30 s)."""
@@ -328,8 +324,8 @@ async def test_unexpected_error_is_a_counted_json_500_logged_once(service: Servi
     async def broken(signals: Any) -> Any:
         raise RuntimeError("disk on fire\nsecond line")
 
-    monkeypatch.setattr(service.journal, "record_signals", broken)
-    status, body = await _post(service, _json(sample_payload()))
+    monkeypatch.setattr(service.journal.signals, "intake", broken)
+    status, body = await post_alerts(service, _json(sample_payload()))
     assert (status, body) == (500, {"error": "internal error; the daemon's log has the details"})
     metrics = await _metrics(service)
     assert 'tailguard_webhooks_total{code="500"} 1.0' in metrics
@@ -350,7 +346,7 @@ async def test_every_response_is_counted_by_route_and_status(service: Service):
                 pass
         async with http_session.get(base + "/api/v1/alerts") as r:
             assert r.status == 405
-    await _post(service, b"{", token=None)
+    await post_alerts(service, b"{", token=None)
     metrics = await _metrics(service)
     for sample in ('{code="200",route="/healthz"} 1.0', '{code="404",route="unmatched"} 2.0',
                    '{code="405",route="/api/v1/alerts"} 1.0', '{code="401",route="/api/v1/alerts"} 1.0'):
@@ -502,10 +498,11 @@ def _after_the_storm(ts: ThreadedService, json_logs: Callable[[], list[dict[str,
     fresh = json.dumps(payload_with(starts_at="2030-01-01T00:00:00Z", fingerprint="feedfacecafebeef")).encode()
     status, body = ts.send(_request(fresh))
     assert (status, json.loads(body)) == (200, {"accepted": 1, "duplicates": 0})
-    journaled = ts.run(ts.svc.journal.signals())
+    journaled = ts.run(ts.svc.journal.signals.all.in_thread())
     assert any(s["dedup_key"] == "alert:feedfacecafebeef:2030-01-01T00:00:00+00:00:firing" for s in journaled)
 
 
+@pytest.mark.slow
 def test_mutated_samples_never_get_a_500(threaded: ThreadedService,
                                          json_logs: Callable[[], list[dict[str, Any]]]):
     """Mutations of the real Alertmanager body (values anywhere replaced with odd text, numbers,
@@ -523,6 +520,7 @@ def test_mutated_samples_never_get_a_500(threaded: ThreadedService,
     _after_the_storm(threaded, json_logs)
 
 
+@pytest.mark.slow
 def test_random_requests_never_get_a_500(threaded: ThreadedService,
                                          json_logs: Callable[[], list[dict[str, Any]]]):
     """Random and mutated bytes, random headers, tokens and content encodings (right or wrong):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -21,6 +21,7 @@ import yaml
 
 from tests.support.paths import CHART_DIR, REPO, SCHEMAS  # noqa: F401  (REPO re-exported)
 from lab.kube.crd_helper import load_crd_validators, validation_errors  # noqa: F401  (re-exported)
+from lab.kube.schemas import crd_validators as lab_crd_validators
 
 RELEASE = "tg"
 NAMESPACE = "tailguard"
@@ -80,13 +81,9 @@ def kubernetes_errors(obj: dict[str, Any], version: str) -> list[str]:
     return []
 
 
-@cache
-def crd_validators() -> dict[tuple[str, str], Any]:
-    """Validators for every CRD in fixtures/schemas, built once (about a second)."""
-    validators: dict[tuple[str, str], Any] = {}
-    for path in sorted(SCHEMAS.glob("*.yaml")):
-        validators.update(load_crd_validators(path, strict=True))
-    return validators
+def crd_validators() -> Mapping[tuple[str, str], Any]:
+    """Validators for every CRD in fixtures/schemas: the Kubernetes emulator's, built once per run."""
+    return lab_crd_validators(SCHEMAS)
 
 
 def iter_objects(values_sets: dict[str, dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -1,16 +1,20 @@
-"""Small helpers shared by tests: settings for a local service, webhook payloads, a notify sink."""
+"""Small helpers shared by tests: settings for a local service, webhook payloads and posting them,
+a notify sink."""
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from daemon.common.config import Settings
+from daemon.wiring.service import Service
 from tests.support.paths import SAMPLES
 
 TOKEN = "test-token-3f9c"
@@ -51,6 +55,54 @@ def payload_with(starts_at: str | None = None, model: str | None = None, fingerp
         alert["status"] = status
         body["status"] = status
     return body
+
+
+class Answer(tuple[int, Any]):
+    """The webhook's answer: unpacks and compares as (status, JSON body: None when not JSON), and
+    has `status`, `body`, `headers` and `text` by name."""
+
+    headers: Mapping[str, str]
+    text: str
+
+    def __new__(cls, status: int, body: Any, headers: Mapping[str, str], text: str) -> "Answer":
+        answer = super().__new__(cls, (status, body))
+        answer.headers, answer.text = headers, text
+        return answer
+
+    @property
+    def status(self) -> int:
+        return int(self[0])
+
+    @property
+    def body(self) -> Any:
+        return self[1]
+
+
+async def post_alerts(svc: Service, body: dict[str, Any] | bytes, *, token: str | None = TOKEN,
+                      headers: Mapping[str, str] | None = None, expect: int | None = None,
+                      drain: bool = False) -> Answer:
+    """POST `body` to the daemon's webhook (/api/v1/alerts) as Alertmanager does: a dict as JSON,
+    bytes as they are (Content-Type application/json either way), with the bearer `token` (None:
+    no Authorization header) and `headers` on top. `expect`: fail unless the status is that one;
+    `drain`: then wait until the daemon has processed every signal journaled so far."""
+    sent = {"Content-Type": "application/json", "User-Agent": "Alertmanager/0.25.0"}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    sent.update(headers or {})
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{svc.port}/api/v1/alerts", data=data, headers=sent) as resp:
+            raw = await resp.read()
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            answer = Answer(resp.status, parsed, resp.headers.copy(), raw.decode("utf-8", "replace"))
+    if expect is not None:
+        assert answer.status == expect, answer.text
+    if drain:
+        await svc.drain()
+    return answer
 
 
 def local_settings(tmp: Path, policies: Path, **overrides: Any) -> Settings:
@@ -102,3 +154,41 @@ async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05
         if loop.time() > deadline:
             raise AssertionError("condition not met within timeout")
         await asyncio.sleep(interval)
+
+
+class FakeTimer:
+    """Fake unix time shared by everything a test hands `now` and `sleep`: a sleeper wakes once the
+    test has advanced the time past its deadline (`advance`), however many sleep at once."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+        self.slept: list[float] = []
+        self._moved = asyncio.Condition()
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        deadline = self.now + delay
+        async with self._moved:
+            await self._moved.wait_for(lambda: self.now >= deadline)
+
+    async def advance(self, seconds: float) -> None:
+        """Move the time on and let every sleeper whose deadline passed wake."""
+        self.now += seconds
+        async with self._moved:
+            self._moved.notify_all()
+        await asyncio.sleep(0)
+
+    async def run_until(self, done: "asyncio.Future[Any]", step: float, limit: float,
+                        real_pause: float = 0.005) -> None:
+        """Advance by `step` (with a short real pause for the journal's threads) until `done` is
+        done; fails once `limit` seconds of fake time have passed without it."""
+        end = self.now + limit
+        while not done.done():
+            if self.now > end:
+                raise AssertionError(f"not done within {limit:g}s of fake time")
+            await self.advance(step)
+            await asyncio.sleep(real_pause)
+        await done

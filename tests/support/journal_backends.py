@@ -9,13 +9,15 @@ import pytest
 
 from daemon.storage.journal import Journal
 
-BACKENDS = ("sqlite", "postgres")
+# PostgreSQL runs as a server process: its cases are integration tests, the SQLite ones unit tests.
+BACKENDS = ("sqlite", pytest.param("postgres", marks=pytest.mark.integration))
 OpenJournal = Callable[..., Journal]
 
 
 @pytest.fixture(params=BACKENDS)
 def journal_store(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
-    """A SQLite file, or a PostgreSQL DSN (the test is skipped where PostgreSQL is not installed)."""
+    """A SQLite file, or a PostgreSQL DSN (the test is skipped where PostgreSQL is not installed;
+    marked integration)."""
     if request.param == "sqlite":
         return tmp_path / "j.db"
     return str(request.getfixturevalue("postgres_dsn"))

@@ -17,7 +17,7 @@ import pytest
 
 from lab.alertmanager import AlertmanagerServer
 from lab.prometheus import PrometheusServer
-from lab.triton import TritonServer, write_model_repository
+from lab.triton import TritonServer, served_versions, write_model_repository
 
 RANKER = "ranker"
 # v1 healthy, v2 sends 0.5% of requests down a 900 ms path: production after a bad deploy.
@@ -46,13 +46,6 @@ def triton_session_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         server.stop()
 
 
-def _served_versions(server: TritonServer, model: str) -> list[str]:
-    request = urllib.request.Request(f"{server.base_url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        index = json.load(response)
-    return sorted(e["version"] for e in index if e.get("name") == model and e.get("state") == "READY")
-
-
 def _reload_from_disk(server: TritonServer, model: str) -> None:
     # A load without a config does not always undo an earlier config override (two overrides in
     # a row stick), so reset with an explicit override back to the default policy: latest version.
@@ -73,7 +66,7 @@ def triton_server(triton_session_server: TritonServer) -> TritonServer:
     Tests may roll the model back; the next test gets it reset here (only when it changed, so
     the common case costs one index call, not a 1.5 s reload).
     """
-    if _served_versions(triton_session_server, RANKER) != [RANKER_SERVED_VERSION]:
+    if served_versions(triton_session_server, RANKER) != [RANKER_SERVED_VERSION]:
         _reload_from_disk(triton_session_server, RANKER)
     return triton_session_server
 

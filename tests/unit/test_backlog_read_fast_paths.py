@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.signal import Signal, SignalHead, SignalSource, SignalStatus
-from daemon.storage.journal import decode_payload
+from daemon.storage.core import decode_payload
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.workers.backlog import MATCHING, UNMATCHED, ClassMemo, signal_class
 from policies.loader import LoadedPolicy, load_policies_text
@@ -40,6 +40,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(json_values, st.booleans())
 def test_decode_payload_reads_what_json_reads(value: Any, ensure_ascii: bool):
@@ -86,6 +87,7 @@ POLICY_SETS = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(POLICY_SETS) - 1), signals()), max_size=40), st.integers(1, 4))
 def test_class_memo_gives_the_class_matching_gives(reads: list[tuple[int, Signal]], size: int):

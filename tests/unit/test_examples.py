@@ -20,7 +20,29 @@ def _yaml_blocks(path: Path) -> list[str]:
 def test_example_policy_directory_loads():
     """examples/policies validates (the demo and README point at it)."""
     policies = load_policies(REPO / "examples" / "policies", action_registry(), detector_registry())
-    assert [p.name for p in policies.policies] == ["ranker-tail"]
+    assert sorted(p.name for p in policies.policies) == ["ranker-canary", "ranker-forecast", "ranker-retune",
+                                                         "ranker-tail"]
+
+
+def test_canary_example_policy_is_the_recommended_shape():
+    """examples/policies/canary.yaml: the judge trigger, the weight shift to the stable, the breaker
+    retune from the stable's P99.9 and a verify on the stable's tail."""
+    text = (REPO / "examples" / "policies" / "canary.yaml").read_text()
+    (policy,) = load_policies_text(text, "canary.yaml", action_registry(), detector_registry()).policies
+    assert policy.name == "ranker-canary"
+    assert [d.trigger.type for d in policy.detectors] == ["tail_canary"]
+    assert [a.kind for a in policy.actions] == ["istio.shift_weights", "gateway.retune_timeout"]
+    assert dict(policy.actions[0].params.set_weights or {})  # type: ignore[attr-defined] == {"v1": 100, "v2": 0}
+    assert 'destination_version="v1"' in policy.actions[1].params.query  # type: ignore[attr-defined]
+    assert policy.spec.verify is not None and 'destination_version="v1"' in policy.spec.verify.query
+
+
+def test_example_rollback_keeps_production_windows():
+    """The tail rollback's verify uses the documented defaults, nothing shortened."""
+    policies = load_policies(REPO / "examples" / "policies", action_registry(), detector_registry())
+    (tail,) = [p for p in policies.policies if p.name == "ranker-tail"]
+    verify = tail.spec.verify
+    assert verify is not None and (verify.hold, verify.within, verify.interval) == (60.0, 180.0, 15.0)
 
 
 def test_readme_policy_example_loads():

@@ -1,12 +1,14 @@
 """The executor: revert across steps, retries of transient applies (the wait a TemporaryError asks
 for), leadership lost mid-plan, exceptions from actions (never retried), noop steps, decisions resumed after a crash between an apply and its
-record, notify steps that never stop a plan, frozen targets, and the recovery watch after a plan
-(verdicts, escalate / revert / none, resumed after a restart); on a real journal with policies
-loaded from YAML."""
+record, notify steps that never stop a plan, frozen targets, the recovery watch after a plan
+(verdicts, escalate / revert / none, resumed after a restart), what approving answers and approved
+plans resumed, and preview on the same ladder; on a real journal with policies loaded from YAML."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,14 +24,18 @@ from core.signal import Signal, SignalSource
 from core.target import Target
 from daemon.common.config import BlastRadiusSettings
 from daemon.common.metrics import Metrics
-from daemon.storage.journal import AsyncJournal, Journal
+from daemon.storage.journal import Journal
+from daemon.storage.errors import JournalError
+from daemon.workers.approvals import ApprovalOutcome
+from daemon.workers.backlog import Backlog
 from daemon.workers.executor import Executor
 from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS
 from daemon.workers.steps import MAX_RETRY_DELAY_SECONDS
 from daemon.workers.state import ExecutorState
+from daemon.workers.verdicts import Blocked, NeedsApproval
 from policies.loader import load_policies_text
 from policies.planning import Plan
-from tests.support.helpers import wait_for
+from tests.support.helpers import FakeTimer, wait_for
 
 ALERT = "TailLatencyHigh"
 MODEL = "ranker"
@@ -46,10 +52,12 @@ class ScriptParams(ActionParams):
     # process between the call and its record: crash (the change landed) | crash_before (it did not)
     apply: tuple[str, ...] = ("ok",)
     # ok | fail | observe (OK when a change of this action landed, else failure) | blind (NOOP: cannot observe)
+    # | reapply_once (the first verify asks to apply again)
     verify: str = "ok"
     revert: str = "ok"  # ok | fail
     delay: float = 1.0  # the delay_seconds of a `temporary` apply's TemporaryError
     pin: bool = False  # a verified apply asks the daemon to remember a pin (as triton.rollback does)
+    precondition: str = "ok"  # test.guarded only: ok | changed (the target is no longer as planned)
 
 
 class Crash(BaseException):
@@ -69,6 +77,7 @@ class ScriptedAction:
 
     kind: ClassVar[str]
     Params: ClassVar[type[ActionParams]] = ScriptParams
+    advisory: ClassVar[bool] = False
     calls: ClassVar[list[Call]]
     effects: ClassVar[list[Step]]
 
@@ -112,9 +121,14 @@ class ScriptedAction:
         self.calls.append(Call("verify", self.kind, step))
         if params.verify == "blind":
             return Outcome.noop("cannot be observed")
+        if params.verify == "reapply_once":  # a part the apply could not settle yet, the first time only
+            if sum(1 for c in self.calls if c.phase == "verify" and c.kind == self.kind) == 1:
+                return Outcome.failure("replica-c back on the old version", retryable=True, reapply=True)
+            return Outcome.success("verified")
         if params.verify == "observe":
             landed = any(e.action == self.kind for e in self.effects)
-            return Outcome.success("new value in place") if landed else Outcome.failure("old value in place")
+            pin = {"pin": {"model": MODEL, "version": 1}} if params.pin else {}
+            return Outcome.success("new value in place", **pin) if landed else Outcome.failure("old value in place")
         if params.verify != "ok":
             return Outcome.failure("not as wanted")
         return Outcome.success("verified", **({"pin": {"model": MODEL, "version": 1}} if params.pin else {}))
@@ -124,9 +138,23 @@ class ScriptedAction:
         return Outcome.success("reverted") if params.revert == "ok" else Outcome.failure("revert refused")
 
 
-def _registry(calls: list[Call], effects: list[Step]) -> dict[str, type[ScriptedAction]]:
-    kinds = ("test.step_a", "test.step_b", "test.step_c", "notify")
-    return {k: type(f"Action_{k.split('.')[-1]}", (ScriptedAction,), {"kind": k, "calls": calls, "effects": effects})
+class GuardedAction(ScriptedAction):
+    """A scripted action that offers preconditions (`actions.base.Preconditions`), as triton.rollback does."""
+
+    async def preconditions(self, step: Step, target: Target, params: ScriptParams) -> Outcome:
+        self.calls.append(Call("preconditions", self.kind, step))
+        if params.precondition == "changed":
+            return Outcome.failure("not as planned", changed={"replica-a": "serves [3], planned at [2]"})
+        return Outcome.success("as planned")
+
+
+def _registry(calls: list[Call], effects: list[Step],
+              advisory: tuple[str, ...] = ("notify",)) -> dict[str, type[ScriptedAction]]:
+    """Scripted actions of five kinds; those in `advisory` say so (notify, as Notify does);
+    test.guarded offers preconditions."""
+    kinds = ("test.step_a", "test.step_b", "test.step_c", "notify", "test.guarded")
+    return {k: type(f"Action_{k.split('.')[-1]}", (GuardedAction if k == "test.guarded" else ScriptedAction,),
+                    {"kind": k, "calls": calls, "effects": effects, "advisory": k in advisory})
             for k in kinds}
 
 
@@ -152,7 +180,8 @@ def _policy(*actions: str, name: str = "remediate", on_failure: str | None = Non
 
 @dataclass
 class Harness:
-    journal: AsyncJournal
+    journal: Journal
+    journal_path: Path | None = None
     calls: list[Call] = field(default_factory=list)
     effects: list[Step] = field(default_factory=list)
     sleeps: list[float] = field(default_factory=list)
@@ -162,18 +191,22 @@ class Harness:
     events: list[dict[str, Any]] = field(default_factory=list)  # outcome notifications handed over
     advance: bool = False  # sleeping moves `now` (recovery watches)
     gate: asyncio.Event | None = None  # when set, sleeps wait for it (a watch caught mid-wait)
+    timer: FakeTimer | None = None  # when set, the executors' time and sleeps (concurrent sleepers)
 
     def executor(self, policies_yaml: str, may_act: Callable[[], bool] = lambda: True,
                  query: Callable[[float], float | None] | None = None, notify: Any = None,
-                 blast_radius: BlastRadiusSettings | None = None) -> Executor:
+                 blast_radius: BlastRadiusSettings | None = None,
+                 advisory: tuple[str, ...] = ("notify",), max_signal_age: float | None = None) -> Executor:
         """An executor on the journal; `query` gives the verify query's value at a time since the
-        first fire (None: no data)."""
-        registry = _registry(self.calls, self.effects)
+        first fire (None: no data); the action kinds in `advisory` say they are."""
+        registry = _registry(self.calls, self.effects, advisory)
         policies = load_policies_text(policies_yaml, "test.yaml", registry, {})
         started = self.now
 
         async def sleep(delay: float) -> None:
             self.sleeps.append(delay)
+            if self.timer is not None:
+                return await self.timer.sleep(delay)
             if self.gate is not None:
                 await self.gate.wait()
             if self.advance:
@@ -187,10 +220,13 @@ class Harness:
         self.metrics = Metrics()
         self.made.append(Executor(self.journal, ExecutorState(policies), registry,
                                   ActionDeps(query=prometheus if query is not None else None), self.metrics,
-                                  may_act=may_act, clock=lambda: self.now, sleep=sleep,
+                                  may_act=may_act, clock=self.clock, sleep=sleep,
                                   notify=notify or self.events.append, escalation_freeze_seconds=3600,
-                                  blast_radius=blast_radius))
+                                  blast_radius=blast_radius, max_signal_age_seconds=max_signal_age))
         return self.made[-1]
+
+    def clock(self) -> float:
+        return self.timer.now if self.timer is not None else self.now
 
     async def settle(self) -> None:
         """Let every recovery watch still running end (NO_CHECK's settle at once), then stop the
@@ -207,7 +243,7 @@ class Harness:
 
     async def _journaled(self, key: str) -> tuple[int, Signal]:
         signal = Signal(SignalSource.ALERT, ALERT, {"model": MODEL}, datetime.now(timezone.utc), key)
-        ((signal_id, stored),), duplicates = await self.journal.record_signals([signal])
+        ((signal_id, stored),), duplicates = await self.journal.signals.intake([signal])
         assert duplicates == 0
         return signal_id, stored
 
@@ -219,7 +255,7 @@ class Harness:
         signal_id, signal = await self._journaled("alert-1")
         with pytest.raises(Crash):
             await self.executor(policies_yaml).process(signal_id, signal)
-        (decision,) = await self.journal.decisions()
+        (decision,) = await self.journal.decisions.all.in_thread()
         assert decision.state == "executing"
         before = len(self.calls)
         await self.executor(after_restart or policies_yaml).process(signal_id, signal)
@@ -236,11 +272,11 @@ class Harness:
         `recovery`, without the rows of its recovery check (about the decision as a whole, not a
         step: section 9 checks them; elsewhere they are NO_CHECK's, whose outcome is irrelevant)."""
         skip = (INTENT,) if recovery else (INTENT, "recovery")
-        return [s for s in await self.journal.steps(decision_id) if s["phase"] not in skip]
+        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s["phase"] not in skip]
 
     async def step_rows(self, decision_id: int) -> list[dict[str, Any]]:
         """The decision's step rows, intents included, without its recovery check's (see `results`)."""
-        return [s for s in await self.journal.steps(decision_id) if s["phase"] != "recovery"]
+        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s["phase"] != "recovery"]
 
     async def steps(self, decision_id: int, recovery: bool = False) -> list[tuple[int, str, str]]:
         return [(s["idx"], s["phase"], s["status"]) for s in await self.results(decision_id, recovery)]
@@ -249,7 +285,7 @@ class Harness:
 @pytest.fixture
 async def h(tmp_path: Path) -> AsyncIterator[Harness]:
     journal = Journal(tmp_path / "journal.db")
-    harness = Harness(AsyncJournal(journal))
+    harness = Harness(journal, tmp_path / "journal.db")
     yield harness
     await harness.settle()
     journal.close()
@@ -275,7 +311,7 @@ async def test_failed_step_reverts_the_applied_steps_in_reverse_order(h: Harness
     planned = {c.kind: c.step for c in h.calls if c.phase == "apply"}
     assert [c.step for c in h.calls if c.phase == "revert"] == [planned[B], planned[A]]
     assert planned[A] is not None and planned[A].before == {"value": "old"}  # what revert restores
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted" and decision.executed
     assert decision.reason.startswith(f"step 2 ({C}) failed: permanent failure")
     assert await h.steps(decision.id) == [
@@ -284,7 +320,7 @@ async def test_failed_step_reverts_the_applied_steps_in_reverse_order(h: Harness
         (2, "apply", "failed"),
         (1, "revert", "ok"), (0, "revert", "ok"),
     ]
-    (signal,) = await h.journal.signals()
+    (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
 
 
@@ -296,7 +332,7 @@ async def test_failed_step_with_default_on_failure_stops_without_revert(h: Harne
 
     assert h.trace_of("apply", "verify", "revert") == [
         ("apply", A), ("verify", A), ("apply", B), ("verify", B), ("apply", C)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     assert decision.reason == f"step 2 ({C}) failed: permanent failure"
     assert [phase for _, phase, _ in await h.steps(decision.id)] == ["apply", "verify", "apply", "verify", "apply"]
@@ -310,7 +346,7 @@ async def test_step_that_applied_but_failed_verify_is_reverted_too(h: Harness):
 
     assert h.trace_of("apply", "verify", "revert") == [
         ("apply", A), ("verify", A), ("apply", B), ("verify", B), ("revert", B), ("revert", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted"
 
 
@@ -322,7 +358,7 @@ async def test_failed_revert_leaves_the_decision_failed(h: Harness):
     await h.fire(ex)
 
     assert h.trace_of("revert") == [("revert", B), ("revert", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     assert decision.reason == f"step 2 ({C}) failed: permanent failure; revert failed for step(s) [0]"
 
@@ -339,7 +375,7 @@ async def test_retryable_apply_is_retried_with_backoff_until_it_succeeds(h: Harn
 
     assert h.trace_of("apply", "verify") == [("apply", A)] * 3 + [("verify", A)]
     assert h.sleeps == [1, 2]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     steps = await h.results(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in steps] == [
@@ -355,7 +391,7 @@ async def test_non_retryable_apply_is_attempted_once(h: Harness, permanent: str)
 
     assert h.trace_of("apply", "verify") == [("apply", A)]
     assert h.sleeps == []
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     steps = await h.results(decision.id)
     assert [(s["phase"], s["status"], s["data"]["attempt"]) for s in steps] == [("apply", "failed", 1)]
@@ -370,7 +406,7 @@ async def test_apply_that_keeps_failing_retryably_stops_at_max_attempts(h: Harne
     assert h.trace_of("apply", "verify") == [("apply", A)] * MAX_APPLY_ATTEMPTS
     # The backoff between attempts: 1 s, 2 s, ...; none after the last one (the target stays locked).
     assert h.sleeps == [2 ** i for i in range(MAX_APPLY_ATTEMPTS - 1)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     assert decision.reason == f"step 0 ({A}) failed: transient failure"
     steps = await h.results(decision.id)
@@ -390,7 +426,7 @@ async def test_leadership_lost_between_steps_stops_before_the_next_apply(h: Harn
     await h.fire(ex)
 
     assert h.trace_of("apply", "verify", "revert") == [("apply", A), ("verify", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     assert "step 1" in decision.reason and "this replica may no longer act" in decision.reason
     assert await h.steps(decision.id) == [(0, "apply", "ok"), (0, "verify", "ok")]
@@ -407,7 +443,7 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     plans = await h.fire(ex)
 
     assert [p.policy for p in plans] == ["boom", "after"]
-    boom, after = await h.journal.decisions()
+    boom, after = await h.journal.decisions.all.in_thread()
     assert boom.state == "failed" and f"{A}.apply raised RuntimeError: boom" in boom.reason
     steps = await h.results(boom.id)
     assert steps and all(s["phase"] == "apply" and s["status"] == "failed" for s in steps)
@@ -416,7 +452,7 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     assert ("verify", A) not in h.trace()
     assert after.state == "succeeded"
     assert h.trace_of("apply", "verify")[-2:] == [("apply", B), ("verify", B)]
-    (signal,) = await h.journal.signals()
+    (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
     assert not ex.lock_for(f"default/{MODEL}").locked()
 
@@ -432,7 +468,7 @@ async def test_unexpected_exception_in_apply_fails_the_step_at_once(h: Harness):
 
     assert h.trace_of("apply", "verify", "revert") == [("apply", A), ("verify", A), ("apply", B), ("revert", A)]
     assert h.sleeps == []
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted"
     assert decision.reason == f"step 1 ({B}) failed: {B}.apply raised RuntimeError: boom; reverted"
     (row,) = [s for s in await h.results(decision.id) if s["idx"] == 1]
@@ -456,7 +492,7 @@ async def test_temporary_error_delay_is_waited_before_the_next_attempt(h: Harnes
 
     assert h.trace_of("apply", "verify") == [("apply", A)] * 3 + [("verify", A)]
     assert h.sleeps == sleeps
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     failed = [s for s in await h.results(decision.id) if s["status"] == "failed"]
     assert [(s["data"]["attempt"], s["data"]["retry_after_seconds"]) for s in failed] == [(1, delay), (2, delay)]
@@ -470,7 +506,7 @@ async def test_temporary_error_delay_keeps_the_attempts_bounded(h: Harness):
 
     assert h.trace_of("apply") == [("apply", A)] * MAX_APPLY_ATTEMPTS
     assert h.sleeps == [7] * (MAX_APPLY_ATTEMPTS - 1)
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed" and decision.reason == f"step 0 ({A}) failed: transient error"
 
 
@@ -483,7 +519,7 @@ async def test_temporary_error_asking_for_more_than_the_longest_wait_is_not_retr
 
     assert h.trace_of("apply") == [("apply", A)]
     assert h.sleeps == []
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     assert decision.reason == (f"step 0 ({A}) failed: transient error; not retried: it asks to wait "
                                f"{MAX_RETRY_DELAY_SECONDS + 1:g}s, more than {MAX_RETRY_DELAY_SECONDS:g}s")
@@ -499,13 +535,13 @@ async def test_planning_raising_becomes_a_failed_decision(h: Harness, phase: str
     (plan,) = await h.fire(ex)
 
     assert h.trace_of("apply", "verify", "revert") == []
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed" and not decision.executed
     assert decision.reason.startswith("planning failed")
     assert f"{B}.{phase} raised RuntimeError: {phase} boom" in decision.reason
     assert plan.blocked == decision.reason
     assert await h.steps(decision.id) == []
-    (signal,) = await h.journal.signals()
+    (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
 
 
@@ -518,7 +554,7 @@ async def test_noop_step_is_journaled_and_not_applied(h: Harness):
     await h.fire(ex)
 
     assert h.trace_of("apply", "verify") == [("apply", B), ("verify", B)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert decision.reason == "1 step(s) applied and verified"
     assert await h.steps(decision.id) == [(0, "apply", "noop"), (1, "apply", "ok"), (1, "verify", "ok")]
@@ -531,7 +567,7 @@ async def test_all_noop_plan_is_decided_noop_without_apply(h: Harness):
     (plan,) = await h.fire(ex)
 
     assert h.trace() == [("observe", A), ("plan", A), ("observe", B), ("plan", B)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "noop" and not decision.executed
     assert "nothing to do" in decision.reason
     assert plan.blocked == decision.reason
@@ -547,7 +583,7 @@ async def test_each_apply_attempt_journals_its_intent_first_with_the_effect_key(
 
     await h.fire(ex)
 
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     rows = await h.step_rows(decision.id)
     assert [(s["idx"], s["phase"], s["data"].get("attempt")) for s in rows] == [
         (0, INTENT, 1), (0, "apply", 1), (0, INTENT, 2), (0, "apply", 2), (0, "verify", None),
@@ -566,14 +602,14 @@ async def test_resumed_step_in_doubt_whose_change_landed_is_recorded_not_applied
 
     assert h.trace()[calls_before:] == [("verify", A)]
     assert len(h.effects) == 1
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.reason == "1 step(s) applied and verified"
     rows = await h.step_rows(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
         (INTENT, "pending", 1), ("apply", "ok", 1), ("verify", "ok", None)]
     assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
     assert rows[1]["data"]["recovered"] and rows[1]["data"]["effect_key"] == f"{decision.id}/0"
-    (signal,) = await h.journal.signals()
+    (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
 
 
@@ -585,7 +621,7 @@ async def test_resumed_step_in_doubt_whose_change_did_not_land_is_applied_once(h
 
     assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
     assert len(h.effects) == 1
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     rows = await h.step_rows(decision.id)
     assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
@@ -600,7 +636,7 @@ async def test_resumed_step_that_cannot_be_observed_is_sent_again_with_the_same_
     calls_before = await h.crash_and_restart(_policy(f"{{type: {A}, apply: [crash, ok], verify: blind}}"))
 
     assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert [e.effect_key for e in h.effects] == [f"{decision.id}/0"] * 2
 
@@ -612,7 +648,7 @@ async def test_resumed_decision_skips_steps_with_a_result_and_applies_the_rest(h
         f"{{type: {A}, plan: noop}}", f"{{type: {B}}}", f"{{type: {C}, apply: [crash_before, ok], verify: observe}}"))
 
     assert h.trace()[calls_before:] == [("verify", C), ("apply", C), ("verify", C)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.reason == "2 step(s) applied and verified"
     assert await h.steps(decision.id) == [
         (0, "apply", "noop"), (1, "apply", "ok"), (1, "verify", "ok"), (2, "apply", "ok"), (2, "verify", "ok")]
@@ -627,7 +663,7 @@ async def test_step_applied_before_the_crash_counts_for_revert_with_its_journale
     assert h.trace()[calls_before:] == [("verify", B), ("apply", B), ("revert", A)]
     (revert,) = [c.step for c in h.calls if c.phase == "revert"]
     assert revert is not None and revert.before == {"value": "old"}
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert revert.effect_key == f"{decision.id}/0"
     assert decision.state == "reverted"
     assert decision.reason.startswith(f"step 1 ({B}) failed: permanent failure")
@@ -639,8 +675,223 @@ async def test_resumed_decision_whose_policy_changed_its_actions_is_failed_not_r
                                              after_restart=_policy(f"{{type: {B}}}"))
 
     assert h.trace()[calls_before:] == []
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed" and decision.reason.startswith("not resumed after restart")
+
+
+async def test_a_decision_resumed_after_a_reload_runs_on_the_policy_it_started_with(h: Harness):
+    """The policy is reloaded with other parameters for the same action while a crash has left its
+    decision mid-apply: the resume runs the parameters journaled with the decision, not the new ones,
+    and says so."""
+    started = _policy(f"{{type: {A}, apply: [crash_before, ok], verify: observe}}")
+    calls_before = await h.crash_and_restart(started,
+                                             after_restart=_policy(f"{{type: {A}, apply: [fail], verify: observe}}"))
+
+    assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded", decision.reason
+    assert decision.reason.endswith("resumed on the policy it started with (policy remediate was reloaded since)")
+    saved = decision.plan["started_with"]
+    assert saved["policy"]["actions"] == [{"type": A, "apply": ["crash_before", "ok"], "verify": "observe"}]
+    assert saved["recovery"]["query"] == "up"
+
+
+async def test_a_decision_whose_policy_was_renamed_is_finished_and_not_acted_on_twice(h: Harness):
+    """Renamed between the crash and the restart: the decision left executing under the old name is
+    finished on the policy it started with; the renamed policy does not act on the same signal again."""
+    started = _policy(f"{{type: {A}, apply: [crash_before, ok], verify: observe}}")
+    calls_before = await h.crash_and_restart(started, after_restart=_policy(f"{{type: {A}, verify: observe}}",
+                                                                            name="remediate-v2"))
+
+    # The old decision's step, once: re-observed (not in place), applied, verified; nothing for the new name.
+    assert h.trace()[calls_before:] == [("verify", A), ("apply", A), ("verify", A)]
+    old, new = await h.journal.decisions.all.in_thread()
+    assert (old.policy, old.state) == ("remediate", "succeeded")
+    assert old.reason.endswith("resumed on the policy it started with (policy remediate is gone since)")
+    assert (new.policy, new.state) == ("remediate-v2", "blocked")
+    assert new.reason.startswith(f"already acted on for default/{MODEL} by decision {old.id} of policy remediate")
+
+
+async def test_a_revert_after_a_reload_undoes_with_the_policy_it_started_with(h: Harness):
+    """Not recovered, onNotRecovered revert; meanwhile the policy is reloaded with a revert that would
+    fail, then removed altogether: the revert runs on the journaled policy and succeeds."""
+    h.advance, h.gate = True, asyncio.Event()
+    ex = h.executor(_verified(f"{{type: {A}}}", then="revert"), query=lambda t: 900.0)
+    await h.fire(ex)
+    await wait_for(lambda: h.sleeps, timeout=10)
+    registry = _registry(h.calls, h.effects)
+    ex.state.policies = load_policies_text(_verified(f"{{type: {A}, revert: fail}}", then="revert"), "t.yaml",
+                                           registry, {})
+    h.gate.set()
+    await ex.wait_recoveries()
+
+    assert h.trace_of("revert") == [("revert", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "reverted"
+    assert decision.reason.endswith("reverted on the policy it started with (policy remediate was reloaded since)")
+
+
+async def test_a_revert_of_a_removed_policy_still_runs(h: Harness):
+    """The policy is gone when the verdict asks for the revert: it runs on the journaled policy
+    (before, the revert was refused and the change stayed)."""
+    h.advance = True
+    acting = [True]
+    first = h.executor(_verified(f"{{type: {A}}}", then="revert"), may_act=lambda: acting[0], query=lambda t: 900.0)
+    await h.fire(first)
+    acting[0] = False  # the verdict is reached while this replica may not act: left open
+    await first.wait_recoveries()
+
+    second = h.executor(_policy(f"{{type: {B}}}", name="other"), query=lambda t: 900.0)
+    assert await second.resume_verifications() == 1
+    await second.wait_recoveries()
+    assert h.trace_of("revert") == [("revert", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "reverted"
+    assert decision.reason.endswith("reverted on the policy it started with (policy remediate is gone since)")
+
+
+async def test_a_verify_that_asks_to_apply_again_gets_one_more_apply_within_the_attempts(h: Harness):
+    """Verify finds a part of the target the apply could not settle (a replica back on the old version)
+    and says `reapply`: the step is applied again (attempt 2, after the backoff) and verified again."""
+    ex = h.executor(_policy(f"{{type: {A}, verify: reapply_once}}"))
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify") == [("apply", A), ("verify", A), ("apply", A), ("verify", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded"
+    rows = await h.step_rows(decision.id)
+    assert [(r["phase"], r["status"]) for r in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "failed"),
+                                                         ("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
+    assert [r["data"]["attempt"] for r in rows if r["phase"] == "apply"] == [1, 2]
+    assert h.sleeps == [1.0]
+
+
+# ---- a journal outage mid-decision, and what a resumed decision may still do ------------------------
+
+G = "test.guarded"
+
+
+class Outage:
+    """A journal write that fails (as a PostgreSQL restart or a full disk makes it) while `failing`
+    says so for its arguments, then works again; put in place of the repository's method."""
+
+    def __init__(self, real: Any, failing: Callable[..., bool]) -> None:
+        self.real, self.failing, self.failures = real, failing, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.real(*args, **kwargs)
+
+    async def in_thread(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failing(*args, **kwargs):
+            self.failures += 1
+            raise JournalError("journal postgres://tailguard@db/tailguard: OperationalError: the connection is lost")
+        return await self.real.in_thread(*args, **kwargs)
+
+
+def _apply_result(times: int) -> Callable[..., bool]:
+    """Fails the journaling of an apply's result (phase apply) `times` times: the call landed, its record did not."""
+    left = [times]
+
+    def failing(decision_id: int, idx: int, kind: str, phase: str, *rest: Any) -> bool:
+        if phase == "apply" and left[0] > 0:
+            left[0] -= 1
+            return True
+        return False
+    return failing
+
+
+async def _through_a_worker(h: Harness, ex: Executor, max_age: float | None = None,
+                            advance_per_retry: float = 0.0) -> list[float]:
+    """Journal one alert and let one backlog worker take it until it is processed; the backoff waits
+    it asked for (each moving the clock by `advance_per_retry` times the wait)."""
+    waits: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+        h.now += delay * advance_per_retry
+
+    backlog = Backlog(h.journal, lambda: ex.state.policies.policies, ex.process, h.metrics, max_age_seconds=max_age,
+                      clock=h.clock, sleep=sleep)
+    h.journal.signals.on_intake(backlog.admit)
+    tasks = [asyncio.create_task(backlog.work()), asyncio.create_task(backlog.refill())]
+    try:
+        await h._journaled("alert-1")
+        await asyncio.wait_for(backlog.drain(), timeout=20)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        h.journal.signals.on_intake(None)
+    return waits
+
+
+async def test_a_journal_error_mid_decision_is_retried_with_backoff_not_parked(h: Harness):
+    """The apply lands, then journaling its result fails twice (the database restarting): the worker
+    waits 1 s, then 2 s, and processes the signal again; the decision resumes, re-observes the landed
+    change and records it (not applied again), and ends succeeded with its pin: no restart needed."""
+    ex = h.executor(_policy(f"{{type: {A}, verify: observe, pin: true}}"))
+    outage = Outage(h.journal.decisions.record_step, _apply_result(2))
+    h.journal.decisions.record_step = outage  # type: ignore[method-assign]
+
+    waits = await _through_a_worker(h, ex)
+
+    assert outage.failures == 2 and waits == [1.0, 2.0]
+    assert h.trace_of("apply") == [("apply", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded", decision.reason
+    applies = [s for s in await h.results(decision.id) if s["phase"] == "apply"]
+    assert [a["data"].get("recovered") for a in applies] == [True]  # re-observed after the outage
+    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    assert [s["state"] for s in await h.journal.signals.all.in_thread()] == ["processed"]
+    assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "journal"}) == 2
+
+
+async def test_a_decision_resumed_after_its_signal_grew_too_old_ends_expired(h: Harness):
+    """The journal stays down for longer than executor.maxSignalAgeSeconds: once it is back, the
+    decision is not resumed (no verify, no apply, no revert): it ends `expired`, names the step that
+    may have landed, and is reported; older readers see a `failed` decision."""
+    ex = h.executor(_policy(f"{{type: {A}, verify: observe}}"), max_signal_age=60)
+    h.journal.decisions.record_step = Outage(h.journal.decisions.record_step,  # type: ignore[method-assign]
+                                             _apply_result(4))
+
+    waits = await _through_a_worker(h, ex, max_age=60, advance_per_retry=10)  # 10+20+40 s of outage
+
+    assert waits == [1.0, 2.0, 4.0]  # the 4th time the signal is 70 s old
+    assert h.trace_of("apply", "revert") == [("apply", A)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "expired"
+    assert decision.reason.startswith("expired: not resumed: its signal is 70s old (executor.maxSignalAgeSeconds 60s)")
+    assert decision.reason.endswith("nothing more applied, nothing reverted; step(s) [0] may have landed "
+                                    "(an apply without its result)")
+    assert decision.plan["expired"]["in_doubt"] == [0] and decision.executed
+    with closing(sqlite3.connect(h.journal_path)) as db:  # what a version that knows no `expired` reads
+        assert [state for (state,) in db.execute("SELECT state FROM decisions")] == ["failed"]
+    assert [row["state"] for row in await h.journal.decisions.latest.in_thread()] == ["expired"]
+    assert [(e["event"], e["state"]) for e in h.events] == [("failed", "expired")]
+    assert h.metrics.registry.get_sample_value("tailguard_decisions_total",
+                                               {"policy": "remediate", "state": "expired"}) == 1
+
+
+async def test_a_resumed_decision_whose_target_changed_since_the_plan_ends_expired(h: Harness):
+    """A restart finds the decision mid-apply, young, but the action re-observes the target and finds
+    it no longer as planned (someone deployed meanwhile): expired, nothing applied."""
+    calls_before = await h.crash_and_restart(_policy(f"{{type: {G}, apply: [crash_before, ok], precondition: changed}}"))
+
+    assert h.trace()[calls_before:] == [("preconditions", G)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "expired"
+    assert decision.reason == ("expired: not resumed: the target changed since the plan: step 0 (test.guarded): "
+                               "not as planned: {'replica-a': 'serves [3], planned at [2]'}; nothing more applied, "
+                               "nothing reverted; step(s) [0] may have landed (an apply without its result)")
+
+
+async def test_a_resumed_decision_young_and_as_planned_goes_on(h: Harness):
+    """Young, and the preconditions hold: resumed as before (re-observed, applied, verified)."""
+    calls_before = await h.crash_and_restart(_policy(f"{{type: {G}, apply: [crash_before, ok], verify: observe}}"))
+
+    assert h.trace()[calls_before:] == [("preconditions", G), ("verify", G), ("apply", G), ("verify", G)]
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded"
 
 
 # ---- 7. notify steps never stop a plan ---------------------------------------------------------
@@ -654,11 +905,25 @@ async def test_failed_notify_step_is_journaled_failed_and_the_plan_goes_on(h: Ha
     await h.fire(ex)
 
     assert h.trace_of("apply", "verify", "revert") == [("apply", "notify"), ("apply", A), ("verify", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert decision.reason == "1 step(s) applied and verified; notify step(s) [0] failed (a notification never " \
                               "stops a plan)"
     assert await h.steps(decision.id) == [(0, "apply", "failed"), (1, "apply", "ok"), (1, "verify", "ok")]
+
+
+async def test_the_action_saying_it_is_advisory_decides_not_its_kind(h: Harness):
+    """A failing action that says it is advisory never stops the plan, whatever its kind; one that
+    does not say so stops it, even under the kind `notify`."""
+    ex = h.executor(_policy(f"{{type: {B}, apply: [fail]}}", f"{{type: {A}}}"), advisory=(B,))
+    await h.fire(ex)
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded" and decision.reason.endswith("step(s) [0] failed (a notification never "
+                                                                      "stops a plan)")
+    ex = h.executor(_policy("{type: notify, apply: [fail]}", f"{{type: {A}}}", name="other"), advisory=())
+    await h.fire(ex, key="alert-2")
+    decision = next(d for d in await h.journal.decisions.all.in_thread() if d.policy == "other")
+    assert decision.state == "failed" and decision.reason.startswith("step 0 (notify) failed")
 
 
 # ---- 8. frozen targets -------------------------------------------------------------------------
@@ -666,13 +931,13 @@ async def test_failed_notify_step_is_journaled_failed_and_the_plan_goes_on(h: Ha
 async def test_frozen_target_is_blocked_until_the_freeze_expires(h: Harness):
     """A freeze in force blocks every policy on the target with its reason; an expired one does not."""
     ex = h.executor(_policy(f"{{type: {A}}}", cooldown="0s"))
-    await h.journal.record_freeze(f"default/{MODEL}", "decision 1 did not recover", h.now + 60, 1)
+    await h.journal.freezes.record.in_thread(f"default/{MODEL}", "decision 1 did not recover", h.now + 60, 1)
 
     await h.fire(ex, "alert-1")
     h.now += 61
     await h.fire(ex, "alert-2")
 
-    first, second = await h.journal.decisions()
+    first, second = await h.journal.decisions.all.in_thread()
     assert first.state == "blocked" and not first.executed
     assert first.reason.startswith("target frozen: decision 1 did not recover (until ")
     assert "tailguard unfreeze default/ranker" in first.reason
@@ -683,14 +948,14 @@ async def test_frozen_target_is_blocked_until_the_freeze_expires(h: Harness):
 async def test_lifted_freeze_no_longer_blocks_and_the_global_freeze_speaks_first(h: Harness):
     """The global freeze is reported before a target's; a lifted target freeze blocks nothing."""
     ex = h.executor(_policy(f"{{type: {A}}}", cooldown="0s"))
-    await h.journal.record_freeze(f"default/{MODEL}", "escalated", h.now + 3600)
+    await h.journal.freezes.record.in_thread(f"default/{MODEL}", "escalated", h.now + 3600)
     ex.state.frozen = True
     await h.fire(ex, "alert-1")
     ex.state.frozen = False
-    (lifted,) = await h.journal.lift_freezes(f"default/{MODEL}", "fixed", h.now)
+    (lifted,) = await h.journal.freezes.lift.in_thread(f"default/{MODEL}", "fixed", h.now)
     await h.fire(ex, "alert-2")
 
-    first, second = await h.journal.decisions()
+    first, second = await h.journal.decisions.all.in_thread()
     assert first.state == "blocked" and first.reason == "global freeze is on"
     assert lifted.reason == "escalated" and second.state == "succeeded"
 
@@ -705,7 +970,8 @@ def _verified(*actions: str, then: str = "escalate", **kw: Any) -> str:
 
 
 async def _recovery_rows(h: Harness, decision_id: int) -> list[tuple[str, str]]:
-    return [(s["status"], s["message"]) for s in await h.journal.steps(decision_id) if s["phase"] == "recovery"]
+    return [(s["status"], s["message"]) for s in await h.journal.decisions.steps.in_thread(decision_id)
+            if s["phase"] == "recovery"]
 
 
 async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
@@ -716,7 +982,7 @@ async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
 
     await h.fire(ex)
     await wait_for(lambda: h.sleeps, timeout=10)  # the watch took its first sample and waits at the gate
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     ((status, message),) = await _recovery_rows(h, decision.id)
     assert status == "pending" and message.startswith('checking: p999{model="ranker"} below 500 for 2s within 8s')
@@ -725,13 +991,13 @@ async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
     h.gate.set()
     await ex.wait_recoveries()
 
-    rows = [s for s in await h.journal.steps(decision.id) if s["phase"] == "recovery"]
+    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s["phase"] == "recovery"]
     assert [r["status"] for r in rows] == ["pending", "recovered"]
     assert rows[1]["data"]["follow_up"] is None and rows[1]["data"]["samples"] >= 3
     assert [e["event"] for e in h.events] == ["acted", "recovered"]
     assert h.events[0]["decision"] == decision.id and h.events[1]["verdict"] == "recovered"
-    assert await h.journal.freezes() == []
-    assert await h.journal.open_recoveries() == []
+    assert await h.journal.freezes.all.in_thread() == []
+    assert await h.journal.decisions.open_recoveries.in_thread() == []
 
 
 @pytest.mark.parametrize("value, verdict", [(900.0, "not_recovered"), (None, "unknown")])
@@ -746,11 +1012,11 @@ async def test_plan_that_did_not_help_escalates_freezes_and_blocks_the_next_sign
     await ex.wait_recoveries()
     await h.fire(ex, "alert-2")
 
-    first, second = await h.journal.decisions()
+    first, second = await h.journal.decisions.all.in_thread()
     rows = await _recovery_rows(h, first.id)
     assert [status for status, _ in rows] == ["pending", verdict]
     assert "escalated: default/ranker frozen until" in rows[1][1]
-    (freeze,) = await h.journal.freezes()
+    (freeze,) = await h.journal.freezes.all.in_thread()
     assert freeze.target == f"default/{MODEL}" and freeze.decision_id == first.id
     assert freeze.until == pytest.approx(h.now + 3600, abs=1)
     assert second.state == "blocked" and second.reason.startswith("target frozen: policy remediate, decision")
@@ -767,18 +1033,98 @@ async def test_revert_follow_up_undoes_the_applied_steps_and_clears_the_pin(h: H
                               then="revert"), query=lambda t: 900.0)
 
     await h.fire(ex)
-    assert [p["version"] for p in await h.journal.pins()] == [1]
+    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
     await ex.wait_recoveries()
 
     assert h.trace_of("revert") == [("revert", C), ("revert", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted"
     assert decision.reason == "2 step(s) applied and verified; did not recover (not_recovered); reverted"
-    assert await h.journal.pins() == []
-    assert await h.journal.freezes() == []
+    assert await h.journal.pins.live.in_thread() == []
+    assert await h.journal.freezes.all.in_thread() == []
     assert [(i, p, st) for i, p, st in await h.steps(decision.id, recovery=True) if p in ("revert", "recovery")] == [
         (-1, "recovery", "pending"), (-1, "recovery", "not_recovered"), (2, "revert", "ok"), (0, "revert", "ok")]
-    assert await h.journal.open_recoveries() == []
+    assert await h.journal.decisions.open_recoveries.in_thread() == []
+
+
+def _prometheus_down(t: float) -> float | None:
+    raise ConnectionError("Prometheus unreachable")
+
+
+async def test_unknown_never_reverts_it_escalates_and_says_it_could_not_tell(h: Harness):
+    """Prometheus is down through the whole window: the verdict is unknown. onNotRecovered: revert
+    must not put the old version back on no data (the detectors are as blind): the rollback and its
+    pin stay, the target is frozen and escalated, and the verdict says it could not tell."""
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}, pin: true}}", then="revert"), query=_prometheus_down)
+
+    await h.fire(ex)
+    await ex.wait_recoveries()
+
+    assert h.trace_of("revert") == []
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded"
+    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    (_, (status, message)) = await _recovery_rows(h, decision.id)
+    assert status == "unknown"
+    assert message.startswith("could not tell whether it recovered: no data in the 8s window")
+    assert "not reverted: without data the rollback may have worked" in message
+    assert "escalated: default/ranker frozen until" in message
+    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s["phase"] == "recovery"]
+    assert rows[1]["data"]["follow_up"] == "escalate" and rows[1]["data"]["query_errors"] >= 1
+    (freeze,) = await h.journal.freezes.all.in_thread()
+    assert freeze.decision_id == decision.id
+    assert [e["event"] for e in h.events] == ["acted", "not_recovered", "escalated"]
+    assert h.events[1]["verdict"] == "unknown" and h.events[1]["follow_up"] == "escalate"
+    assert await h.journal.decisions.open_recoveries.in_thread() == []
+
+
+async def test_a_watch_resumed_while_prometheus_is_down_escalates_instead_of_reverting(h: Harness):
+    """A restart cuts the watch short; the new process finds Prometheus down (nothing read back,
+    every sample fails): unknown, escalated, nothing reverted."""
+    h.advance, h.gate = True, asyncio.Event()
+    policy = _verified(f"{{type: {A}}}", then="revert")
+    first = h.executor(policy, query=lambda t: 100.0)
+    await h.fire(first)
+    await wait_for(lambda: h.sleeps, timeout=10)
+    await first.close()
+    h.gate.set()
+
+    second = h.executor(policy, query=_prometheus_down)
+    assert await second.resume_verifications() == 1
+    await second.wait_recoveries()
+
+    assert h.trace_of("revert") == []
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded"
+    assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "unknown"]
+    assert len(await h.journal.freezes.all.in_thread()) == 1
+
+
+async def test_an_unknown_verdict_left_waiting_for_its_revert_is_escalated_not_reverted(h: Harness):
+    """A journal from a version that reverted on unknown: a verdict `unknown` with follow-up revert
+    whose revert never ran. Resumed, it is escalated (a new verdict row with the freeze), not reverted,
+    and nothing is left open."""
+    policy = _verified(f"{{type: {A}}}", then="revert")
+    ex = h.executor(policy)
+    await h.fire(ex)
+    await ex.wait_recoveries()  # no Prometheus lent: settles unknown, escalated (the new rule)
+    (decision,) = await h.journal.decisions.all.in_thread()
+    await h.journal.decisions.record_verdict.in_thread(decision.id, "unknown", "no data in the 8s window",
+                                                       {"verdict": "unknown", "follow_up": "revert"})
+    assert len(await h.journal.decisions.open_recoveries.in_thread()) == 1
+    freezes = len(await h.journal.freezes.all.in_thread())
+
+    after = h.executor(policy)
+    assert await after.resume_verifications() == 1
+    await after.wait_recoveries()
+
+    assert h.trace_of("revert") == []
+    assert (await h.journal.decisions.get.in_thread(decision.id)).state == "succeeded"
+    (status, message) = (await _recovery_rows(h, decision.id))[-1]
+    assert status == "unknown" and message.startswith("could not tell whether it recovered: no data")
+    assert len(await h.journal.freezes.all.in_thread()) == freezes + 1
+    assert await h.journal.decisions.open_recoveries.in_thread() == []
 
 
 async def test_none_follow_up_only_journals(h: Harness):
@@ -789,10 +1135,10 @@ async def test_none_follow_up_only_journals(h: Harness):
     await h.fire(ex)
     await ex.wait_recoveries()
 
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "not_recovered"]
-    assert h.trace_of("revert") == [] and await h.journal.freezes() == []
+    assert h.trace_of("revert") == [] and await h.journal.freezes.all.in_thread() == []
 
 
 async def test_watch_stopped_by_a_restart_is_resumed_from_the_journal(h: Harness):
@@ -805,9 +1151,9 @@ async def test_watch_stopped_by_a_restart_is_resumed_from_the_journal(h: Harness
     await wait_for(lambda: h.sleeps, timeout=10)
     await first.close()
     h.gate.set()
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending"]
-    assert len(await h.journal.open_recoveries()) == 1
+    assert len(await h.journal.decisions.open_recoveries.in_thread()) == 1
 
     second = h.executor(policy, query=lambda t: 100.0)
     assert await second.resume_verifications() == 1
@@ -827,9 +1173,9 @@ async def test_revert_left_by_a_replica_that_may_not_act_is_resumed(h: Harness):
     await h.fire(first)
     acting[0] = False
     await first.wait_recoveries()
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and h.trace_of("revert") == []
-    (opened,) = await h.journal.open_recoveries()
+    (opened,) = await h.journal.decisions.open_recoveries.in_thread()
     assert opened.row["status"] == "not_recovered"
 
     second = h.executor(policy, query=lambda t: 900.0)
@@ -837,7 +1183,7 @@ async def test_revert_left_by_a_replica_that_may_not_act_is_resumed(h: Harness):
     await second.wait_recoveries()
 
     assert h.trace_of("revert") == [("revert", A)]
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted"
 
 
@@ -852,7 +1198,7 @@ async def test_a_notify_callback_that_raises_never_fails_a_remediation(h: Harnes
     await h.fire(ex)
     await ex.wait_recoveries()
 
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert [status for status, _ in await _recovery_rows(h, decision.id)] == ["pending", "recovered"]
 
@@ -868,7 +1214,7 @@ def _policies_on(models: list[str]) -> str:
 async def _journal_alerts(h: Harness, models: list[str]) -> list[tuple[int, Signal]]:
     signals = [Signal(SignalSource.ALERT, ALERT, {"model": m}, datetime.now(timezone.utc), f"alert-{m}")
                for m in models]
-    new, _ = await h.journal.record_signals(signals)
+    new, _ = await h.journal.signals.intake(signals)
     return new
 
 
@@ -883,9 +1229,61 @@ async def test_common_cause_burst_acts_on_none_and_escalates_once(h: Harness):
 
     assert h.trace_of("apply") == []
     assert h.sleeps == [30] * 6  # each matching signal was held for the span first
-    decisions = await h.journal.decisions()
+    decisions = await h.journal.decisions.all.in_thread()
     assert len(decisions) == 6 and all(d.state == "blocked" for d in decisions)
     assert all("common cause" in d.reason for d in decisions), [d.reason for d in decisions]
+    assert [e["event"] for e in h.events] == ["escalated"]
+
+
+async def test_a_burst_taken_four_at_a_time_while_the_clock_runs_acts_on_none(h: Harness,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    """The incident of a node or network: 20 targets signal within a minute (one every 3 s), four
+    workers take them as they arrive, span 60 s, limit 3, and the clock runs on through the burst and
+    well past it. Each signal is judged on the signals that arrived within a span of its own arrival,
+    not of when a worker took it: no target is acted on, and one escalation is handed over."""
+    timer = h.timer = FakeTimer(h.now)
+    monkeypatch.setattr(h.journal, "clock", timer.clock)  # arrivals on the fake clock (the journal's clock)
+    models = [f"m{i:02d}" for i in range(20)]
+    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
+                                                                           commonCauseSpanSeconds=60))
+    backlog = Backlog(h.journal, lambda: ex.state.policies.policies, ex.process, h.metrics, clock=timer.clock)
+    h.journal.signals.on_intake(backlog.admit)
+    tasks = [asyncio.create_task(backlog.work()) for _ in range(4)] + [asyncio.create_task(backlog.refill())]
+    try:
+        for model in models:
+            await h.journal.signals.intake([Signal(SignalSource.ALERT, ALERT, {"model": model},
+                                                   datetime.now(timezone.utc), f"alert-{model}")])
+            await timer.advance(3)
+        await timer.run_until(asyncio.ensure_future(backlog.drain()), step=5, limit=3600)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        h.journal.signals.on_intake(None)
+
+    assert h.trace_of("observe", "apply") == []
+    decisions = await h.journal.decisions.all.in_thread()
+    assert len(decisions) == 20 and {d.state for d in decisions} == {"blocked"}
+    assert all(d.reason.startswith("common cause suspected: 20 targets") for d in decisions), decisions[0].reason
+    assert [e["event"] for e in h.events] == ["escalated"]
+    assert timer.now >= h.now + 57 + 60  # the last arrival's span passed: the clock ran through the burst
+    arrivals = sorted(s["received_at"] for s in await h.journal.signals.all.in_thread())
+    assert arrivals[-1] - arrivals[0] == pytest.approx(57)
+
+
+async def test_a_signal_taken_long_after_its_burst_is_still_judged_on_it(h: Harness):
+    """A worker that gets to a signal three spans after it arrived (a backlog) does not hold it again
+    and judges it on the burst it arrived in, not on the quiet time it is taken in."""
+    models = [f"m{i}" for i in range(6)]
+    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
+                                                                           commonCauseSpanSeconds=30))
+    journaled = await _journal_alerts(h, models)
+    h.now = time.time() + 90  # taken three spans after the burst arrived
+    for signal_id, signal in journaled:
+        await ex.process(signal_id, signal)
+
+    assert h.sleeps == [] and h.trace_of("apply") == []
+    assert {d.state for d in await h.journal.decisions.all.in_thread()} == {"blocked"}
     assert [e["event"] for e in h.events] == ["escalated"]
 
 
@@ -897,7 +1295,7 @@ async def test_signals_on_few_targets_are_not_suppressed(h: Harness):
         await ex.process(signal_id, signal)
 
     assert len(h.trace_of("apply")) == 3
-    assert {d.state for d in await h.journal.decisions()} == {"succeeded"}
+    assert {d.state for d in await h.journal.decisions.all.in_thread()} == {"succeeded"}
 
 
 async def test_target_budget_blocks_one_target_too_many(h: Harness):
@@ -909,14 +1307,14 @@ async def test_target_budget_blocks_one_target_too_many(h: Harness):
     for signal_id, signal in await _journal_alerts(h, models):
         await ex.process(signal_id, signal)
     h.now += 10  # past the (zero) cooldown of m0's own policy
-    (again_id, again), = (await h.journal.record_signals(
+    (again_id, again), = (await h.journal.signals.intake(
         [Signal(SignalSource.ALERT, ALERT, {"model": "m0"}, datetime.now(timezone.utc), "alert-m0-again")]))[0]
     await ex.process(again_id, again)
 
     assert h.sleeps == []
-    states = [(d.policy, d.state) for d in await h.journal.decisions()]
+    states = [(d.policy, d.state) for d in await h.journal.decisions.all.in_thread()]
     assert states == [("p-m0", "succeeded"), ("p-m1", "succeeded"), ("p-m2", "blocked"), ("p-m0", "succeeded")]
-    (blocked,) = [d for d in await h.journal.decisions() if d.state == "blocked"]
+    (blocked,) = [d for d in await h.journal.decisions.all.in_thread() if d.state == "blocked"]
     assert "m0" in blocked.reason and "m1" in blocked.reason
 
 
@@ -928,7 +1326,7 @@ async def test_flapping_signals_cause_at_most_max_actions(h: Harness):
         await h.fire(ex, key=f"alert-{i}")
         h.now += 5
 
-    decisions = await h.journal.decisions()
+    decisions = await h.journal.decisions.all.in_thread()
     assert len(decisions) == 60
     assert sum(d.executed for d in decisions) == 3
     assert len(h.trace_of("apply")) == 3
@@ -944,6 +1342,137 @@ async def test_failing_notification_never_changes_the_outcome(h: Harness):
     ex = h.executor(_policy(f"{{type: {A}}}"), notify=broken)
     await h.fire(ex)
 
-    (decision,) = await h.journal.decisions()
+    (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     assert h.trace_of("apply", "verify") == [("apply", A), ("verify", A)]
+
+
+# ---- approvals: what approving answers, and approved plans resumed ---------------------------------
+
+APPROVAL = "approval: required\napprovalTimeoutSeconds: 600\n"
+
+
+async def test_approve_answers_a_result_and_runs_the_plan_once(h: Harness):
+    """The plan waits (nothing applied); approving it answers STARTED and applies it in the
+    background; approving it again answers NOT_PENDING, an unknown id NOT_FOUND."""
+    ex = h.executor(_policy(f"{{type: {A}}}") + APPROVAL)
+    await h.fire(ex)
+    assert h.trace_of("apply") == []
+    (approval,) = await h.journal.approvals.all.in_thread("pending")
+
+    missing = await ex.approve(99, "alice", "go")
+    assert (missing.outcome, missing.message, missing.approval) == (ApprovalOutcome.NOT_FOUND, "no approval 99", None)
+    started = await ex.approve(approval.id, "alice", "go")
+    assert started.outcome is ApprovalOutcome.STARTED and started.approval is not None
+    assert started.message == f"approval {approval.id} approved by alice; applying decision {approval.decision_id}"
+    await ex.wait_approved()
+    assert h.trace_of("apply") == [("apply", A)]
+    again = await ex.approve(approval.id, "bob", "go")
+    assert again.outcome is ApprovalOutcome.NOT_PENDING
+    assert again.message == f"approval {approval.id} is approved by alice, not pending"
+    assert [e["event"] for e in h.events][:2] == ["approval_requested", "approved"]
+
+
+async def test_approve_refuses_a_freeze_an_expired_deadline_and_a_changed_policy(h: Harness):
+    """A freeze keeps it pending (FROZEN); past its deadline it is EXPIRED; once its policy runs
+    other actions it is POLICY_CHANGED; none applies anything."""
+    ex = h.executor(_policy(f"{{type: {A}}}") + APPROVAL)
+    await h.fire(ex)
+    (approval,) = await h.journal.approvals.all.in_thread("pending")
+    await h.journal.freezes.record.in_thread(f"default/{MODEL}", "hold", h.now + 60)
+
+    frozen = await ex.approve(approval.id, "alice", "go")
+    assert frozen.outcome is ApprovalOutcome.FROZEN
+    assert frozen.message.startswith(f"approval {approval.id} stays pending: target frozen: hold (until ")
+    h.now += 601
+    expired = await ex.approve(approval.id, "alice", "go")
+    assert expired.outcome is ApprovalOutcome.EXPIRED
+    assert expired.message.startswith(f"approval {approval.id} passed its deadline ")
+    h.now -= 601
+    changed = h.executor(_policy(f"{{type: {B}}}") + APPROVAL)
+    result = await changed.approve(approval.id, "alice", "go")
+    assert result.outcome is ApprovalOutcome.POLICY_CHANGED
+    assert result.message == (f"approval {approval.id}: policy remediate is gone or now runs other actions; "
+                              "the plan is left unapplied")
+    assert h.trace_of("apply") == []
+    assert [a.status for a in await h.journal.approvals.all.in_thread()] == ["pending"]
+
+
+async def test_an_approved_plan_a_crash_interrupted_is_resumed_once(h: Harness):
+    """Approved, then the process dies mid-apply: a new executor resumes it from its steps (the
+    landed change is recorded, not applied again); a second resume starts nothing."""
+    policy = _policy(f"{{type: {A}, apply: [crash], verify: observe}}") + APPROVAL
+    ex = h.executor(policy)
+    await h.fire(ex)
+    (approval,) = await h.journal.approvals.all.in_thread("pending")
+    assert (await ex.approve(approval.id, "alice", "go")).outcome is ApprovalOutcome.STARTED
+    await ex.wait_approved()  # its task ended with the Crash: the decision is still executing
+    decision = await h.journal.decisions.get.in_thread(approval.decision_id)
+    assert decision is not None and decision.state == "executing"
+
+    after = h.executor(policy)
+    assert await after.resume_approved() == 1
+    assert await after.resume_approved() == 0  # already running, or done
+    await after.wait_approved()
+    decision = await h.journal.decisions.get.in_thread(approval.decision_id)
+    assert decision is not None and decision.state == "succeeded"
+    assert h.trace_of("apply") == [("apply", A)]
+
+
+async def test_an_approved_plan_whose_policy_changed_is_failed_not_resumed(h: Harness):
+    policy = _policy(f"{{type: {A}, apply: [crash]}}") + APPROVAL
+    ex = h.executor(policy)
+    await h.fire(ex)
+    (approval,) = await h.journal.approvals.all.in_thread("pending")
+    await ex.approve(approval.id, "alice", "go")
+    await ex.wait_approved()
+
+    after = h.executor(_policy(f"{{type: {B}}}") + APPROVAL)
+    assert await after.resume_approved() == 0
+    decision = await h.journal.decisions.get.in_thread(approval.decision_id)
+    assert decision is not None and decision.state == "failed"
+    assert decision.reason == ("approved plan not resumed after restart: policy remediate is gone or now runs "
+                               "other actions")
+    assert h.trace_of("apply") == [("apply", A)]
+
+
+async def test_preview_climbs_the_same_ladder_and_journals_nothing(h: Harness):
+    """Preview names the approval already pending as the live path does (blocked, awaiting it),
+    observes the target read-only and journals no decision."""
+    ex = h.executor(_policy(f"{{type: {A}}}") + APPROVAL)
+    signal = Signal(SignalSource.ALERT, ALERT, {"model": MODEL}, datetime.now(timezone.utc), "preview-1")
+    ((policy, verdict),) = await ex.preview(signal)
+    assert policy.name == "remediate" and isinstance(verdict, NeedsApproval)
+    await h.fire(ex)
+    (approval,) = await h.journal.approvals.all.in_thread("pending")
+    ((_, verdict),) = await ex.preview(signal)
+    assert isinstance(verdict, Blocked) and verdict.awaiting == approval.id
+    assert verdict.reason.startswith(f"awaiting approval {approval.id} (decision {approval.decision_id}) until ")
+    assert len(await h.journal.decisions.all.in_thread()) == 1
+    assert h.trace_of("apply") == []
+
+
+async def test_every_decision_and_verdict_becomes_a_kubernetes_event(h: Harness):
+    """An applied plan (its step, its decision, its verdict), a decision a guard blocked, and a plan
+    that did not help: each ends in an Event of its own reason on the policy's target."""
+    h.advance = True
+    recorded: list[tuple[str, str, bool]] = []
+
+    async def record_event(*, policy: Any, reason: str, message: str, warning: bool) -> None:
+        recorded.append((policy.name, reason, warning))
+
+    ex = h.executor(_verified(f"{{type: {A}}}", then="none", cooldown="1h"), query=lambda t: 100.0)
+    ex._deps.record_event = record_event
+    await h.fire(ex, "alert-1")
+    await asyncio.wait_for(ex.wait_recoveries(), timeout=10)
+    await h.fire(ex, "alert-2")  # within the cooldown
+    reasons = [(reason, warning) for _, reason, warning in recorded]
+    assert reasons == [("Remediated", False), ("RemediationSucceeded", False), ("Recovered", False),
+                       ("RemediationBlocked", True)], reasons
+
+    recorded.clear()
+    late = h.executor(_verified(f"{{type: {A}}}", then="none", name="other"), query=lambda t: 900.0)
+    late._deps.record_event = record_event
+    await h.fire(late, "alert-3")
+    await asyncio.wait_for(late.wait_recoveries(), timeout=10)
+    assert [(r, w) for _, r, w in recorded][-1] == ("NotRecovered", True), recorded

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.forecast import fit_holt, holt_forecast
+from detectors.forecast import fit_holt, holt_forecast, holt_states
 
 
 def test_recovers_a_clean_linear_trend() -> None:
@@ -43,3 +43,36 @@ def test_too_short_raises() -> None:
     """Fewer than 3 points is a caller error (the detector checks before calling)."""
     with pytest.raises(ValueError):
         fit_holt(np.array([1.0, 2.0]))
+
+
+def test_a_step_moves_the_level_not_the_trend() -> None:
+    """A level shift (two jumps on one side in a row) moves the filtered level to the new value
+    at once and leaves the trend near zero: a deploy's +80 ms is not a ramp."""
+    rng = np.random.default_rng(3)
+    y = 200 + rng.normal(0, 5, 300)
+    y[200:] += 80.0
+    levels, trends = holt_states(y[None], np.array([0.2]), np.array([0.02]), np.array([0.95]))
+    assert levels[0, 203] == pytest.approx(280, abs=15)
+    assert abs(trends[0, 210]) < 1.0  # ms per step; a learned jump would be several
+
+
+def test_a_staircase_teaches_the_trend_its_rate() -> None:
+    """Same-side level shifts a few steps apart (+30 every 3 points, noise-free) are one trend:
+    the filter learns about 10 per step instead of shifting its level at every stair."""
+    y = np.full(300, 200.0)
+    k = np.arange(60)
+    y[240:] += 30.0 * (k // 3 + 1)
+    _, trends = holt_states(y[None], np.array([0.2]), np.array([0.02]), np.array([0.98]))
+    assert trends[0, 220] == pytest.approx(0.0, abs=1e-9)
+    assert trends[0, 260:].mean() == pytest.approx(10.0, rel=0.3)
+
+
+def test_fit_accepts_left_padded_shorter_rows() -> None:
+    """A NaN-padded row (a shorter history in a batch) fits as it would alone."""
+    rng = np.random.default_rng(4)
+    y = rng.normal(0, 1, (2, 200)).cumsum(axis=1)
+    padded = y.copy()
+    padded[1, :50] = np.nan
+    batch, alone = fit_holt(padded), fit_holt(y[1, 50:])
+    assert batch.alpha[1] == alone.alpha[0] and batch.phi[1] == alone.phi[0]
+    assert batch.level[1] == pytest.approx(alone.level[0])

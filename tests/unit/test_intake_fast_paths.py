@@ -1,6 +1,6 @@
 """The webhook intake's fast paths give what the plain ones gave: the nesting walk, the skipped
 surrogate search (read_payload), the journal payload (Signal.summary_json) and the signals row's
-text check (_signal_row)."""
+text check (signal_row)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,9 @@ from daemon.http.intake import (
     MAX_JSON_DEPTH, BodyError, PayloadError, alert_signals, decode_body, nesting_deeper_than, parse_payload,
     read_payload,
 )
-from daemon.storage.journal import JournalValueError, _checked, _signal_row
+from daemon.storage.core import checked
+from daemon.storage.errors import JournalValueError
+from daemon.storage.signals import signal_row
 from tests.support.helpers import sample_payload
 
 
@@ -39,6 +41,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(json_values, st.integers(min_value=0, max_value=8))
 def test_nesting_walk_agrees_with_the_reference(value: Any, limit: int):
@@ -129,10 +132,11 @@ def _signal(**overrides: Any) -> Signal:
 
 
 def _reference_summary_json(s: Signal) -> str:
+    line = {"recovery_line": None} if s.source is SignalSource.DETECTOR else {}  # a detector's line, null: none drawn
     return json.dumps({"source": s.source.value, "name": s.name, "labels": dict(s.labels),
                        "observed_at": s.observed_at.isoformat(), "dedup_key": s.dedup_key,
-                       "status": s.status.value, "value": s.value, "policy": s.policy, "details": s.details},
-                      default=str)
+                       "status": s.status.value, "value": s.value, "policy": s.policy, "details": s.details,
+                       **line}, default=str)
 
 
 @pytest.mark.parametrize("signal", [
@@ -168,8 +172,8 @@ def _values(text: str) -> str:
 
 def _reference_signal_row(n: int, s: Signal, now: float) -> tuple[Any, ...]:
     prefix = f"signal {n} "
-    _checked(**{prefix + "dedup_key": s.dedup_key, prefix + "source": s.source.value, prefix + "name": s.name,
-                prefix + "policy": s.policy})
+    checked(**{prefix + "dedup_key": s.dedup_key, prefix + "source": s.source.value, prefix + "name": s.name,
+               prefix + "policy": s.policy})
     return (s.dedup_key, s.source.value, s.name, s.policy, now, s.summary_json())
 
 
@@ -186,7 +190,7 @@ def _row_outcome(fn: Any, s: Signal) -> Any:
 ])
 def test_signal_row_checks_text_as_before(overrides: dict[str, Any]):
     s = _signal(**overrides)
-    got = _row_outcome(_signal_row, s)
+    got = _row_outcome(signal_row, s)
     assert got == _row_outcome(_reference_signal_row, s)
     if any("\ud800" <= c <= "\udfff" for v in overrides.values() if v for c in v):
         assert isinstance(got, str) and "not storable as UTF-8 text" in got and got.startswith("signal 3 ")

@@ -12,7 +12,9 @@ import pytest
 from core.decision import DecisionState
 from core.signal import Signal, SignalSource
 from daemon.storage import postgres_backend, sqlite_backend
-from daemon.storage.journal import DAEMON_SCOPE, FOREVER, Journal, JournalError, JournalValueError, SharedState
+from daemon.storage.errors import JournalError, JournalValueError
+from daemon.storage.journal import Journal
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadMark, SharedState
 from tests.support.journal_backends import OpenJournal
 
 
@@ -31,6 +33,7 @@ def _columns(journal: Journal) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.integration
 def test_both_backends_have_the_same_tables_and_columns(tmp_path: Path, postgres_dsn: str):
     """A migration added to one backend and not the other shows here."""
     lite, pg = Journal(tmp_path / "j.db"), Journal(postgres_dsn)
@@ -42,6 +45,7 @@ def test_both_backends_have_the_same_tables_and_columns(tmp_path: Path, postgres
         pg.close()
 
 
+@pytest.mark.integration
 def test_postgres_migrates_an_empty_database_once(empty_postgres_dsn: str):
     j = Journal(empty_postgres_dsn)
     j.close()
@@ -61,6 +65,7 @@ def test_a_journal_from_a_newer_release_is_refused(journal_store: Path | str):
         Journal(journal_store)
 
 
+@pytest.mark.slow
 def test_an_unreachable_database_is_a_journal_error():
     """Refused at open (the daemon exits 1), and the pool's reconnecting workers stop with it."""
     with pytest.raises(JournalError, match="cannot open the journal"):
@@ -75,43 +80,43 @@ def test_text_the_database_cannot_store_fails_its_caller_alone(open_journal: Ope
     nul = _signal("nul", name="A\x00B")
     if j.backend == "postgres":
         with pytest.raises(JournalValueError, match="NUL"):
-            j.record_signals([nul])
+            j.signals.record([nul])
         with pytest.raises(JournalValueError, match="NUL"):
-            j.record_pin("ns/m", "m\x00", 1)
+            j.pins.record("ns/m", "m\x00", 1)
     else:
-        assert len(j.record_signals([nul])[0]) == 1
-    assert len(j.record_signals([_signal("after")])[0]) == 1
+        assert len(j.signals.record([nul])[0]) == 1
+    assert len(j.signals.record([_signal("after")])[0]) == 1
 
 
 def test_decisions_approvals_and_recoveries(open_journal: OpenJournal):
     """Upsert keeps `executed` once set; approvals (RETURNING ids) approve and expire; an open
     recovery is found through the JSON field of its verdict."""
     j = open_journal()
-    (s1, _), (s2, _), (s3, _) = j.record_signals([_signal("a"), _signal("b"), _signal("c")])[0]
-    d1 = j.record_decision(s1, "p", "ns/m", DecisionState.EXECUTING, "", {"steps": [1]}, executed=True)
-    assert j.record_decision(s1, "p", "ns/m", DecisionState.SUCCEEDED, "done", {}, executed=False) == d1
-    decision = j.decision(d1)
+    (s1, _), (s2, _), (s3, _) = j.signals.record([_signal("a"), _signal("b"), _signal("c")])[0]
+    d1 = j.decisions.record(s1, "p", "ns/m", DecisionState.EXECUTING, "", {"steps": [1]}, executed=True)
+    assert j.decisions.record(s1, "p", "ns/m", DecisionState.SUCCEEDED, "done", {}, executed=False) == d1
+    decision = j.decisions.get(d1)
     assert decision is not None and decision.executed and decision.state == "succeeded"
-    j.finish_decision(d1, DecisionState.SUCCEEDED, "ok", recovery=("watching", {"window": 60}))
-    assert [r.decision.id for r in j.open_recoveries()] == [d1]
-    j.record_verdict(d1, "not_recovered", "still slow", {"follow_up": "revert"})
-    (open_,) = j.open_recoveries()
+    j.decisions.finish(d1, DecisionState.SUCCEEDED, "ok", recovery=("watching", {"window": 60}))
+    assert [r.decision.id for r in j.decisions.open_recoveries()] == [d1]
+    j.decisions.record_verdict(d1, "not_recovered", "still slow", {"follow_up": "revert"})
+    (open_,) = j.decisions.open_recoveries()
     assert open_.row["status"] == "not_recovered" and open_.row["data"] == {"follow_up": "revert"}
-    j.record_verdict(d1, "recovered", "fine", {"follow_up": "none"})
-    assert j.open_recoveries() == []
+    j.decisions.record_verdict(d1, "recovered", "fine", {"follow_up": "none"})
+    assert j.decisions.open_recoveries() == []
 
     now = time.time()
-    a = j.request_approval(s2, "q", "ns/n", {"steps": []}, deadline=now + 600)
-    b = j.request_approval(s3, "q", "ns/o", {"steps": []}, deadline=now - 1)
-    assert a.id != b.id and j.pending_approval("q", "ns/n") == a
-    approved = j.approve(a.id, "alice", "looks right")
+    a = j.approvals.request(s2, "q", "ns/n", {"steps": []}, deadline=now + 600)
+    b = j.approvals.request(s3, "q", "ns/o", {"steps": []}, deadline=now - 1)
+    assert a.id != b.id and j.approvals.pending_for("q", "ns/n") == a
+    approved = j.approvals.approve(a.id, "alice", "looks right")
     assert approved is not None and approved.status == "approved"
-    assert j.approve(a.id, "alice", "again") is None
-    assert [e.id for e in j.expire_approvals()] == [b.id]
-    assert [x.status for x in j.approvals()] == ["approved", "expired"]
-    expired = j.decision(b.decision_id)
+    assert j.approvals.approve(a.id, "alice", "again") is None
+    assert [e.id for e in j.approvals.expire()] == [b.id]
+    assert [x.status for x in j.approvals.all()] == ["approved", "expired"]
+    expired = j.decisions.get(b.decision_id)
     assert expired is not None and f"approval {b.id} expired" in expired.reason
-    latest = {(d["policy"], d["target"]): d["state"] for d in j.latest_decisions()}
+    latest = {(d["policy"], d["target"]): d["state"] for d in j.decisions.latest()}
     assert latest == {("p", "ns/m"): "succeeded", ("q", "ns/n"): "executing", ("q", "ns/o"): "blocked"}
 
 
@@ -119,29 +124,30 @@ def test_freezes_guards_evaluations_and_cluster_state(open_journal: OpenJournal)
     """Freezes lift by id list, guard history unions imported marks, evaluations upsert in bulk,
     and merging another leader's state twice changes nothing the second time."""
     j = open_journal()
-    f1 = j.record_freeze("ns/m", "slow", FOREVER, by="alice", source="api")
-    f2 = j.record_freeze("ns/m", "slower", FOREVER)
-    j.record_freeze(DAEMON_SCOPE, "upgrades", time.time() + 60)
-    assert [f.by for f in j.active_freezes()] == ["alice", None, None]
-    assert [f.id for f in j.lift_freezes("ns/m", "fixed", by="bob", ids=[f2])] == [f2]
-    active = j.active_freeze("ns/m")
+    f1 = j.freezes.record("ns/m", "slow", FOREVER, by="alice", source="api")
+    f2 = j.freezes.record("ns/m", "slower", FOREVER)
+    j.freezes.record(DAEMON_SCOPE, "upgrades", time.time() + 60)
+    assert [f.by for f in j.freezes.active()] == ["alice", None, None]
+    assert [f.id for f in j.freezes.lift("ns/m", "fixed", by="bob", ids=[f2])] == [f2]
+    active = j.freezes.active_on("ns/m")
     assert active is not None and active.id == f1
 
-    ((sid, _),), _ = j.record_signals([_signal("k")])
-    j.record_decision(sid, "p", "ns/m", DecisionState.SUCCEEDED, "", {}, executed=True)
-    mine = j.executed_marks(0)[0][2]
+    ((sid, _),), _ = j.signals.record([_signal("k")])
+    j.decisions.record(sid, "p", "ns/m", DecisionState.SUCCEEDED, "", {}, executed=True)
+    mine = j.decisions.executed_marks(0)[0][2]
     now = time.time()
-    assert j.merge_cluster_state([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10), ("p", "ns/m", mine)], since=0,
-                                 shared=SharedState(bad_marks=(("ns/x", 4, "slow", now),))) == (1, 2, 1)
-    assert j.merge_cluster_state([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10)], since=0,
-                                 shared=SharedState(bad_marks=(("ns/x", 4, "slow", now),))) == (0, 0, 0)
-    last, count = j.guard_history("p", "ns/m", window_seconds=3600)
+    bad = BadMark(target="ns/x", version=4, reason="slow", at=now)
+    assert j.cluster.merge([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10), ("p", "ns/m", mine)], since=0,
+                           shared=SharedState(bad_marks=(bad,))) == (1, 2, 1)
+    assert j.cluster.merge([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10)], since=0,
+                           shared=SharedState(bad_marks=(bad,))) == (0, 0, 0)
+    last, count = j.decisions.guard_history("p", "ns/m", window_seconds=3600)
     assert last == mine and count == 2  # the mark equal to our own plan counts once
-    assert j.known_bad("ns/x") == frozenset({4})
-    assert [p["version"] for p in j.pins()] == [3]
+    assert j.bad_versions.known("ns/x") == frozenset({4})
+    assert [p["version"] for p in j.pins.live()] == [3]
 
-    j.record_evaluations([("p", 0, "s1", True, "fired"), ("p", 0, "s2", False, "quiet")])
-    j.record_evaluations([("p", 0, "s1", False, "calm")])
-    assert [(e["series"], e["fired"], e["reason"]) for e in j.evaluations("p")] == [
+    j.evaluations.record_many([("p", 0, "s1", True, "fired"), ("p", 0, "s2", False, "quiet")])
+    j.evaluations.record_many([("p", 0, "s1", False, "calm")])
+    assert [(e["series"], e["fired"], e["reason"]) for e in j.evaluations.all("p")] == [
         ("s1", 0, "calm"), ("s2", 0, "quiet")]
-    assert j.shared_state(since=0).bad_marks == (("ns/x", 4, "slow", now),)
+    assert j.cluster.shared_state(since=0).bad_marks == (bad,)

@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 import pytest
 
 from core.signal import Signal, SignalSource
-from daemon.storage.journal import Journal, JournalError, JournalFenced
+from daemon.storage.errors import JournalError, JournalFenced
+from daemon.storage.journal import Journal
 from tests.support.journal_backends import OpenJournal
 
 
@@ -18,56 +19,56 @@ def _signal(key: str) -> Signal:
 
 def test_terms_increase_with_each_takeover_and_survive_reopening(open_journal: OpenJournal):
     a, b = open_journal(), open_journal()
-    assert a.current_term() is None
-    first = a.take_term("tailguard-a", lease_transitions=0)
-    second = b.take_term("tailguard-b", lease_transitions=1)
+    assert a.terms.current() is None
+    first = a.terms.take("tailguard-a", lease_transitions=0)
+    second = b.terms.take("tailguard-b", lease_transitions=1)
     assert (first.term, second.term) == (1, 2)
     a.close()
     again = open_journal()
-    now = again.current_term()
+    now = again.terms.current()
     assert now is not None and (now.term, now.holder, now.lease_transitions) == (2, "tailguard-b", 1)
-    assert again.take_term("tailguard-a").term == 3
+    assert again.terms.take("tailguard-a").term == 3
 
 
 def test_a_replaced_leader_cannot_claim_decide_or_step(open_journal: OpenJournal):
     """The old leader (a) keeps its term after b took a newer one: every acting write of a is
     refused and nothing of it lands; b's writes, and a's webhook intake, go through."""
     a, b = open_journal(), open_journal()
-    a.take_term("tailguard-a")
-    (sid, _), = a.record_signals([_signal("s1")])[0]
-    decision = a.record_decision(sid, "p", "ns/m", "executing", "", {}, executed=True)
-    b.take_term("tailguard-b")
+    a.terms.take("tailguard-a")
+    (sid, _), = a.signals.record([_signal("s1")])[0]
+    decision = a.decisions.record(sid, "p", "ns/m", "executing", "", {}, executed=True)
+    b.terms.take("tailguard-b")
 
     with pytest.raises(JournalFenced, match="term 1 of tailguard-a was replaced by term 2"):
-        a.record_step(decision, 0, "notify", "intent", "pending", "", {}, None)
+        a.decisions.record_step(decision, 0, "notify", "intent", "pending", "", {}, None)
     with pytest.raises(JournalFenced):
-        a.record_decision(sid, "p", "ns/m", "succeeded", "", {}, executed=True)
+        a.decisions.record(sid, "p", "ns/m", "succeeded", "", {}, executed=True)
     with pytest.raises(JournalFenced):
-        a.finish_decision(decision, "succeeded", "done")
+        a.decisions.finish(decision, "succeeded", "done")
     with pytest.raises(JournalFenced):
-        a.mark_processed(sid)
+        a.signals.mark_processed([sid])
     with pytest.raises(JournalFenced):
-        a.record_pin("ns/m", "m", 1)
-    assert a.steps(decision) == [] and a.pins() == []
-    assert [s["state"] for s in a.signals()] == ["pending"]
-    a.record_signals([_signal("s2")])  # any replica may still accept webhooks
+        a.pins.record("ns/m", "m", 1)
+    assert a.decisions.steps(decision) == [] and a.pins.live() == []
+    assert [s["state"] for s in a.signals.all()] == ["pending"]
+    a.signals.record([_signal("s2")])  # any replica may still accept webhooks
 
     # The new leader resumes the signal: its claim replaces a's on the decision row.
-    assert b.record_decision(sid, "p", "ns/m", "succeeded", "resumed", {}, executed=True) == decision
+    assert b.decisions.record(sid, "p", "ns/m", "succeeded", "resumed", {}, executed=True) == decision
     row = b._read("SELECT holder, term, state FROM decisions WHERE id=?", (decision,))[0]
     assert (row["holder"], row["term"], row["state"]) == ("tailguard-b", 2, "succeeded")
-    b.mark_processed(sid)
+    b.signals.mark_processed([sid])
     # Each process counted only its own writes: a refresh reads the shared backlog (s2 pending).
-    assert b.pending_count() == 0 and a.pending_count() == 2
-    assert a.refresh_pending() == 1 and b.refresh_pending() == 1 and a.pending_count() == 1
+    assert b.signals.pending_count() == 0 and a.signals.pending_count() == 2
+    assert a.signals.refresh_pending() == 1 and b.signals.refresh_pending() == 1 and a.signals.pending_count() == 1
 
 
 def test_a_process_that_never_took_a_term_is_not_fenced(open_journal: OpenJournal):
     """Without leader election (one replica) or for operator commands on their own journal handle."""
     leader, operator = open_journal(), open_journal()
-    leader.take_term("tailguard-a")
-    (sid, _), = operator.record_signals([_signal("s")])[0]
-    operator.record_decision(sid, "p", "ns/m", "blocked", "by hand", {}, executed=False)
+    leader.terms.take("tailguard-a")
+    (sid, _), = operator.signals.record([_signal("s")])[0]
+    operator.decisions.record(sid, "p", "ns/m", "blocked", "by hand", {}, executed=False)
     assert operator.fence is None
 
 
@@ -75,8 +76,8 @@ def test_a_takeover_waits_for_a_fenced_write_in_flight(open_journal: OpenJournal
     """The check and the write are one transaction holding the term row: a takeover that starts
     while the old leader's write is in flight lands after it, never between check and write."""
     a, b = open_journal(), open_journal()
-    a.take_term("tailguard-a")
-    (sid, _), = a.record_signals([_signal("s")])[0]
+    a.terms.take("tailguard-a")
+    (sid, _), = a.signals.record([_signal("s")])[0]
     checked, release = threading.Event(), threading.Event()
     original = a._check_fence
 
@@ -86,11 +87,11 @@ def test_a_takeover_waits_for_a_fenced_write_in_flight(open_journal: OpenJournal
         release.wait(10)
 
     a._check_fence = slow_check  # type: ignore[method-assign]
-    writer = threading.Thread(target=lambda: a.record_decision(sid, "p", "ns/m", "executing", "", {}, True))
+    writer = threading.Thread(target=lambda: a.decisions.record(sid, "p", "ns/m", "executing", "", {}, True))
     writer.start()
     assert checked.wait(10)
     taken: list[int] = []
-    taker = threading.Thread(target=lambda: taken.append(b.take_term("tailguard-b").term))
+    taker = threading.Thread(target=lambda: taken.append(b.terms.take("tailguard-b").term))
     taker.start()
     taker.join(0.5)
     assert taken == [], "the takeover committed while a fenced write was between its check and commit"
@@ -102,14 +103,15 @@ def test_a_takeover_waits_for_a_fenced_write_in_flight(open_journal: OpenJournal
     assert (row["holder"], row["term"]) == ("tailguard-a", 1)
 
 
+@pytest.mark.integration
 def test_a_leader_frozen_inside_a_transaction_does_not_block_the_takeover(postgres_dsn: str):
     """PostgreSQL: a replica frozen between its fence check and its commit (a long pause, a stopped
     VM) holds the term row; the server ends its session after the idle-in-transaction timeout, so the
     next leader's takeover goes through, and the frozen write, when it wakes, fails instead of landing."""
     a, b = Journal(postgres_dsn), Journal(postgres_dsn)
     try:
-        a.take_term("tailguard-a")
-        (sid, _), = a.record_signals([_signal("s")])[0]
+        a.terms.take("tailguard-a")
+        (sid, _), = a.signals.record([_signal("s")])[0]
         checked, release = threading.Event(), threading.Event()
         original = a._check_fence
 
@@ -123,18 +125,18 @@ def test_a_leader_frozen_inside_a_transaction_does_not_block_the_takeover(postgr
 
         def write() -> None:
             try:
-                a.record_decision(sid, "p", "ns/m", "executing", "", {}, True)
+                a.decisions.record(sid, "p", "ns/m", "executing", "", {}, True)
             except JournalError as exc:
                 failed.append(exc)
 
         writer = threading.Thread(target=write)
         writer.start()
         assert checked.wait(10)
-        assert b.take_term("tailguard-b").term == 2  # waits out the server's timeout, not the frozen writer
+        assert b.terms.take("tailguard-b").term == 2  # waits out the server's timeout, not the frozen writer
         release.set()
         writer.join(10)
         assert len(failed) == 1
-        assert b.decisions() == []
+        assert b.decisions.all() == []
     finally:
         release.set()
         a.close()

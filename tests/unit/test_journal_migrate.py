@@ -12,7 +12,8 @@ import pytest
 from core.decision import DecisionState
 from core.signal import Signal, SignalSource
 from daemon.common.config import ConfigError, JournalSettings, journal_store
-from daemon.storage.journal import FOREVER, Journal
+from daemon.storage.journal import Journal
+from daemon.storage.records import FOREVER
 from daemon.wiring.cli import main
 
 
@@ -24,28 +25,30 @@ def _fill(path: Path) -> None:
     """A journal with a row in every table."""
     j = Journal(path)
     try:
-        (s1, _), (s2, _), _ = j.record_signals([_signal("a"), _signal("b"), _signal("pending")])[0]
-        d1 = j.record_decision(s1, "p", "ns/m", DecisionState.SUCCEEDED, "rolled back", {"steps": [1]}, executed=True)
-        j.record_step(d1, 0, "triton.rollback", "apply", "ok", "loaded 1", {"version": 1}, 0.5)
-        j.mark_processed_many([s1, s2])
-        j.request_approval(s2, "q", "ns/n", {"steps": []}, deadline=time.time() + 600)
-        j.record_evaluation("p", 0, "series", True, "fired")
-        j.record_pin("ns/m", "m", 1, from_version=2, decision_id=d1, reason="tail", policy="p")
-        j.record_pin("ns/o", "o", 3)
-        j.end_pin("ns/o", "rolled forward")
-        j.record_freeze("ns/m", "did not help", FOREVER, d1, by="alice", source="api")
-        j.merge_cluster_state([], [("p", "ns/z", time.time())], since=0)
+        (s1, _), (s2, _), _ = j.signals.record([_signal("a"), _signal("b"), _signal("pending")])[0]
+        d1 = j.decisions.record(s1, "p", "ns/m", DecisionState.SUCCEEDED, "rolled back", {"steps": [1]}, executed=True)
+        j.decisions.record_step(d1, 0, "triton.rollback", "apply", "ok", "loaded 1", {"version": 1}, 0.5)
+        j.signals.mark_processed([s1, s2])
+        j.approvals.request(s2, "q", "ns/n", {"steps": []}, deadline=time.time() + 600)
+        j.evaluations.record("p", 0, "series", True, "fired")
+        j.pins.record("ns/m", "m", 1, from_version=2, decision_id=d1, reason="tail", policy="p")
+        j.pins.record("ns/o", "o", 3)
+        j.pins.end("ns/o", "rolled forward")
+        j.freezes.record("ns/m", "did not help", FOREVER, d1, by="alice", source="api")
+        j.cluster.merge([], [("p", "ns/z", time.time())], since=0)
     finally:
         j.close()
 
 
 def _snapshot(j: Journal) -> dict[str, object]:
-    return {"signals": j.signals(), "decisions": j.decisions(), "steps": j.steps(1), "approvals": j.approvals(),
-            "evaluations": j.evaluations(), "pins": j.pins(), "ended": j.ended_pins(),
-            "bad": j.bad_versions("ns/m", include_cleared=True), "freezes": j.freezes(),
-            "marks": j.executed_marks(0), "pending": j.pending_count()}
+    return {"signals": j.signals.all(), "decisions": j.decisions.all(), "steps": j.decisions.steps(1),
+            "approvals": j.approvals.all(),
+            "evaluations": j.evaluations.all(), "pins": j.pins.live(), "ended": j.pins.ended(),
+            "bad": j.bad_versions.of("ns/m", include_cleared=True), "freezes": j.freezes.all(),
+            "marks": j.decisions.executed_marks(0), "pending": j.signals.pending_count()}
 
 
+@pytest.mark.integration
 def test_migrate_copies_a_sqlite_journal_into_postgres(tmp_path: Path, postgres_dsn: str,
                                                        capsys: pytest.CaptureFixture[str]):
     """Everything arrives with its ids; new rows get ids after them; dedup holds for copied keys;
@@ -63,9 +66,9 @@ def test_migrate_copies_a_sqlite_journal_into_postgres(tmp_path: Path, postgres_
     pg = Journal(postgres_dsn)
     try:
         assert _snapshot(pg) == before
-        new, dup = pg.record_signals([_signal("a"), _signal("c")])
+        new, dup = pg.signals.record([_signal("a"), _signal("c")])
         assert dup == 1 and new[0][0] > 3  # after the copied ids (PostgreSQL ids may have gaps)
-        assert pg.record_decision(new[0][0], "p", "ns/m", DecisionState.NOOP, "", {}, executed=False) > 2
+        assert pg.decisions.record(new[0][0], "p", "ns/m", DecisionState.NOOP, "", {}, executed=False) > 2
     finally:
         pg.close()
 
@@ -73,6 +76,7 @@ def test_migrate_copies_a_sqlite_journal_into_postgres(tmp_path: Path, postgres_
     assert "not empty" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_journal_prints_either_backend(tmp_path: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str]):
     path = tmp_path / "j.db"
     _fill(path)

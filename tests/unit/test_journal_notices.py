@@ -11,9 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from core.signal import Signal, SignalSource
-from daemon.storage.journal import DEFAULT_MAX_PENDING, Journal, JournalBackpressure, JournalError
+from daemon.storage.errors import JournalBackpressure, JournalError
+from daemon.storage.journal import Journal
+from daemon.storage.signals import DEFAULT_MAX_PENDING
 from daemon.storage.journal_notices import JournalNotices, notices_for
 
 
@@ -35,38 +38,41 @@ async def _replicas(dsn: str, follower_max_pending: int = DEFAULT_MAX_PENDING) -
         follower.close()
 
 
+@pytest.mark.integration
 async def test_another_replicas_signals_wake_the_listener_and_its_own_do_not(postgres_dsn: str):
     async with _replicas(postgres_dsn) as (leader, follower, notices):
         assert await notices.wait(0.2) is False  # connected and listening; nothing yet
-        leader.record_signals([_signal("own")])
+        leader.signals.record([_signal("own")])
         assert await notices.wait(0.5) is False  # its own write is no news
 
         started = time.monotonic()
         waiting = asyncio.create_task(notices.wait(30))
         await asyncio.sleep(0.2)
         assert not waiting.done()
-        await asyncio.to_thread(follower.record_signals, [_signal("theirs")])
+        await asyncio.to_thread(follower.signals.record, [_signal("theirs")])
         assert await asyncio.wait_for(waiting, 10) is True
         assert time.monotonic() - started < 10  # woken by the commit, not by the 30 s timeout
 
-        follower.record_signals([_signal("theirs")])  # a duplicate: nothing new, no notice
+        follower.signals.record([_signal("theirs")])  # a duplicate: nothing new, no notice
         assert await notices.wait(0.5) is False
 
 
+@pytest.mark.integration
 async def test_a_commit_after_listen_returns_is_heard_by_the_next_wait(postgres_dsn: str):
     """The leader listens, then counts the backlog, then waits: a commit between the count and the
     wait must not be lost."""
     async with _replicas(postgres_dsn) as (_, follower, notices):
         await notices.listen()
-        follower.record_signals([_signal("between")])
+        follower.signals.record([_signal("between")])
         assert await notices.wait(5) is True
 
 
+@pytest.mark.integration
 async def test_no_notice_for_a_write_that_did_not_commit(postgres_dsn: str):
     async with _replicas(postgres_dsn, follower_max_pending=0) as (_, follower, notices):
         assert await notices.wait(0.1) is False
         try:
-            follower.record_signals([_signal("refused")])
+            follower.signals.record([_signal("refused")])
         except JournalBackpressure:
             pass
         else:
@@ -74,6 +80,7 @@ async def test_no_notice_for_a_write_that_did_not_commit(postgres_dsn: str):
         assert await notices.wait(0.5) is False
 
 
+@pytest.mark.integration
 async def test_a_dropped_connection_is_an_error_and_the_next_wait_listens_again(postgres_dsn: str):
     async with _replicas(postgres_dsn) as (_, follower, notices):
         assert await notices.wait(0.1) is False
@@ -87,7 +94,7 @@ async def test_a_dropped_connection_is_an_error_and_the_next_wait_listens_again(
             failed = "journal notices" in str(exc)
         assert failed
         assert await notices.wait(0.1) is False  # connected again
-        follower.record_signals([_signal("after")])
+        follower.signals.record([_signal("after")])
         assert await notices.wait(5) is True
 
 
@@ -95,6 +102,6 @@ def test_sqlite_has_no_notices(tmp_path: Path):
     journal = Journal(tmp_path / "j.db")
     try:
         assert journal.dsn is None and notices_for(journal) is None
-        journal.record_signals([_signal("x")])  # announcing is a no-op there
+        journal.signals.record([_signal("x")])  # announcing is a no-op there
     finally:
         journal.close()

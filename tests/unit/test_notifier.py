@@ -230,3 +230,48 @@ def test_exactly_one_of_url_and_url_file(receiver_settings: dict[str, Any], tmp_
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"notifications": [receiver_settings]}))
     with pytest.raises(ConfigError, match="notifications.0: Value error, set exactly one of url and urlFile"):
         load_settings(tmp_path / "config.yaml")
+
+
+async def test_a_hanging_receiver_delays_no_other(receiver: Receiver):
+    """One receiver holds every request; the other gets all ten events while the first has not
+    answered one: each receiver has its own sender."""
+    hanging = Receiver()
+    await hanging.start()
+    hanging.hold = asyncio.Event()
+    try:
+        notifier = Notifier([_sink(hanging.url, timeoutSeconds=30), _sink(receiver.url)], Metrics())
+        for n in range(10):
+            notifier.publish(_event("acted", n))
+        for _ in range(2000):  # bounded: the healthy receiver's ten deliveries
+            if len(receiver.received) == 10:
+                break
+            await asyncio.sleep(0.01)
+        assert [body["decision"] for body in receiver.bodies] == list(range(10))
+        assert hanging.received == [] and notifier.pending == 9  # the hanging one's first is in flight
+        await notifier.close(timeout_seconds=0.1)
+    finally:
+        hanging.hold.set()
+        await hanging.stop()
+
+
+async def test_a_full_queue_drops_routine_notices_before_any_escalation(receiver: Receiver):
+    """Queue of 3 behind a held receiver: routine notices give way to escalations (the oldest
+    routine first; a routine newcomer at a queue of escalations is dropped itself), and the
+    escalations are sent first once the receiver answers."""
+    receiver.hold = asyncio.Event()
+    metrics = Metrics()
+    notifier = Notifier([_sink(receiver.url)], metrics, queue_size=3)
+    notifier.publish(_event("acted", 0))  # taken by the sender at once: in flight, not queued
+    await asyncio.sleep(0.05)
+    notifier.publish(_event("acted", 1))
+    notifier.publish(_event("recovered", 2))
+    notifier.publish(_event("escalated", 3))
+    notifier.publish(_event("failed", 4))  # full: routine 1 dropped
+    notifier.publish(_event("not_recovered", 5))  # full: routine 2 dropped
+    notifier.publish(_event("acted", 6))  # full of urgent ones: 6 itself dropped
+    assert notifier.dropped == 3 and _faults(metrics) == 3
+    receiver.hold.set()
+    await notifier.flush()
+    await notifier.close()
+    assert [(b["event"], b["decision"]) for b in receiver.bodies] == [
+        ("acted", 0), ("escalated", 3), ("failed", 4), ("not_recovered", 5)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from daemon.common.config import ApiTokenEntry
 from daemon.http.auth import TokenSet
 from daemon.http.status import StatusInputs, build_status, render_table
-from daemon.storage.journal import DAEMON_SCOPE, FOREVER, Freeze
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, Freeze
 from daemon.workers.approvals import approval_instructions
 from daemon.workers.freezes import FreezeView, configmap_changes, freeze_view, target_key
 from policies.loader import PolicySet

@@ -77,6 +77,18 @@ def test_triton_action_without_triton_target_fails_cross_check():
     assert any("needs target.triton" in e.message for e in err.value.errors)
 
 
+@pytest.mark.parametrize("endpoint", ["http://triton.serving.svc:8000", "http://triton.serving.svc.cluster.local:8000"])
+def test_a_services_load_balanced_name_is_no_triton_endpoint(endpoint: str):
+    """A Service's cluster name sends a load and the verify after it to different pods: refused, naming
+    what to write instead; a pod's own name under a headless Service loads."""
+    with pytest.raises(PolicyLoadError) as err:
+        _load(GOOD.replace("http://127.0.0.1:8000", endpoint))
+    assert any("is a Service's load-balanced name" in e.message and "`service:`" in e.message
+               for e in err.value.errors), err.value.errors
+    (p,) = _load(GOOD.replace("http://127.0.0.1:8000", "http://triton-0.triton.serving.svc.cluster.local:8000")).policies
+    assert p.target.triton_endpoints == ("http://triton-0.triton.serving.svc.cluster.local:8000",)
+
+
 def test_directory_with_duplicate_names_and_hidden_files(tmp_path: Path):
     """A directory loads every YAML file once (hidden ..data entries skipped); duplicate names fail."""
     (tmp_path / "a.yaml").write_text(GOOD)
@@ -179,3 +191,33 @@ def test_exported_json_schema_accepts_good_and_rejects_bad_policies():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema)
     assert json.dumps(schema)  # serialisable
+
+
+TAIL_EXCESS = ("  - {detector: {type: tail_excess, query: 'lat{model=\"$model\"}', "
+               "companionQuery: 'req{model=\"$model\"}', params: PARAMS}}\n")
+
+
+@pytest.mark.parametrize("params, names", [
+    ("{input: values, values: {direction: both}}", "`input: values` moved to its own detector: use `type: value_cusum` "
+                                                   "with the `values:` parameters at the top level"),
+    ("{input: counters, line: 500000}", "takes counters only (delete the `input:` line); one value series is "
+                                        "`type: value_cusum`"),
+])
+def test_tail_excess_with_the_old_input_key_fails_in_one_line_naming_value_cusum(params: str, names: str):
+    """The value path moved to `value_cusum`: a policy written for it fails to load with one error line
+    naming the new type; the same policy as `type: value_cusum` loads, and the schema knows both."""
+    text = _triggers(SHADOW, TAIL_EXCESS.replace("PARAMS", params))
+    with pytest.raises(PolicyLoadError) as err:
+        _load(text)
+    (e,) = err.value.errors
+    assert e.field == "triggers[1].detector.params" and "\n" not in str(e)
+    assert e.message.startswith("tail_excess: `input") and names in e.message
+    moved = _triggers(SHADOW, "  - {detector: {type: value_cusum, query: 'p999{model=\"$model\"}', "
+                              "params: {direction: both}}}\n")
+    (p,) = _load(moved).policies
+    assert p.detectors[0].params.model_dump()["direction"] == "both"
+    schema = policy_json_schema(action_registry(), detector_registry())
+    assert "value_cusum" in schema["$defs"]["DetectorTrigger"]["properties"]["type"]["enum"]
+    jsonschema.validate(yaml.safe_load(moved), schema)
+    assert (_load(_triggers(SHADOW, TAIL_EXCESS.replace("PARAMS", "{line: 500000}"))).policies[0]
+            .detectors[0].params.model_dump()["line"] == 500000)

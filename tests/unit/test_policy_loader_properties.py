@@ -199,12 +199,14 @@ def mutations(doc: Any, values: st.SearchStrategy[Any], keys: st.SearchStrategy[
     return mutated()
 
 
+@pytest.mark.slow
 @PROPERTIES
 @given(_yaml_text)
 def test_any_text_loads_or_fails_readably(text: str):
     _readable(_load_text(text), "p.yaml")
 
 
+@pytest.mark.slow
 @PROPERTIES
 @given(st.one_of(_values, mutations(GOOD_DOC, _values)), st.booleans())
 def test_any_yaml_document_loads_or_fails_readably(doc: Any, flow: bool):
@@ -215,6 +217,7 @@ def test_any_yaml_document_loads_or_fails_readably(doc: Any, flow: bool):
     _readable(_load_text(text), "p.yaml")
 
 
+@pytest.mark.slow
 @PROPERTIES
 @given(st.lists(st.binary(max_size=200), min_size=1, max_size=3))
 def test_any_bytes_in_a_directory_load_or_fail_readably(tmp_path: Path, contents: list[bytes]):

@@ -4,9 +4,7 @@ tail_excess Detections, the per-watch memos of label keys and companion pairs, a
 gauges observed in one call."""
 from __future__ import annotations
 
-import math
 import re
-from typing import Any, Mapping
 
 import numpy as np
 import pytest
@@ -18,13 +16,12 @@ from core.detection import Detection
 from core.query import Series, series_key
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import RangeResult
-from daemon.workers.poller import LabelMemo, PairingMemo, gauge_series, pair_companions
+from daemon.workers.poller import gauge_series
+from daemon.workers.series_pairing import LabelMemo, PairingMemo, pair_companions
 from detectors._counter_steps import counter_steps
-from detectors._excess_cusum import sum_since
-from detectors.tail_excess import (
-    NO_COUNTS, NO_DATA, SHORT_HISTORY, STALE, ExcessBatch, TailExcessParams, _fmt, batch_detections,
-    evaluate_excess_batch,
-)
+from detectors.sequential.thresholds import STORE
+from detectors.tail_excess import TailExcessDetector
+from detectors.tail_excess_batch import sum_since
 
 
 # ---- counter increments ---------------------------------------------------------------------
@@ -67,6 +64,7 @@ def counters(rng: np.random.Generator, rows: int, cols: int, gap_share: float) -
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(0, 12), cols=st.integers(0, 9),
        gap_share=st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+@pytest.mark.slow
 def test_counter_steps_equal_the_general_rule(seed: int, rows: int, cols: int, gap_share: float) -> None:
     latency, requests = counters(np.random.default_rng(seed), rows, cols, gap_share)
     if seed % 5 == 0:  # other dtypes keep the dtypes they always gave
@@ -106,73 +104,34 @@ def test_sum_since_equals_the_running_sum(seed: int, rows: int, cols: int) -> No
 
 # ---- tail_excess Detections -----------------------------------------------------------------
 
-def reference_detection(b: ExcessBatch, row: int, p: TailExcessParams, kind: str,
-                        labels: Mapping[str, str]) -> Detection:
-    """One row's Detection as the detector built it one row at a time, every text formatted here."""
-    f = b.facts
-    status, latest, first, stat = f.status[row], f.latest[row], f.first_seen[row], f.statistic[row]
-    bulk = f.last_allowance[row] / (1.0 + p.bulk_slack)
-    units, reqs = f.episode_units[row], f.episode_requests[row]
-    details: dict[str, Any] = {
-        "input": "counters", "cusum": stat, "episode_slow_equivalents": units, "episode_requests": reqs,
-        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
-    }
-    if "version" in labels:
-        details["version"] = labels["version"]
-    if first >= 0:
-        details["series_first_seen"] = f.timestamps[first]
-
-    def make(fired: bool, reason: str, **kw: Any) -> Detection:
-        return Detection(detector=kind, fired=fired, reason=reason, value=stat,
-                         baseline=bulk if math.isfinite(bulk) else None,
-                         threshold=p.decision_threshold, score=stat / p.decision_threshold,
-                         details=details, **kw)
-
-    if status == NO_DATA:
-        return make(False, "no data: no samples of both counters in the lookback window")
-    if status == NO_COUNTS:
-        return make(False, "no request counter: tail_excess needs companionQuery (the request count)")
-    if status == STALE:
-        return make(False, f"stale: newest sample at {f.timestamps[latest]:.0f} is older than "
-                           f"{p.max_staleness_seconds:g} s")
-    if status == SHORT_HISTORY:
-        return make(False, "too little history: no step with a bulk to compare against yet")
-    start = f.episode_start[row]
-    share = units / reqs if reqs > 0 else 0.0
-    what = (f"~{units:.1f} requests' worth of latency above {_fmt(p.counter_line)} in {reqs:.0f} requests "
-            f"({share:.2%} vs {1 - p.quantile:.2%} allowed); CUSUM {stat:.2f}")
-    if not f.fired[row]:
-        return make(False, f"{what} < {p.decision_threshold:g}" if start >= 0
-                    else f"no excess over the bulk ({_fmt(bulk)} per request); CUSUM 0")
-    onset = f.timestamps[start]
-    if first >= 0:
-        details["onset_after_first_sample_s"] = onset - f.timestamps[first]
-    cols = np.flatnonzero(np.nan_to_num(b.run.units[row]) > 0)
-    cols = cols[cols >= start][-20:]
-    evidence = tuple((float(b.timestamps[i]), float(b.run.units[row, i])) for i in cols)
-    return make(True, f"{what} >= {p.decision_threshold:g}", episode_start=onset, evidence=evidence)
-
-
+@pytest.mark.slow  # each new traffic the examples draw derives its thresholds
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf, as ever
-@settings(max_examples=60, deadline=None)
+@pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 30), cols=st.integers(1, 40),
-       line=st.sampled_from([5e3, 5e5]), stale=st.sampled_from([30.0, 2.0]))
+       line=st.sampled_from([5e3, 5e5]), stale=st.sampled_from([30.0, 2.0]),
+       evidence=st.sampled_from(["counters", "histogram"]))
 def test_batch_detections_equal_one_row_at_a_time(seed: int, rows: int, cols: int, line: float,
-                                                   stale: float) -> None:
-    """Every status, fired and quiet rows, tails planted; compared by repr (exact floats, NaN too)."""
+                                                   stale: float, evidence: str) -> None:
+    """Every status, fired and quiet rows, tails planted: the batch path decides each row as the
+    single-series path does; compared by repr (exact floats, NaN too)."""
     rng = np.random.default_rng(seed)
     latency, requests = counters(rng, rows, cols, 0.3)
     tail = rng.random(rows) < 0.5
     latency[tail, cols // 2:] += np.cumsum(rng.binomial(1, 0.5, (int(tail.sum()), cols - cols // 2)), axis=1) * 1e6
     requests[rng.random(rows) < 0.1] = np.nan  # no request counter
-    grid = 1_767_225_600.0 + 5.0 * np.arange(cols)
-    now = float(grid[-1]) if cols else 1_767_225_600.0
-    p = TailExcessParams.model_validate({"line": line, "lookback_seconds": 600, "bulk_window_seconds": 15,
-                                         "max_staleness_seconds": stale})
-    batch = evaluate_excess_batch(p, grid, latency, requests, now + float(rng.choice([0.0, 10.0])))
+    grid = tuple(1_767_225_600.0 + 5.0 * np.arange(cols))
+    now = (grid[-1] if cols else 1_767_225_600.0) + float(rng.choice([0.0, 10.0]))
+    det = TailExcessDetector({"line": line, "lookback_seconds": 600, "bulk_window_seconds": 15,
+                              "max_staleness_seconds": stale, "evidence": evidence})
     labels = [{"pod": str(i), **({"version": "2"} if i % 2 else {})} for i in range(rows)]
-    got = batch_detections(batch, p, "tail_excess", labels)
-    want = [reference_detection(batch, i, p, "tail_excess", labels[i]) for i in range(rows)]
+    primary = [Series({"__name__": "a", **lab}, grid, tuple(latency[i])) for i, lab in enumerate(labels)]
+    totals = [Series({"__name__": "b", **lab}, grid, tuple(requests[i])) for i, lab in enumerate(labels)]
+    det.detect_many(primary, now, totals)
+    [det.detect(p, now, t) for p, t in zip(primary, totals)]
+    assert STORE.wait()  # the thresholds of every traffic seen derived: both paths read the same ones
+    got = det.detect_many(primary, now, totals)
+    want = [det.detect(p, now, t) for p, t in zip(primary, totals)]
     assert [repr(d) for d in got] == [repr(d) for d in want]
 
 
@@ -215,9 +174,10 @@ def test_memos_equal_the_functions_through_churn(cycles: list[tuple[int, float]]
 @settings(max_examples=60, deadline=None)
 @given(cycles=st.lists(st.tuples(st.integers(0, 80), st.integers(0, 2**32 - 1)), min_size=1, max_size=5),
        cap=st.integers(1, 20))
+@pytest.mark.slow
 def test_observe_many_equals_one_by_one(cycles: list[tuple[int, int]], cap: int) -> None:
     """The same gauges, the same dropped count and the same places, past the cap and through
-    evictions of idle series."""
+    evictions of idle series, as one by one and then the series not in the cycle forgotten."""
     one, many = Metrics(), Metrics()
     for m in (one, many):
         m.detector.max_series_per_policy, m.detector.idle_seconds = cap, 20.0
@@ -228,6 +188,7 @@ def test_observe_many_equals_one_by_one(cycles: list[tuple[int, int]], cap: int)
                                 baseline=None if rng.random() < 0.3 else 1.0, threshold=13.0) for _ in names]
         now = 10.0 * k
         placed = [one.detector.observe("p", 0, s, d, now) for s, d in zip(names, detections)]
+        one.detector.forget("p", 0, keep_at=now)  # what observe_many does after the pairs: series gone go
         assert many.detector.observe_many("p", 0, names, detections, now) == placed.count(False)
     assert exposition(many) == exposition(one)
 

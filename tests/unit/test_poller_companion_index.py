@@ -6,7 +6,7 @@ from typing import Mapping
 
 from core.query import Series
 from daemon.sources.prometheus import RangeResult
-from daemon.workers.poller import IDENTITY_IGNORED, companion_for, pair_companions
+from daemon.workers.series_pairing import IDENTITY_IGNORED, companion_for, pair_companions
 
 
 def _scan(series: Series, companions: RangeResult) -> Series | None:

@@ -366,6 +366,7 @@ async def test_a_step_of_a_fraction_of_a_second_is_always_a_full_query() -> None
     assert (cache.full_queries, cache.incremental_queries) == (3, 0)
 
 
+@pytest.mark.slow
 async def test_memory_stays_within_lookback_times_series() -> None:
     """300 cycles with a new series every cycle and each living 20 cycles: at most lookback/step+1
     points per series held, series without points forgotten, a query no one asks for dropped."""

@@ -49,6 +49,7 @@ def incident_report(table_rows: int = 3) -> Report:
     )
 
 
+@pytest.mark.slow
 def test_png_is_a_real_png_of_sane_dimensions(tmp_path: Path) -> None:
     """The file starts with the PNG signature, is some kilobytes, and is wider than tall-ish bounds."""
     path = render_png(incident_report(), tmp_path / "sub" / "report.png")
@@ -73,6 +74,15 @@ def test_one_panel_per_panel_name_sharing_the_time_axis() -> None:
     assert any(label.startswith("1 deploy:") for label in labels)
 
 
+def test_an_alert_pending_twice_is_one_legend_entry() -> None:
+    """An alert that went pending, resolved and went pending again shades twice, named once."""
+    report = incident_report(table_rows=0)
+    report.spans.insert(0, Span(T0 + 20, T0 + 30, "TritonTailLatencyHigh pending"))
+    labels = [t.get_text() for t in build_figure(report).get_axes()[0].get_legend().get_texts()]
+    assert labels.count("TritonTailLatencyHigh pending") == 1
+
+
+@pytest.mark.slow
 def test_table_adds_an_axes_under_the_panels() -> None:
     """Decisions rows are drawn in the picture too, cut to one line."""
     fig = build_figure(incident_report(table_rows=4))
@@ -95,6 +105,7 @@ def test_html_embeds_the_png_and_escapes_text(tmp_path: Path) -> None:
     assert "http://" not in page and "https://" not in page  # nothing fetched when opened
 
 
+@pytest.mark.slow
 def test_empty_and_nan_series_render(tmp_path: Path) -> None:
     """No points, all-NaN values and NaN gaps are drawn as gaps or 'no data', never an error."""
     report = Report(
@@ -133,7 +144,9 @@ def test_layout_decisions() -> None:
     assert wants_log_scale([1.0, 600.0]) and not wants_log_scale([1.0, 50.0])
     assert not wants_log_scale([0.0, 1.0, 600.0]) and not wants_log_scale([math.nan])
     assert tag_levels([0.0, 0.5, 1.0, 50.0], extent=100.0) == [0, 1, 2, 0]
-    assert y_cap([100.0, 4500.0], [500.0]) == 1250.0 and y_cap([100.0, 600.0], [500.0]) is None
+    assert y_cap([100.0] * 60 + [4500.0], [500.0]) == 1250.0 and y_cap([100.0, 600.0], [500.0]) is None
+    held = [0.0] * 40 + [0.5] * 60 + [40.0]  # a share at 5x its 0.1 line for most of the run, one spike
+    assert y_cap(held, [0.1]) == pytest.approx(0.6)  # the held level in view, the spike clipped
     assert y_cap([1.0], []) is None
     assert colour_keys(["P50 a", "P99.9 Prometheus", "P99.9 clients", "weight v1", "weight v2"]) == {
         "P50 a": 0, "P99.9 Prometheus": 1, "P99.9 clients": 1, "weight v1": 2, "weight v2": 3}

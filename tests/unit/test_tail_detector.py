@@ -5,6 +5,7 @@ import numpy as np
 import pydantic
 import pytest
 
+from core.detection import RecoveryLine, Side
 from core.query import Series
 from detectors.tail import TailAnomalyDetector, TailAnomalyParams
 
@@ -35,6 +36,17 @@ def test_fires_on_p999_jump_210_to_890():
     assert d.threshold is not None and 260 <= d.threshold < 890
     assert d.score is not None and d.score > 5
     assert [t for t, _ in d.evidence] == list(ts[-6:])
+
+
+def test_a_firing_detection_draws_its_threshold_as_the_recovery_line():
+    """The threshold drawn from the pre-episode baseline is the line recovery holds below; a quiet
+    detection draws none."""
+    ts, vs = grid(), noisy(210, 15)
+    vs[-6:] = noisy(890, 40, 6, seed=1)
+    d = detector().detect(Series({}, ts, vs), now=ts[-1])
+    assert d.threshold is not None and d.recovery_line == RecoveryLine(d.threshold, Side.BELOW, "threshold")
+    assert detector().params.recovery_rule.good is Side.BELOW
+    assert detector().detect(Series({}, ts, noisy(210, 15)), now=ts[-1]).recovery_line is None
 
 
 def test_does_not_fire_on_noise():

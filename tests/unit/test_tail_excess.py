@@ -12,7 +12,9 @@ import pytest
 from core.query import Series
 from detectors.registry import DETECTORS
 from detectors._grid import align
-from detectors.tail_excess import TailExcessDetector, TailExcessParams, evaluate_excess_batch
+from detectors.sequential.bank import first_alarms
+from detectors.sequential.thresholds import STORE
+from detectors.tail_excess import REPLACED, TailExcessDetector, TailExcessParams
 
 RATE = 40  # requests per second
 BULK_US = 4000.0
@@ -54,10 +56,20 @@ def first_fire(det: TailExcessDetector, lat: Series, req: Series, after: int) ->
     lookback, so one evaluation at the end holds the statistic every earlier cycle would have
     seen; `test_streaming_matches_one_evaluation` checks that equivalence."""
     grid, arrays = align([lat, req])
-    batch = evaluate_excess_batch(det.params, grid, arrays[:1], arrays[1:], float(grid[-1]))
-    hits = np.flatnonzero((batch.run.statistic[0] >= det.params.decision_threshold)
-                          & (grid - START > after))
-    return float(grid[hits[0]] - START - after) if hits.size else None
+    batch = derived(det, grid, arrays)
+    alarm, _, _ = first_alarms(batch.test.design, batch.units, batch.requests, batch.thresholds)
+    if alarm[0] < 0:
+        return None
+    at = float(batch.timestamps[alarm[0]] - START - after)
+    return at if at > 0 else None
+
+
+def derived(det: TailExcessDetector, grid, arrays):
+    """The batch evaluated once the thresholds for its traffic are derived (the first evaluation of
+    a new traffic answers the Wald bound while they are derived in the background)."""
+    det.evaluate(grid, arrays[:1], arrays[1:], float(grid[-1]))
+    assert STORE.wait()
+    return det.evaluate(grid, arrays[:1], arrays[1:], float(grid[-1]))
 
 
 def upto(s: Series, seconds: float) -> Series:
@@ -72,7 +84,32 @@ def test_registered_and_line_required() -> None:
     assert DETECTORS["tail_excess"] is TailExcessDetector
     with pytest.raises(ValueError, match="line"):
         TailExcessParams.model_validate({})
-    TailExcessParams.model_validate({"input": "values"})  # the value path needs no line
+    assert TailExcessParams.model_validate({"line": LINE_US}).recovery_rule is None  # counters hold no level
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"input": "values"}, "`input: values` moved to its own detector: use `type: value_cusum`"),
+    ({"input": "values", "values": {"direction": "both"}, "line": LINE_US}, "use `type: value_cusum`"),
+    ({"values": {"direction": "both"}}, "use `type: value_cusum`"),
+    ({"input": "counters", "line": LINE_US}, "takes counters only (delete the `input:` line); one value series is "
+                                             "`type: value_cusum`"),
+])
+def test_the_value_path_is_gone_and_its_keys_name_value_cusum(params: dict, message: str) -> None:
+    """`input` and `values` fail with one error that names the detector they moved to."""
+    with pytest.raises(ValueError) as caught:
+        TailExcessParams.model_validate(params)
+    (error,) = caught.value.errors()  # one line, not one per key
+    assert message in error["msg"] and error["msg"].startswith("tail_excess: `input")
+
+
+@pytest.mark.parametrize("params", [{"line": LINE_US, "decision_threshold": 13},
+                                    {"line": LINE_US, "rate_ratio": 10, "decision_threshold": 20}])
+def test_the_bare_operating_point_is_gone_and_names_the_rate(params: dict) -> None:
+    """decision_threshold and rate_ratio fail with one line naming false_alarm_days."""
+    with pytest.raises(ValueError) as caught:
+        TailExcessParams.model_validate(params)
+    (error,) = caught.value.errors()
+    assert error["msg"] == REPLACED and "false_alarm_days" in REPLACED
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
@@ -83,7 +120,8 @@ def test_fires_on_a_half_percent_tail_and_names_the_version(seed: int) -> None:
     d = DET.detect(lat, START + 240, req)
     assert d.fired and d.details["version"] == "2"
     assert d.episode_start is not None and d.episode_start > START + 120
-    assert d.details["episode_slow_equivalents"] / d.details["episode_requests"] > 0.001
+    assert d.details["episode_above_line"] / d.details["episode_requests"] > 0.001
+    assert d.details["assumed"]["derived"] and d.details["assumed"]["false_alarm_days"] == 30
 
 
 def test_episode_start_is_stable_across_cycles() -> None:
@@ -167,12 +205,3 @@ def test_batch_path_decides_each_row_like_the_single_path() -> None:
     single = [DET.detect(lat, START + 300, req) for lat, req in zip(lats, reqs)]
     assert [d.fired for d in many] == [d.fired for d in single]
     assert [d.fired for d in many] == [False, True, False, True]
-
-
-def test_value_path_fires_on_a_step_up() -> None:
-    det = TailExcessDetector({"input": "values"})
-    ts = tuple(START + 5.0 * i for i in range(400))
-    rng = np.random.default_rng(0)
-    vals = tuple(float(v) for v in np.r_[rng.normal(10, 0.5, 380), rng.normal(40, 0.5, 20)])
-    d = det.detect(Series({"model": "ranker"}, ts, vals), ts[-1])
-    assert d.fired and d.details["input"] == "values"

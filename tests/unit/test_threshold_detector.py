@@ -5,6 +5,7 @@ import numpy as np
 import pydantic
 import pytest
 
+from core.detection import RecoveryLine, RecoveryRule, Side
 from core.query import Series
 from detectors.threshold import ThresholdDetector, ThresholdParams
 
@@ -48,6 +49,18 @@ def test_below_direction():
     s, now = series([100] * 10 + [5, 4, 3])
     d = ThresholdDetector({"threshold": 10, "direction": "below"}).detect(s, now)
     assert d.fired
+
+
+def test_the_threshold_is_the_recovery_line_on_the_side_opposite_the_breach():
+    """Above: recovers below the threshold; below: above it. The params say so before detecting."""
+    s, now = series([200] * 10 + [850, 200, 900, 880, 210])
+    assert p999_detector().detect(s, now).recovery_line == RecoveryLine(800.0, Side.BELOW, "threshold")
+    assert p999_detector().params.recovery_rule == RecoveryRule(Side.BELOW, 800.0)
+    s, now = series([100] * 10 + [5, 4, 3])
+    below = ThresholdDetector({"threshold": 10, "direction": "below"})
+    assert below.detect(s, now).recovery_line == RecoveryLine(10.0, Side.ABOVE, "threshold")
+    assert below.params.recovery_rule == RecoveryRule(Side.ABOVE, 10.0)
+    assert p999_detector().detect(*series([200] * 15)).recovery_line is None
 
 
 def test_stale_and_empty_do_not_fire():

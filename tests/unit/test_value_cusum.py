@@ -1,12 +1,16 @@
-"""Tests of detectors/value_cusum.py: the CUSUM value path on synthetic latency series (ms)."""
+"""Tests of detectors/value_cusum.py: the value CUSUM on synthetic latency series (ms), and its
+registered detector `value_cusum`."""
 from __future__ import annotations
 
 import numpy as np
 import pydantic
 import pytest
 
+from core.detection import RecoveryLine, Side
+from core.query import Series
+from detectors.registry import DETECTORS
 from detectors.value_cusum import (
-    NO_DATA, OK, SHORT_HISTORY, STALE, ValueCusumParams, evaluate_value_cusum,
+    NO_DATA, OK, SHORT_HISTORY, STALE, ValueCusumDetector, ValueCusumParams, evaluate_value_cusum,
 )
 from evaluation.cusum_eval import EVAL_PARAMS, evaluate, stream_onsets
 from evaluation.nab_data import load_series
@@ -53,6 +57,7 @@ def test_single_spike_does_not_fire():
     assert not b.fired[0] and 0 < b.statistic[0] <= PARAMS.max_step_sigmas
 
 
+@pytest.mark.slow
 def test_quiet_on_stationary_noise():
     """20 seeded noisy series streamed over 2,000 cycles each: at most 2 false episodes in all."""
     onsets = sum(int(stream_onsets(PARAMS, noisy(210, 15, 2000, seed=s))[1].sum()) for s in range(20))
@@ -153,6 +158,49 @@ def test_params_are_strict():
         ValueCusumParams.model_validate({"direction": "down"})
 
 
+def test_registered_as_its_own_detector_and_fires_on_a_step_up():
+    """`type: value_cusum` is the value CUSUM (what tail_excess's `input: values` was): it fires on a
+    step up with the batch's verdict, and draws its recovery line where points stop adding evidence,
+    the pre-episode baseline plus the drift allowance, recovering below it."""
+    assert DETECTORS["value_cusum"] is ValueCusumDetector
+    ts = tuple(T0 + 5.0 * i for i in range(400))
+    rng = np.random.default_rng(0)
+    vals = tuple(float(v) for v in np.r_[rng.normal(10, 0.5, 380), rng.normal(40, 0.5, 20)])
+    det = ValueCusumDetector({})
+    d = det.detect(Series({"model": "ranker"}, ts, vals), ts[-1])
+    batch = evaluate_value_cusum(PARAMS, np.array(ts), np.array(vals)[None, :], ts[-1])
+    assert d.fired and batch.fired[0] and d.episode_start == ts[int(batch.episode_start[0])]
+    assert d.detector == "value_cusum" and d.details["direction"] == 1
+    base, scale = float(batch.baseline[0]), float(batch.scale[0])
+    allowance = max(PARAMS.drift_sigmas * scale, PARAMS.min_relative_change * base)
+    assert d.recovery_line == RecoveryLine(base + allowance, Side.BELOW, "baseline + allowance")
+    assert 10.0 < d.recovery_line.level < 40.0
+    assert det.lookback_seconds == PARAMS.lookback_seconds
+    assert det.detect_many([Series({"model": "ranker"}, ts, vals)], ts[-1]) == [d]
+
+
+def test_a_drop_seen_by_both_sides_recovers_above_its_line():
+    """direction both: a step down fires from the mirrored side and its line is below the baseline,
+    recovering above it."""
+    ts = tuple(T0 + 5.0 * i for i in range(400))
+    rng = np.random.default_rng(1)
+    vals = tuple(float(v) for v in np.r_[rng.normal(100, 2, 380), rng.normal(20, 2, 20)])
+    d = ValueCusumDetector({"direction": "both"}).detect(Series({"model": "ranker"}, ts, vals), ts[-1])
+    assert d.fired and d.details["direction"] == -1
+    assert d.recovery_line is not None and d.recovery_line.good is Side.ABOVE
+    assert 20.0 < d.recovery_line.level < d.baseline  # type: ignore[operator]
+
+
+def test_quiet_or_undecided_detections_draw_no_line_and_bad_data_never_raises():
+    """Only a firing detection draws a line; malformed series answer with a reason."""
+    ts = grid()
+    quiet = ValueCusumDetector({}).detect(Series({}, tuple(ts), tuple(noisy(210, 15))), float(ts[-1]))
+    assert not quiet.fired and quiet.recovery_line is None
+    bad = ValueCusumDetector({}).detect(Series({}, (1.0, 2.0), (1.0,)), 2.0)
+    assert not bad.fired and bad.reason.startswith("malformed series")
+
+
+@pytest.mark.slow
 def test_nab_standard_score_beats_windowed_gaussian():
     """The NAB parameter set scores >= 30.5 on the dev subset (windowedGaussian, the lowest
     published detector there), with one parameter set for all 17 series."""

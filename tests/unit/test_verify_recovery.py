@@ -2,6 +2,7 @@
 line), the watch that samples it to a verdict, `tailguard validate` warnings and `tailguard unfreeze`."""
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from core.detection import RecoveryLine, Side
 from core.query import QueryResult, Sample, Series
-from core.signal import Signal, SignalSource
+from core.signal import Signal, SignalSource, UnsidedLine
 from daemon.sources.prometheus import RangeResult
 from daemon.storage.journal import Journal
 from daemon.wiring.cli import main
@@ -44,9 +46,19 @@ def _policy(model: str = "ranker", verify: str = "", detector: bool = False, ale
     return policy
 
 
-def _detector_signal(details: dict[str, Any], name: str = "tail_anomaly") -> Signal:
+def _detector_signal(details: dict[str, Any], name: str = "tail_anomaly", line: RecoveryLine | None = None) -> Signal:
     return Signal(SignalSource.DETECTOR, name, {"model": "ranker"}, datetime.now(timezone.utc), "detector:k",
-                  value=900_000.0, policy="ranker-tail", details={"query": P999, **details})
+                  value=900_000.0, policy="ranker-tail", details={"query": P999, **details}, recovery_line=line)
+
+
+def _summary_of_the_previous_version(details: dict[str, Any], name: str = "tail_anomaly") -> dict[str, Any]:
+    """A detector signal's summary as the version before lines were typed journaled it: the line only
+    in the details the poller wrote (`threshold`, `baseline`, tail_excess's `input`)."""
+    return {"source": "detector", "name": name, "labels": {"model": "ranker"},
+            "observed_at": "2026-12-01T10:00:00+00:00", "dedup_key": "detector:ranker-tail:0:abc",
+            "status": "firing", "value": 900000.0, "policy": "ranker-tail",
+            "details": {"reason": "3/5 recent points above 108500", "score": 7.5, "episode_start": 1.7e9,
+                        "query": P999, "evidence": [[1.7e9, 900000.0]], **details}}
 
 
 def _alert_signal() -> Signal:
@@ -112,7 +124,8 @@ def test_verify_block_renders_the_model_escaped():
 
 def test_detector_default_holds_below_the_threshold_drawn_at_the_episode_start():
     """No verify block: a detector signal is checked on the detector's query, below its threshold."""
-    check = recovery_check(_policy(detector=True), _detector_signal({"threshold": 108_500.0, "baseline": 8_523.0}))
+    line = RecoveryLine(108_500.0, Side.BELOW, "threshold")
+    check = recovery_check(_policy(detector=True), _detector_signal({}, line=line))
     assert check is not None
     assert check.query == P999.replace("$model", "ranker")
     assert (check.condition.below, check.condition.above) == (108_500.0, None)
@@ -123,21 +136,71 @@ def test_detector_default_holds_below_the_threshold_drawn_at_the_episode_start()
 
 
 def test_detector_default_falls_back_to_the_baseline_and_follows_the_direction():
-    """Without a threshold the baseline is the line; a detector that fires below recovers above."""
-    check = recovery_check(_policy(detector=True), _detector_signal({"threshold": None, "baseline": 8_523.0}))
+    """A line drawn from the baseline is named so; a line whose good side is above is held above."""
+    check = recovery_check(_policy(detector=True), _detector_signal({}, line=RecoveryLine(8_523.0, Side.BELOW,
+                                                                                          "baseline")))
     assert check is not None and check.condition.below == 8_523.0
     assert "baseline" in check.source
     policy = _policy(detector=True, detector_type="threshold", params="{threshold: 10, direction: below}")
-    check = recovery_check(policy, _detector_signal({"threshold": 10.0}, name="threshold"))
+    check = recovery_check(policy, _detector_signal({}, name="threshold", line=RecoveryLine(10.0, Side.ABOVE,
+                                                                                             "threshold")))
     assert check is not None and (check.condition.below, check.condition.above) == (None, 10.0)
 
 
 def test_no_check_without_a_line_or_a_verify_block():
     """An alert on an alert-only policy (one that loads without verify: dry run), or a detector signal
-    without any line: no check."""
+    that drew no line (whatever its details hold): no check."""
     assert recovery_check(_policy(dry_run=True), _alert_signal()) is None
     assert recovery_check(_policy(detector=True), _alert_signal()) is None
-    assert recovery_check(_policy(detector=True), _detector_signal({"threshold": float("nan")})) is None
+    assert recovery_check(_policy(detector=True), _detector_signal({"threshold": 108_500.0})) is None
+
+
+def test_the_line_is_journaled_with_the_signal_and_read_back_typed():
+    """A detector signal's summary carries its line (null when it drew none), and the signal read
+    back from the journal gets the same check; alert summaries have no such key."""
+    policy = _policy(detector=True)
+    signal = _detector_signal({"threshold": 108_500.0}, line=RecoveryLine(108_500.0, Side.BELOW, "threshold"))
+    summary = json.loads(signal.summary_json())
+    assert summary["recovery_line"] == {"level": 108_500.0, "good": "below", "drawn_from": "threshold"}
+    back = Signal.from_summary(summary)
+    assert back.recovery_line == signal.recovery_line
+    assert recovery_check(policy, back) == recovery_check(policy, signal)
+    none = Signal.from_summary(json.loads(_detector_signal({"threshold": 108_500.0}).summary_json()))
+    assert none.recovery_line is None and recovery_check(policy, none) is None
+    assert "recovery_line" not in _alert_signal().summary()
+
+
+@pytest.mark.parametrize("details, detector_type, params, want", [
+    ({"threshold": 108_500.0, "baseline": 8_523.0}, "tail_anomaly", "{min_absolute_increase: 100000}",
+     (108_500.0, None, "detector tail_anomaly threshold at episode start")),
+    ({"threshold": None, "baseline": 8_523.0}, "tail_anomaly", "{min_absolute_increase: 100000}",
+     (8_523.0, None, "detector tail_anomaly baseline at episode start")),
+    ({"threshold": 10.0}, "threshold", "{threshold: 10, direction: below}",
+     (None, 10.0, "detector threshold threshold at episode start")),
+    ({"threshold": 500.0, "baseline": 480.0}, "forecast_breach", "{threshold: 500}",
+     (500.0, None, "detector forecast_breach threshold at episode start")),
+    ({"threshold": float("nan"), "baseline": None}, "tail_anomaly", "{min_absolute_increase: 100000}", None),
+    ({"threshold": True}, "tail_anomaly", "{min_absolute_increase: 100000}", None),
+    ({"input": "counters", "threshold": 13.0, "baseline": 4000.0}, "tail_excess", "{line: 500000}", None),
+])
+def test_a_signal_journaled_before_lines_were_typed_gets_the_check_it_got_then(
+        details: dict[str, Any], detector_type: str, params: str, want: tuple[Any, ...] | None):
+    """A signal still pending across the upgrade (its summary without `recovery_line`): the line comes
+    from its `threshold`, else `baseline` detail, none for counters, on the side its detector's params
+    say, as the check read them before; written back, it stays as it was journaled."""
+    policy = _policy(detector=True, detector_type=detector_type, params=params)
+    summary = _summary_of_the_previous_version(details, name=detector_type)
+    signal = Signal.from_summary(summary)
+    check = recovery_check(policy, signal)
+    if want is None:
+        assert check is None
+        return
+    assert check is not None and isinstance(signal.recovery_line, UnsidedLine)
+    assert (check.condition.below, check.condition.above, check.source) == want
+    assert check.query == P999.replace("$model", "ranker") and check.model_label == "model"
+    assert (check.condition.hold_seconds, check.condition.within_seconds, check.interval) == (60, 180, 5)
+    again = json.loads(signal.summary_json())
+    assert "recovery_line" not in again and recovery_check(policy, Signal.from_summary(again)) == check
 
 
 def test_validate_warns_about_policies_whose_alerts_get_no_recovery_check():
@@ -157,7 +220,8 @@ def test_validate_warns_about_policies_whose_alerts_get_no_recovery_check():
 
 def test_check_value_is_the_worst_series_of_the_model_and_round_trips():
     """Several series: the worst counts (all must recover); a detector default ignores other models."""
-    check = recovery_check(_policy(detector=True), _detector_signal({"threshold": 100.0}))
+    check = recovery_check(_policy(detector=True), _detector_signal({}, line=RecoveryLine(100.0, Side.BELOW,
+                                                                                          "threshold")))
     assert check is not None
     samples = [Sample({"model": "ranker", "version": "1"}, 50.0), Sample({"model": "ranker", "version": "2"}, 70.0),
                Sample({"model": "other"}, 900.0)]
@@ -294,8 +358,8 @@ def test_unfreeze_lifts_the_freeze_and_journals_it(tmp_path: Path, capsys: pytes
     config = tmp_path / "config.yaml"
     config.write_text("journal: {path: j.db}\n")
     journal = Journal(tmp_path / "j.db")
-    journal.record_freeze("default/ranker", "did not recover", time.time() + 3600, decision_id=7)
-    journal.record_freeze("default/other", "did not recover", time.time() + 3600)
+    journal.freezes.record("default/ranker", "did not recover", time.time() + 3600, decision_id=7)
+    journal.freezes.record("default/other", "did not recover", time.time() + 3600)
     journal.close()
 
     assert main(["unfreeze", "ranker", "--config", str(config), "--reason", "fixed by hand"]) == 0
@@ -305,9 +369,9 @@ def test_unfreeze_lifts_the_freeze_and_journals_it(tmp_path: Path, capsys: pytes
 
     journal = Journal(tmp_path / "j.db")
     try:
-        assert journal.active_freeze("default/ranker") is None
-        assert journal.active_freeze("default/other") is not None
-        (lifted,) = journal.freezes("default/ranker")
+        assert journal.freezes.active_on("default/ranker") is None
+        assert journal.freezes.active_on("default/other") is not None
+        (lifted,) = journal.freezes.all("default/ranker")
         assert lifted.lifted_at is not None and lifted.lifted_reason == "fixed by hand"
     finally:
         journal.close()

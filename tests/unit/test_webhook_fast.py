@@ -116,6 +116,7 @@ def bodies(draw: Any) -> bytes:
     return json.dumps(body, ensure_ascii=draw(st.booleans())).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bodies())
 def test_the_fast_path_takes_only_what_the_full_path_takes_alike(raw: bytes):

@@ -227,6 +227,7 @@ notifications:
 log:
   format: {{ .Values.log.format }}
   level: {{ .Values.log.level }}
+  access: {{ .Values.log.access | default "info" }}
 {{- end }}
 
 {{/*

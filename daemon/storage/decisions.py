@@ -1,0 +1,202 @@
+"""The decisions and steps tables: what each policy decided about each signal, the steps it took,
+its recovery check and verdict, and the executed plans the guards count."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.decision import EXPIRED_KEY, DecisionState, read_state, stored_state
+from daemon.storage.backend import Backend, Row
+from daemon.storage.blocking import blocking
+from daemon.storage.core import JournalCore, checked
+from daemon.storage.freezes import insert_freeze
+from daemon.storage.records import RECOVERY, Decision, OpenRecovery
+
+
+class Decisions:
+    """The journal's decisions, with their steps."""
+
+    def __init__(self, core: JournalCore) -> None:
+        self._core = core
+
+    # ---- writes of the acting path (fenced) -----------------------------------------------------
+
+    @blocking
+    def record(self, signal_id: int, policy: str, target: str, state: DecisionState, reason: str,
+               plan: dict[str, Any], executed: bool) -> int:
+        """The decision of `policy` on the signal (one per signal and policy: recording it again
+        updates it); its id."""
+        checked(policy=policy, target=target, state=state, reason=reason)
+        core = self._core
+
+        def run() -> int:
+            # The claim: which replica, in which term, decided (a new leader resuming it claims it anew).
+            fence = core.fence
+            holder, term = (None, None) if fence is None else (fence.holder, fence.term)
+            row = core._db.execute(
+                "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed, holder, term)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(signal_id, policy) DO UPDATE SET state=excluded.state,"
+                " reason=excluded.reason, plan=excluded.plan, executed=CASE WHEN excluded.executed > decisions.executed"
+                " THEN excluded.executed ELSE decisions.executed END, holder=excluded.holder, term=excluded.term"
+                " RETURNING id",
+                (signal_id, policy, target, self._core.clock(), state, reason, json.dumps(plan), int(executed), holder, term),
+            ).fetchone()
+            return int(row["id"])
+
+        return core._tx(run, fenced=True)
+
+    @blocking
+    def finish(self, decision_id: int, state: DecisionState, reason: str,
+               recovery: tuple[str, dict[str, Any]] | None = None, expired: dict[str, Any] | None = None) -> None:
+        """Set the decision's final state; with `recovery` (message, data), its recovery check is
+        journaled as in flight (a pending recovery row) in the same transaction. EXPIRED needs
+        `expired` (why, age): stored as failed with it in the plan (`core.decision.stored_state`)."""
+        checked(state=state, reason=reason)
+        if (state is DecisionState.EXPIRED) != (expired is not None):
+            raise ValueError("an expired decision, and only one, says why it expired")
+        db = self._core._db
+
+        def run() -> None:
+            if expired is not None:
+                row = db.execute("SELECT plan FROM decisions WHERE id=?", (decision_id,)).fetchone()
+                plan = {**(json.loads(row["plan"]) if row is not None else {}), EXPIRED_KEY: expired}
+                db.execute("UPDATE decisions SET state=?, reason=?, plan=? WHERE id=?",
+                           (stored_state(state), reason, json.dumps(plan, default=str), decision_id))
+            else:
+                db.execute("UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id))
+            if recovery is not None:
+                _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, "pending", recovery[0], recovery[1], None,
+                             self._core.clock())
+
+        self._core._tx(run, fenced=True)
+
+    @blocking
+    def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
+                    message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
+        db = self._core._db
+        self._core._tx(lambda: _insert_step(db, decision_id, idx, action, phase, status, message, data,
+                                            duration_seconds, self._core.clock()), fenced=True)
+
+    @blocking
+    def record_verdict(self, decision_id: int, status: str, message: str, data: dict[str, Any],
+                       freeze: tuple[str, str, float] | None = None) -> int | None:
+        """The recovery verdict (a recovery row with `status`), and with `freeze` (target, reason,
+        until) the target's freeze that escalates it, in one transaction. Returns the freeze's id."""
+        if freeze is not None:
+            checked(target=freeze[0], reason=freeze[1])
+        db = self._core._db
+
+        def run() -> int | None:
+            _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, status, message, data, None, self._core.clock())
+            if freeze is None:
+                return None
+            return insert_freeze(db, freeze[0], freeze[1], freeze[2], decision_id, at=self._core.clock())
+
+        return self._core._tx(run, fenced=True)
+
+    # ---- reads ----------------------------------------------------------------------------------
+
+    @blocking
+    def get(self, decision_id: int) -> Decision | None:
+        rows = self._core._read("SELECT * FROM decisions WHERE id=?", (decision_id,))
+        return decision_from_row(rows[0]) if rows else None
+
+    @blocking
+    def for_signal(self, signal_id: int, policy: str) -> Decision | None:
+        """The decision of `policy` on the signal, if it made one."""
+        rows = self._core._read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
+        return decision_from_row(rows[0]) if rows else None
+
+    @blocking
+    def unfinished_for_signal(self, signal_id: int) -> list[Decision]:
+        """The signal's decisions still `executing` (whatever policy made them), in id order."""
+        rows = self._core._read("SELECT * FROM decisions WHERE signal_id=? AND state=? ORDER BY id",
+                                (signal_id, DecisionState.EXECUTING.value))
+        return [decision_from_row(r) for r in rows]
+
+    @blocking
+    def all(self, policy: str | None = None) -> list[Decision]:
+        """Every decision (of one policy when given), in id order."""
+        if policy is None:
+            rows = self._core._read("SELECT * FROM decisions ORDER BY id")
+        else:
+            rows = self._core._read("SELECT * FROM decisions WHERE policy=? ORDER BY id", (policy,))
+        return [decision_from_row(r) for r in rows]
+
+    @blocking
+    def steps(self, decision_id: int) -> list[dict[str, Any]]:
+        """The decision's step rows, their data decoded, in order."""
+        rows = self._core._read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
+        return [dict(r) | {"data": json.loads(r["data"])} for r in rows]
+
+    @blocking
+    def open_recoveries(self) -> list[OpenRecovery]:
+        """Decisions whose recovery is unsettled (what a restart resumes), oldest first: the last
+        recovery row is pending, or it is a verdict whose follow-up revert has not finished the
+        decision (still `succeeded`)."""
+        rows = self._core._read(
+            "SELECT d.*, s.id AS row_id, s.status AS row_status, s.message AS row_message, s.data AS row_data,"
+            " s.at AS row_at FROM decisions d JOIN steps s ON s.decision_id = d.id"
+            " WHERE s.phase = ? AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id AND phase = ?)"
+            " AND (s.status = 'pending' OR (d.state = ? AND " + self._core._db.json_text("s.data", "follow_up")
+            + " = 'revert' AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
+            (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
+        return [OpenRecovery(decision_from_row(r), {"id": r["row_id"], "status": r["row_status"],
+                                                    "message": r["row_message"], "data": json.loads(r["row_data"]),
+                                                    "at": r["row_at"]}) for r in rows]
+
+    @blocking
+    def latest(self) -> list[dict[str, Any]]:
+        """The latest decision of every (policy, target), with the signal it answered (operator status)."""
+        expired = self._core._db.json_text("d.plan", EXPIRED_KEY)
+        rows = self._core._read(
+            "SELECT d.id, d.policy, d.target, d.at,"
+            f" CASE WHEN d.state = 'failed' AND {expired} IS NOT NULL THEN 'expired' ELSE d.state END AS state,"
+            " d.reason, s.name AS signal_name,"
+            " s.source AS signal_source, s.received_at AS signal_at FROM decisions d"
+            " JOIN signals s ON s.id = d.signal_id"
+            " WHERE d.id IN (SELECT MAX(id) FROM decisions GROUP BY policy, target) ORDER BY d.target, d.policy")
+        return [dict(r) for r in rows]
+
+    # ---- executed plans (guards), local and imported (guard_marks) -------------------------------
+
+    @blocking
+    def guard_history(self, policy: str, target: str, window_seconds: float,
+                      now: float | None = None) -> tuple[float | None, int]:
+        """(time of the last executed plan, executed plans within the window)."""
+        now = self._core.clock() if now is None else now
+        # UNION (not UNION ALL): a mark this journal exported and imported back is one plan.
+        rows = self._core._read(
+            "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM ("
+            " SELECT at FROM decisions WHERE policy=? AND target=? AND executed=1"
+            " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?) AS plans",
+            (now - window_seconds, policy, target, policy, target),
+        )
+        last = rows[0]["last"]
+        return (None if last is None else float(last)), int(rows[0]["n"] or 0)
+
+    @blocking
+    def executed_marks(self, since: float) -> list[tuple[str, str, float]]:
+        """(policy, target, at) of every executed plan after `since`, local or imported."""
+        rows = self._core._read(
+            "SELECT policy, target, at FROM decisions WHERE executed=1 AND at > ?"
+            " UNION SELECT policy, target, at FROM guard_marks WHERE at > ? ORDER BY policy, target, at",
+            (since, since))
+        return [(r["policy"], r["target"], float(r["at"])) for r in rows]
+
+
+def _insert_step(db: Backend, decision_id: int, idx: int, action: str, phase: str, status: str,
+                 message: str, data: dict[str, Any], duration_seconds: float | None, at: float) -> None:
+    checked(action=action, phase=phase, status=status, message=message)
+    db.execute(
+        "INSERT INTO steps(decision_id, idx, action, phase, status, message, data, at, duration_seconds)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (decision_id, idx, action, phase, status, message, json.dumps(data, default=str),
+         at, duration_seconds))
+
+
+def decision_from_row(r: Row) -> Decision:
+    plan = json.loads(r["plan"])
+    return Decision(r["id"], r["signal_id"], r["policy"], r["target"], r["at"], read_state(r["state"], plan),
+                    r["reason"], plan, bool(r["executed"]))

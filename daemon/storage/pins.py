@@ -1,0 +1,101 @@
+"""The pins and pin_history tables: the version each target must serve (re-applied to new replicas)
+and the pins that ended, with why."""
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.storage.backend import Backend
+from daemon.storage.bad_versions import insert_mark
+from daemon.storage.blocking import blocking
+from daemon.storage.core import JournalCore, checked
+
+
+class Pins:
+    """The journal's pins, live and ended."""
+
+    def __init__(self, core: JournalCore) -> None:
+        self._core = core
+
+    @blocking
+    def record(self, target: str, model: str, version: int, *, from_version: int | None = None,
+               decision_id: int | None = None, reason: str = "", policy: str | None = None) -> None:
+        """Remember that `target` must serve only `version` (re-applied to new replicas).
+
+        `from_version` (the version rolled back from) is marked bad for `target` when it is newer
+        than `version`, with `reason` and `decision_id`; the signal's name is taken from the decision.
+        """
+        checked(target=target, model=model, reason=reason, policy=policy)
+        db = self._core._db
+
+        def run() -> None:
+            signal = None
+            if decision_id is not None:
+                row = db.execute("SELECT s.name FROM decisions d JOIN signals s ON s.id=d.signal_id"
+                                 " WHERE d.id=?", (decision_id,)).fetchone()
+                signal = row["name"] if row is not None else None
+            now = self._core.clock()
+            db.execute(
+                "INSERT INTO pins(target, model, version, at, from_version, decision_id, signal, reason, policy)"
+                " VALUES (?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
+                " at=excluded.at, from_version=COALESCE(excluded.from_version, pins.from_version),"
+                " decision_id=COALESCE(excluded.decision_id, pins.decision_id),"
+                " signal=COALESCE(excluded.signal, pins.signal), reason=excluded.reason,"
+                " policy=COALESCE(excluded.policy, pins.policy)",
+                (target, model, version, now, from_version, decision_id, signal, reason, policy))
+            if from_version is not None and from_version > version:
+                insert_mark(db, target, from_version,
+                            f"rolled back to {version}" + (f" by decision {decision_id}" if decision_id else "")
+                            + (f" ({signal})" if signal else "") + (f": {reason}" if reason else ""),
+                            decision_id, now)
+
+        self._core._tx(run, fenced=True)
+
+    @blocking
+    def end(self, target: str, reason: str, *, unmark_decision: bool = False) -> dict[str, Any] | None:
+        """End the live pin of `target`: moved to pin_history with `reason`. Returns the ended pin,
+        or None when there was none. `unmark_decision`: also clear the bad-version marks the pin's
+        decision made (its rollback was reverted)."""
+        checked(target=target, reason=reason)
+        db = self._core._db
+
+        def run() -> dict[str, Any] | None:
+            row = db.execute("SELECT * FROM pins WHERE target=?", (target,)).fetchone()
+            if row is None:
+                return None
+            pin, now = dict(row), self._core.clock()
+            insert_ended(db, pin, now, reason)
+            db.execute("DELETE FROM pins WHERE target=?", (target,))
+            if unmark_decision and pin["decision_id"] is not None:
+                db.execute("UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=?"
+                           " AND decision_id=? AND cleared_at IS NULL",
+                           (now, f"pin ended: {reason}", target, pin["decision_id"]))
+            return {**pin, "ended_at": now, "ended_reason": reason}
+
+        return self._core._tx(run)
+
+    @blocking
+    def clear(self, target: str, reason: str = "cleared") -> None:
+        """End the pin of `target` (a reverted rollback): its decision's bad-version marks are cleared."""
+        self.end(target, reason, unmark_decision=True)
+
+    @blocking
+    def live(self) -> list[dict[str, Any]]:
+        """The live pins."""
+        return [dict(r) for r in self._core._read("SELECT * FROM pins")]
+
+    @blocking
+    def ended(self, target: str | None = None) -> list[dict[str, Any]]:
+        """Pins that ended, oldest first."""
+        if target is None:
+            return [dict(r) for r in self._core._read("SELECT * FROM pin_history ORDER BY id")]
+        return [dict(r) for r in self._core._read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))]
+
+
+def insert_ended(db: Backend, pin: dict[str, Any], ended_at: float, reason: str) -> None:
+    """The pin_history row of the pins row `pin`, ended at `ended_at`, inside the caller's transaction."""
+    db.execute(
+        "INSERT INTO pin_history(target, model, version, at, from_version, decision_id, signal, reason,"
+        " policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (pin["target"], pin["model"], pin["version"], pin["at"], pin["from_version"], pin["decision_id"],
+         pin["signal"], pin["reason"] or "", pin["policy"], ended_at, reason))

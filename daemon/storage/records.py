@@ -1,0 +1,157 @@
+"""What the journal hands out and takes in: its record types, with named fields, and the few
+constants its rows use. Times are unix seconds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from core.decision import DecisionState
+from core.signal import Signal
+
+DAEMON_SCOPE = "*"  # the freezes row `target` of a freeze on the whole daemon (every target)
+FOREVER = 253402300799.0  # 9999-12-31T23:59:59Z: the `until` of a freeze that lasts until lifted
+
+RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
+
+# What recording signals returns: (id, signal) of the new ones, and how many were duplicates.
+Recorded = tuple[list[tuple[int, Signal]], int]
+# Called with the (id, signal) of the new ones once they are committed.
+OnCommit = Callable[[list[tuple[int, Signal]]], None]
+
+
+@dataclass(frozen=True)
+class StoredSignal:
+    id: int
+    dedup_key: str
+    payload: dict[str, Any]
+    state: str
+    received_at: float = 0.0  # unix time it was journaled (the age that expires it)
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: int
+    signal_id: int
+    policy: str
+    target: str
+    at: float
+    state: DecisionState
+    reason: str
+    plan: dict[str, Any]
+    executed: bool
+
+
+@dataclass(frozen=True)
+class OpenRecovery:
+    """A decision whose recovery is not settled: its check is in flight (`row` is the pending row),
+    or its verdict asked for a revert that has not finished (`row` is the verdict)."""
+
+    decision: Decision
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Freeze:
+    id: int
+    target: str
+    reason: str
+    at: float
+    until: float
+    decision_id: int | None
+    lifted_at: float | None = None
+    lifted_reason: str | None = None
+    by: str | None = None  # who froze: a token name, a ConfigMap's field manager; None: tailguard itself
+    source: str | None = None  # api | cli | configmap | escalation (None: escalation or imported)
+    lifted_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A plan waiting for an operator (`approval: required`), or what became of it."""
+
+    id: int
+    decision_id: int
+    policy: str
+    target: str
+    requested_at: float
+    deadline: float
+    status: str  # pending | approved | expired
+    decided_at: float | None = None
+    decided_by: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Term:
+    """The fencing token of the replica that acts: handed out by the journal on each takeover."""
+
+    term: int
+    holder: str
+    since: float
+    lease_transitions: int | None = None
+
+
+# ---- what the cluster state shares besides live pins and guard marks ----------------------------
+
+
+@dataclass(frozen=True)
+class PinEnd:
+    """The newest end of a target's pin: the pin made at `at` ended at `ended_at`."""
+
+    target: str
+    at: float
+    ended_at: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class BadMark:
+    """`version` of `target` marked bad at `at`, in force."""
+
+    target: str
+    version: int
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class BadClear:
+    """The marks on `version` of `target` made at or before `at` were cleared then."""
+
+    target: str
+    version: int
+    at: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class FreezeMark:
+    """A freeze of `target` made at `at`, in force until `until`."""
+
+    target: str
+    reason: str
+    at: float
+    until: float
+
+
+@dataclass(frozen=True)
+class Lift:
+    """The freezes of `target` made at or before `at` were lifted then; `until` is the latest end
+    of the freezes lifted (the lift is worth sharing while they would still be in force)."""
+
+    target: str
+    at: float
+    reason: str
+    until: float
+
+
+@dataclass(frozen=True)
+class SharedState:
+    """What the cluster state shares besides live pins and guard marks (ClusterMerge.shared_state,
+    ClusterMerge.merge)."""
+
+    pin_ends: tuple[PinEnd, ...] = ()
+    bad_marks: tuple[BadMark, ...] = ()  # in force
+    bad_clears: tuple[BadClear, ...] = ()
+    freezes: tuple[FreezeMark, ...] = ()  # in force
+    lifts: tuple[Lift, ...] = ()

@@ -1,0 +1,4 @@
+"""`python -m daemon.wiring.cli`: the `tailguard` command."""
+from daemon.wiring.cli.parser import main
+
+raise SystemExit(main())

@@ -1,0 +1,419 @@
+"""One evaluation of `tail_excess` over many series: counters or histogram buckets -> per-step
+evidence -> thresholds at each series' traffic -> the bank -> one Detection per series.
+
+Pure given the thresholds (detectors/sequential/thresholds.py derives them from the stated rate)
+and vectorized over series; the Detection of each row is built from lists read once per batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from core.detection import BudgetEvidence, Detection
+from detectors._counter_steps import counter_steps
+from detectors.base import DetectorStatus
+from detectors.sequential.acceptance import shown_above
+from detectors.sequential.bank import NONE, BankRun, run_bank
+from detectors.sequential.design import BankDesign
+from detectors.sequential.evidence import count_evidence, mass_evidence
+from detectors.sequential.thresholds import Promise
+
+# The statuses a row can have (only OK rows can fire), bound as module names: every row's checks
+# read them, and an enum member looked up on its class costs 5x as much.
+OK, NO_DATA, STALE, SHORT_HISTORY, NO_COUNTS, INCONSISTENT = (
+    DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.STALE, DetectorStatus.SHORT_HISTORY,
+    DetectorStatus.NO_COUNTS, DetectorStatus.INCONSISTENT)
+
+Thresholds = Callable[[float, float], tuple[tuple[float, ...], bool]]
+"""(requests per step, step seconds) -> (each member's threshold, derived: False while the Wald
+bound stands in)."""
+
+
+@dataclass(frozen=True)
+class Test:
+    """What one trigger's evaluation needs besides the data (built once from its params)."""
+
+    design: BankDesign
+    budget: float  # the share of requests the line allows above it (0.001 for P99.9)
+    promise_days: float
+    line: float
+    evidence: str  # counters | histogram
+    lookback_seconds: float
+    bulk_window_seconds: float
+    bulk_slack: float
+    max_staleness_seconds: float
+    sizes: tuple[float, ...]
+
+    def promise(self, step_seconds: float) -> Promise:
+        return Promise(self.promise_days, step_seconds)
+
+
+@dataclass(frozen=True)
+class RowFacts:
+    """The per-row numbers of an `ExcessBatch` as Python lists, [S] each: one `.tolist()` per array
+    for the whole batch, where reading numpy scalars row by row cost most of one Detection."""
+
+    timestamps: list[float]  # the grid, [P]
+    status: list[int]
+    fired: list[bool]
+    latest: list[int]
+    first_seen: list[int]
+    score: list[float]
+    leader: list[int]
+    statistic: list[list[float]]  # [K][S]
+    thresholds: list[list[float]]  # [K][S]
+    derived: list[bool]
+    traffic: list[float]  # requests per step over the lookback's scored steps
+    window_units: list[float]
+    window_requests: list[float]
+    episode_start: list[int]
+    episode_units: list[float]
+    episode_requests: list[float]
+    last_allowance: list[float]
+    scored_steps: list[int]
+    resets: list[int]
+    inconsistent: list[int]
+
+
+@dataclass(frozen=True)
+class ExcessBatch:
+    """One evaluation of S series on one grid of P timestamps."""
+
+    test: Test
+    timestamps: NDArray[np.float64]
+    step_seconds: float
+    units: NDArray[np.float64]  # [S x P] requests above the line per step (NaN: not scored)
+    requests: NDArray[np.float64]
+    allowance: NDArray[np.float64] | None  # counters: the per-request latency the bulk explains
+    run: BankRun
+    thresholds: NDArray[np.float64]  # [K x S]
+    derived: NDArray[np.bool_]
+    traffic: NDArray[np.float64]
+    status: NDArray[np.int8]
+    fired: NDArray[np.bool_]
+    latest: NDArray[np.int_]
+    first_seen: NDArray[np.int_]
+    resets: NDArray[np.int_]
+    inconsistent: NDArray[np.int_]
+
+    @cached_property
+    def facts(self) -> RowFacts:
+        """The per-row numbers every Detection reads, computed once for all rows."""
+        run, rows = self.run, self.status.shape[0]
+        scored = np.isfinite(self.units)
+        start = run.episode_start - (run.state.column - self.timestamps.size)  # absolute -> this grid
+        return RowFacts(
+            timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
+            latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
+            leader=run.leader.tolist(), statistic=run.state.statistic.tolist(),
+            thresholds=self.thresholds.tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
+            window_units=np.nansum(self.units, axis=1).tolist(),
+            window_requests=np.where(scored, self.requests, 0.0).sum(axis=1).tolist(),
+            episode_start=np.where(run.episode_start >= 0, start, -1).tolist(),
+            episode_units=sum_since(np.nan_to_num(self.units), np.where(run.episode_start >= 0, start, -1)).tolist(),
+            episode_requests=sum_since(np.where(scored, self.requests, 0.0),
+                                       np.where(run.episode_start >= 0, start, -1)).tolist(),
+            last_allowance=(_last_where(self.allowance, scored) if self.allowance is not None
+                            else np.full(rows, np.nan)).tolist(),
+            scored_steps=run.scored.tolist(), resets=self.resets.tolist(), inconsistent=self.inconsistent.tolist(),
+        )
+
+
+def _last_where(x: NDArray[np.float64], mask: NDArray[np.bool_]) -> NDArray[np.float64]:
+    """Per row, `x` at the last column where `mask` holds; NaN where it holds nowhere."""
+    rows, cols = x.shape
+    if cols == 0:
+        return np.full(rows, np.nan)
+    last = cols - 1 - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), x[np.arange(rows), last], np.nan)
+
+
+def sum_since(x: NDArray[np.float64], start: NDArray[np.int_]) -> NDArray[np.float64]:
+    """Per row, the sum of `x` from column `start` to the last (0 where start is -1), added in
+    column order: bit for bit the running sum the test used to keep per step. Over the columns of
+    a transposed copy, as `page_statistic`: a cumulative sum along rows is several times slower.
+    Only the rows in an episode are summed (a few percent of them in a healthy fleet)."""
+    rows, cols = x.shape
+    sums = np.zeros(rows)
+    live = np.flatnonzero(start >= 0)
+    if live.size:
+        sums[live] = _sum_from(x[live], start[live])
+    return sums
+
+
+def _sum_from(x: NDArray[np.float64], start: NDArray[np.int_]) -> NDArray[np.float64]:
+    """Per row, 0.0 plus each of `x` from column `start` (>= 0) on, in column order."""
+    inside = np.arange(x.shape[1]) >= start[:, None]
+    by_col = np.ascontiguousarray(np.where(inside, x, 0.0).T)
+    sums = np.zeros(x.shape[0])
+    for column in by_col:
+        np.add(sums, column, out=sums)
+    return sums
+
+
+def step_seconds(grid: NDArray[np.float64]) -> float:
+    return float(np.median(np.diff(grid))) if grid.size > 1 else 1.0
+
+
+@dataclass(frozen=True)
+class Front:
+    """A batch's evidence per row and step, before any test: what every tail test reads."""
+
+    grid: NDArray[np.float64]
+    step_seconds: float
+    units: NDArray[np.float64]  # [S x P] requests above the line (NaN: not scored)
+    requests: NDArray[np.float64]
+    allowance: NDArray[np.float64] | None
+    traffic: NDArray[np.float64]  # [S] requests per scored step
+    status: NDArray[np.int8]  # [S] why a row cannot be decided (OK: it can)
+    latest: NDArray[np.int_]
+    first_seen: NDArray[np.int_]
+    resets: NDArray[np.int_]
+    inconsistent: NDArray[np.int_]
+
+
+def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
+              now: float) -> Front:
+    """Per-step evidence of aligned cumulative counters [S x P] on `grid` (ascending, as `align`
+    makes it): `primary` is the latency counter (counters) or the bucket at the line (histogram),
+    `totals` the request counter or the histogram's count."""
+    first_col = int(np.searchsorted(grid, now - test.lookback_seconds, side="left"))
+    grid = grid[first_col:]
+    primary, totals = primary[:, first_col:], totals[:, first_col:]
+    steps = counter_steps(primary, totals)
+    step = step_seconds(grid)
+    # A counter that went down (a restart, or one pod of a sum restarting) says nothing about its
+    # step: the step is left out, never read as the whole count since zero.
+    d_primary = np.where(steps.resets, np.nan, steps.latency)
+    d_total = np.where(steps.resets, np.nan, steps.requests)
+    allowance: NDArray[np.float64] | None = None
+    if test.evidence == "histogram":
+        ev = count_evidence(d_primary, d_total)
+        with np.errstate(invalid="ignore"):
+            inconsistent = (np.isfinite(d_primary) & np.isfinite(d_total) & (d_primary > d_total)).sum(axis=1)
+    else:
+        mass = mass_evidence(d_primary, d_total, test.line, max(1, int(round(test.bulk_window_seconds / step))),
+                             test.bulk_slack)
+        ev, allowance = mass, mass.allowance
+        inconsistent = np.zeros(primary.shape[0], dtype=np.int_)
+    rows = primary.shape[0]
+    scored = np.isfinite(ev.units)
+    counted = scored.sum(axis=1)
+    traffic = np.where(counted > 0, np.where(scored, ev.requests, 0.0).sum(axis=1) / np.maximum(counted, 1), 0.0)
+    valid = np.isfinite(primary) & np.isfinite(totals)
+    cols = np.arange(grid.size)
+    latest = np.where(valid.any(axis=1), np.max(np.where(valid, cols, -1), axis=1), -1)
+    status = np.full(rows, OK, dtype=np.int8)
+    status[~scored.any(axis=1)] = SHORT_HISTORY
+    status[(inconsistent > 0) & ~scored.any(axis=1)] = INCONSISTENT
+    status[(latest >= 0) & (grid[np.maximum(latest, 0)] < now - test.max_staleness_seconds)] = STALE
+    status[~np.isfinite(totals).any(axis=1)] = NO_COUNTS
+    status[latest < 0] = NO_DATA
+    return Front(grid, step, ev.units, ev.requests, allowance, traffic, status, latest, steps.first_valid,
+                 steps.resets.sum(axis=1), inconsistent)
+
+
+def row_thresholds(test: Test, traffic: NDArray[np.float64], step: float, thresholds: Thresholds
+                   ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """Each row's member thresholds [K x S] at its traffic, and whether they are derived yet."""
+    rows = traffic.shape[0]
+    h = np.empty((len(test.design.ratios), rows))
+    derived = np.empty(rows, dtype=bool)
+    cells: dict[float, tuple[tuple[float, ...], bool]] = {}
+    for row, value in enumerate(traffic.tolist()):
+        found = cells.get(value)
+        if found is None:
+            found = cells[value] = thresholds(value, step)
+        h[:, row], derived[row] = found
+    return h, derived
+
+
+def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64],
+                          totals: NDArray[np.float64], now: float, thresholds: Thresholds) -> ExcessBatch:
+    """Decide every row of aligned cumulative counters [S x P] (see `front_end`) against the
+    null the test's rate is stated at."""
+    f = front_end(test, grid, primary, totals, now)
+    h, derived = row_thresholds(test, f.traffic, f.step_seconds, thresholds)
+    run = run_bank(test.design, f.units, f.requests, h)
+    fired = (f.status == OK) & run.fired
+    return ExcessBatch(test, f.grid, f.step_seconds, f.units, f.requests, f.allowance, run, h, derived, f.traffic,
+                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent)
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if math.isfinite(v) else "nan"
+
+
+def _size(size: float) -> str:
+    return f"{size:g}x"
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """The parts of the reason lines that are the same for every row of a batch, formatted once."""
+
+    line: str
+    what: str  # what a unit is: "requests" or "requests' worth of latency"
+    promise: str
+    staleness: str
+    sizes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, test: Test) -> "_Texts":
+        what = "requests" if test.evidence == "histogram" else "requests' worth of latency"
+        promise = f"one false alarm per {test.promise_days:g} days at {test.design.null:.3%}"
+        return cls(_fmt(test.line), what, promise, f"{test.max_staleness_seconds:g}",
+                   tuple(_size(s) for s in test.sizes))
+
+
+def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, str]],
+                     version_label: str = "version") -> list[Detection]:
+    """The Detection of every row (`labels`: each row's series labels), with a one-line reason
+    either way, what the test assumed, and attribution details.
+
+    When a version fires while another version of the answer fires too, or is shown above its
+    budget over the lookback (`shared_versions`: a canary and its stable, both serving), the breach
+    is not a version's defect but a shared cause (a slow node, a shared dependency): none of them
+    fires, each says so, and nothing is rolled back on the detector's word. "Shown above" and not
+    only "fires too": the busier version fires first, and the quieter one's evidence that it is
+    just as slow comes before its own alarm."""
+    texts = _Texts.of(b.test)
+    out = [_row_detection(b, row, kind, row_labels, texts, version_label) for row, row_labels in enumerate(labels)]
+    firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
+    if not firing:
+        return out
+    shared = shared_versions(b, labels, version_label, firing)
+    if len(shared) < 2:
+        return out
+    why = (f"shared slowdown: versions {', '.join(shared)} of this model are above budget at once (firing: "
+           f"{', '.join(firing)}), so it is not one version's defect")
+    return [replace(d, fired=False, reason=f"{why}; {d.reason}", episode_start=None, evidence=(),
+                    details={**d.details, "shared_slowdown": shared})
+            if d.fired and lab.get(version_label) in firing else d for lab, d in zip(labels, out)]
+
+
+def shared_versions(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
+                    firing: Sequence[str]) -> list[str]:
+    """The versions that fire, and every other version whose rows together show a share above the
+    budget over the lookback (95% lower bound; acceptance.shown_above), sorted."""
+    units: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    f = b.facts
+    for row, lab in enumerate(labels):
+        version = lab.get(version_label)
+        if version is None or version in firing or f.status[row] != OK:
+            continue
+        units[version] = units.get(version, 0.0) + f.window_units[row]
+        requests[version] = requests.get(version, 0.0) + f.window_requests[row]
+    allowed = b.test.budget * b.test.design.lump
+    return sorted({*firing, *(v for v in units if shown_above(units[v], requests[v], allowed))})
+
+
+def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str], texts: _Texts,
+                   version_label: str) -> Detection:
+    f, test = b.facts, b.test
+    status, latest, first = f.status[row], f.latest[row], f.first_seen[row]
+    leader = f.leader[row]
+    stat, h = f.statistic[leader][row], f.thresholds[leader][row]
+    per_second = f.traffic[row] / b.step_seconds
+    bulk = f.last_allowance[row] / (1.0 + test.bulk_slack)
+    units, reqs = f.episode_units[row], f.episode_requests[row]
+    assumed: dict[str, Any] = {
+        "evidence": test.evidence, "requests_per_second": per_second, "step_seconds": b.step_seconds,
+        "budget": test.budget, "null": test.design.null, "false_alarm_days": test.promise_days,
+        "derived": f.derived[row],
+        "thresholds": {s: f.thresholds[k][row] for k, s in enumerate(texts.sizes)},
+    }
+    # "input": what a replica of an older version reads to draw no recovery line on counters (a
+    # shared journal during a rolling upgrade); the journaled details stay as they were.
+    details: dict[str, Any] = {
+        "input": "counters", "evidence": test.evidence, "assumed": assumed,
+        "statistic": {s: f.statistic[k][row] for k, s in enumerate(texts.sizes)}, "leader": texts.sizes[leader],
+        "episode_above_line": units, "episode_requests": reqs,
+        "window_above_line": f.window_units[row], "window_requests": f.window_requests[row],
+        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
+    }
+    if f.inconsistent[row]:
+        details["inconsistent_steps"] = f.inconsistent[row]
+    if version_label in labels:
+        details["version"] = labels[version_label]
+    if first >= 0:
+        details["series_first_seen"] = f.timestamps[first]
+    fired, onset = False, None
+    evidence: tuple[tuple[float, float], ...] = ()
+    at = f"{texts.promise}, {per_second:.3g} req/s" + ("" if f.derived[row] else "; Wald bound until derived")
+    line = texts.line
+    bucket = _bucket(labels) if test.evidence == "histogram" else test.line
+    if bucket is not None and bucket != test.line:
+        details["bucket"] = bucket
+        line = f"{_fmt(bucket)} (the bucket nearest above the line {texts.line})"
+    if bucket is None:
+        reason = (f"no bucket bound: the series has no numeric `le` label; evidence: histogram needs the "
+                  f"bucket at the line ({texts.line}) or the nearest above")
+    elif bucket < test.line:
+        reason = (f"the bucket le={_fmt(bucket)} is below the line {texts.line}: it counts requests faster than the "
+                  "line, never the ones above it; nothing decided")
+    elif status == NO_DATA:
+        reason = "no data: no samples of both series in the lookback window"
+    elif status == NO_COUNTS:
+        reason = ("no request count: tail_excess needs companionQuery (the request counter, or the "
+                  "histogram's _count) with the same labels")
+    elif status == STALE:
+        reason = f"stale: newest sample at {f.timestamps[latest]:.0f} is older than {texts.staleness} s"
+    elif status == INCONSISTENT:
+        reason = (f"inconsistent histogram: the bucket at the line counts more than the total in "
+                  f"{f.inconsistent[row]} step(s) (buckets that decrease, or bucket and count from different "
+                  "series); nothing decided")
+    elif status == SHORT_HISTORY:
+        reason = "too little history: no step to compare against yet"
+    else:
+        share = f.window_units[row] / f.window_requests[row] if f.window_requests[row] > 0 else 0.0
+        if f.episode_start[row] < 0 and not f.fired[row]:
+            reason = (f"no excess: {share:.3%} of requests above {line} over the lookback "
+                      f"({f.window_units[row]:.1f} {texts.what} in {f.window_requests[row]:.0f}); no member "
+                      f"above zero ({at})")
+        else:
+            ep_share = units / reqs if reqs > 0 else 0.0
+            what = (f"~{units:.1f} {texts.what} above {line} in {reqs:.0f} requests since the episode "
+                    f"began ({ep_share:.2%}); the {texts.sizes[leader]}-budget member at {stat:.2f}")
+            if not f.fired[row]:
+                reason = f"{what} < {h:.2f} ({at})"
+            else:
+                fired, reason = True, f"{what} >= {h:.2f} ({at})"
+                onset, evidence = _fired_evidence(b, row, details)
+    budget = None
+    if status == OK and bucket is not None and bucket >= test.line:
+        budget = BudgetEvidence(f.window_units[row], f.window_requests[row], test.design.null,
+                                test.design.null * test.design.ratios[0], test.budget * test.design.lump)
+    return Detection(detector=kind, fired=fired, reason=reason, value=stat,
+                     baseline=bulk if math.isfinite(bulk) else None, threshold=h, score=f.score[row],
+                     episode_start=onset, evidence=evidence, details=details, budget=budget)
+
+
+def _bucket(labels: Mapping[str, str]) -> float | None:
+    """The bucket bound a histogram series' `le` label names (None: none, or not a number)."""
+    try:
+        return float(labels["le"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _fired_evidence(b: ExcessBatch, row: int, details: dict[str, Any]) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """A fired row's onset and evidence (its last 20 steps with units above zero)."""
+    f = b.facts
+    start, first = f.episode_start[row], f.first_seen[row]
+    start = max(start, 0)
+    onset = f.timestamps[start]
+    if first >= 0:
+        details["onset_after_first_sample_s"] = onset - f.timestamps[first]
+    cols = np.flatnonzero(np.nan_to_num(b.units[row]) > 0)
+    cols = cols[cols >= start][-20:]
+    return onset, tuple((float(b.timestamps[i]), float(b.units[row, i])) for i in cols)
+
+
+__all__ = ["NONE", "ExcessBatch", "Test", "batch_detections", "evaluate_excess_batch", "sum_since"]

@@ -1,0 +1,213 @@
+"""The live canary judge (detectors/canary.py `judge`) replayed over simulated pairs, every step.
+
+At every step, over its lookback, the stable's share above the line over the steps the canary
+served in (`stable_reference`), floored at half budget and placed on the 10% grid, becomes the
+canary's null (`canary_design`); the canary's bank is run from zero over the same lookback with
+thresholds from the stated rate at the canary's traffic per scored step, and a firing is confirmed
+over the canary's episode (`episode_fired`). The live detector recomputes this each cycle
+(`interval: 1s`); the replay calls the live functions for each of those steps.
+
+Running the bank over every lookback of a day is too slow, so a bound goes first (a canary judged
+at a higher null has smaller jumps and the same drains: its statistic is at most the one at the
+row's lowest null, a sliding-window CUSUM in closed form); the exact check runs only where the
+bound reaches a threshold. A verdict restarts its row: a canary shifted away and deployed again
+starts a new test, its earlier evidence gone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from numpy.typing import NDArray
+
+from detectors.canary import canary_design, episode_fired, reference_step, stable_reference
+from detectors.sequential.bank import run_bank
+from detectors.sequential.design import BankDesign
+from detectors.sequential.thresholds import STORE, TRAFFIC_GRID, rounded_traffic
+from detectors.tail_excess import TailExcessParams
+from evaluation.operating_curve.deciders import _Clock
+from evaluation.operating_curve.pairs import PairSteps
+
+def sliding_min(x: NDArray[np.float64], width: int) -> NDArray[np.float64]:
+    """[R x (n - width + 1)]: the min of x[:, a : a + width] for each a (van Herk / Gil-Werman: a
+    running minimum forward and one backward within blocks of `width`, three passes)."""
+    rows, n = x.shape
+    blocks = -(-n // width)
+    padded = np.full((rows, blocks * width), np.inf)
+    padded[:, :n] = x
+    shaped = padded.reshape(rows, blocks, width)
+    forward = np.minimum.accumulate(shaped, axis=2).reshape(rows, -1)
+    backward = np.minimum.accumulate(shaped[:, :, ::-1], axis=2)[:, :, ::-1].reshape(rows, -1)
+    return np.minimum(backward[:, :n - width + 1], forward[:, width - 1:n])
+
+
+def _grid_steps(values: NDArray[np.float64], base: float, grid: float, exact: Callable[[float], int]
+                ) -> NDArray[np.int64]:
+    """ceil(log(values / base) / log(grid) - 1e-9), vectorized, with the values within 1e-6 of a
+    grid point recomputed by the live code's own function (`exact`): the same step as it finds."""
+    x = np.log(values / base) / math.log(grid) - 1e-9
+    steps = np.ceil(x)
+    near = np.abs(x - np.rint(x)) < 1e-6
+    for index in zip(*np.nonzero(near)):
+        steps[index] = exact(float(values[index]))
+    return steps.astype(np.int64)
+
+
+def _traffic_step(t: float) -> int:
+    return int(round(math.log(rounded_traffic(t)) / math.log(TRAFFIC_GRID)))
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The live judge, recomputed over its lookback at every step (histogram evidence)."""
+
+    params: TailExcessParams
+    step: float = 1.0
+    lookback_seconds: float | None = None  # None: the live detector's (params.lookback_seconds_)
+    versus_stable: bool = True  # False: the null is never raised (tail_excess on the canary alone)
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or ("judge" if self.versus_stable else "single-version (live window)")
+
+    @property
+    def width(self) -> int:
+        return int(round((self.lookback_seconds or self.params.lookback_seconds_) / self.step))
+
+    def start(self, rows: int) -> "JudgeRun":
+        w = self.width
+        nan = np.full((rows, w), np.nan)
+        return JudgeRun(self, _Clock(rows, self.step), [nan.copy() for _ in range(4)],
+                        np.full(rows, np.iinfo(np.int64).min))
+
+
+@dataclass
+class JudgeRun:
+    spec: Judge
+    clock: _Clock
+    tails: list[NDArray[np.float64]]  # the last `width` steps: stable units, requests, canary units, requests
+    since: NDArray[np.int64]  # per row, the first column of the current canary (after a verdict)
+    candidates: int = 0  # windows the exact check ran on (the bound let them through)
+
+    @property
+    def alarms(self) -> NDArray[np.int64]:
+        return self.clock.alarms
+
+    @property
+    def first(self) -> NDArray[np.float64]:
+        return self.clock.first
+
+    def feed(self, pair: PairSteps) -> None:
+        w, cols = self.spec.width, pair.cols
+        arrays = [np.hstack([tail, new]) for tail, new in zip(self.tails, (
+            pair.stable.above, pair.stable.requests, pair.canary.above, pair.canary.requests))]
+        columns = pair.column - w + np.arange(w + cols)  # absolute column of each array column
+        pending = np.arange(arrays[0].shape[0])
+        after = np.full(pending.size, np.iinfo(np.int64).min)
+        while pending.size:
+            for i in (2, 3):  # a canary shifted away: its evidence before the verdict is gone
+                arrays[i][pending] = np.where(columns[None, :] >= self.since[pending, None], arrays[i][pending], np.nan)
+            fired = self._first_verdicts([a[pending] for a in arrays], columns, after)
+            hit = fired >= 0
+            rows = pending[hit]
+            if rows.size:
+                self.clock.record(rows, columns[fired[hit]])
+                self.since[rows] = columns[fired[hit]] + 1
+            pending, after = rows, columns[fired[hit]]
+        self.tails = [a[:, -w:].copy() for a in arrays]
+
+    def _first_verdicts(self, arrays: list[NDArray[np.float64]], columns: NDArray[np.int64],
+                        after: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Per row, the index of the first evaluated column (after `after`) where the judge fires
+        (-1: none)."""
+        spec = self.spec
+        w = spec.width
+        test = spec.params.test()
+        promise = test.promise(spec.step)
+        su, sn, cu, cn = arrays
+        rows, total = su.shape
+
+        def window(x: NDArray[np.float64]) -> NDArray[np.float64]:  # sums over each column's lookback
+            c = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.nan_to_num(x), axis=1)], axis=1)
+            return c[:, w + 1:] - c[:, 1:total - w + 1]
+
+        s_ok, c_ok = np.isfinite(su), np.isfinite(cu)
+        beside = s_ok & c_ok  # the stable over the steps the canary served in, as the live judge reads it
+        s_units, s_requests = window(np.where(beside, su, np.nan)), window(np.where(beside, sn, np.nan))
+        c_count, c_requests = window(c_ok.astype(np.float64)), window(np.where(c_ok, cn, np.nan))
+        evaluated = (window(s_ok.astype(np.float64)) > 0) & (c_count > 0) & (columns[None, w:] > after[:, None])
+        if not evaluated.any():
+            return np.full(rows, -1)
+        null = test.design.null
+        if spec.versus_stable:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                reference = stable_reference(np.where(evaluated, s_units, 0.0), s_requests, null)
+            steps = np.where(evaluated, _grid_steps(np.where(evaluated, reference, null), null, 1.1,
+                                                    lambda r: reference_step(r, null)), 0)
+        else:
+            steps = np.zeros((rows, total - w), dtype=np.int64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            traffic = np.where(evaluated, c_requests / c_count, 1.0)
+        cells = _grid_steps(traffic, 1.0, TRAFFIC_GRID, _traffic_step)
+        keys = np.where(evaluated, steps * 100_000 + cells, -1)
+        table: dict[int, tuple[BankDesign, NDArray[np.float64]]] = {}
+        for key in np.unique(keys[evaluated]).tolist():
+            r, c = np.argwhere(keys == key)[0]
+            design = canary_design(test.design, key // 100_000)
+            table[key] = design, np.array(STORE.derive_now(design, promise, float(traffic[r, c])))
+        # A bound first: a canary judged at a higher null has smaller jumps and the same drains, so
+        # its statistic is at most that of the row's lowest null; only where the bound reaches a
+        # threshold does the exact check (the live core, run_bank over the lookback) run.
+        lowest = np.where(evaluated, steps, np.iinfo(np.int64).max).min(axis=1)
+        lowest = np.where(lowest == np.iinfo(np.int64).max, 0, lowest)
+        uu = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.nan_to_num(cu), axis=1)], axis=1)
+        nn = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(c_ok, cn, 0.0), axis=1)], axis=1)
+        members = len(test.design.ratios)
+        jumps = np.array([canary_design(test.design, int(s)).jumps for s in np.unique(lowest)])
+        jump_of = jumps[np.searchsorted(np.unique(lowest), lowest)]  # [rows x K]
+        ordered = sorted(table)
+        h_of = np.vstack([*(table[key][1] for key in ordered), np.full(members, np.inf)])  # [keys + 1 x K]
+        index = np.where(evaluated, np.searchsorted(np.array(ordered), keys), len(ordered))
+        maybe = np.zeros((rows, total - w), dtype=bool)
+        for j, drain in enumerate(test.design.drains):
+            d = uu * jump_of[:, j:j + 1] - nn * drain
+            stat = d[:, w + 1:] - sliding_min(d, w + 1)[:, 1:]
+            maybe |= stat >= h_of[index, j] - 1e-6
+        maybe &= evaluated
+        fired = np.full(rows, -1)
+        if not maybe.any():
+            return fired
+        never = np.iinfo(np.int64).max
+        found = np.full(rows, never)
+        r, c = np.nonzero(maybe)
+        order = np.lexsort((r, c))  # by column: a row's later candidates wait until its earlier ones missed
+        r, c = r[order], c[order]
+        units_view, requests_view = sliding_window_view(cu, w, axis=1), sliding_window_view(cn, w, axis=1)
+        s_units_view = sliding_window_view(np.where(beside, su, np.nan), w, axis=1)
+        s_requests_view = sliding_window_view(np.where(beside, sn, np.nan), w, axis=1)
+        lo, batch = 0, 64
+        while lo < r.size:
+            rb, cb = r[lo:lo + batch], c[lo:lo + batch]
+            lo += rb.size
+            batch = min(4096, 2 * batch)
+            open_ = cb + w < found[rb]
+            rb, cb = rb[open_], cb[open_]
+            kb = keys[rb, cb]
+            for key in np.unique(kb).tolist():
+                at = kb == key
+                design, h = table[key]
+                ra, ca = rb[at], cb[at] + 1
+                run = run_bank(design, units_view[ra, ca], requests_view[ra, ca], h)
+                self.candidates += int(at.sum())
+                step = key // 100_000
+                fired = np.array([bool(run.fired[i]) and (not spec.versus_stable or episode_fired(
+                    test.design, step, run, i, units_view[ra[i], ca[i]], requests_view[ra[i], ca[i]],
+                    s_units_view[ra[i], ca[i]], s_requests_view[ra[i], ca[i]],
+                    lambda d: STORE.derive_now(d, promise, float(traffic[ra[i], ca[i] - 1]))))
+                    for i in range(ra.size)], dtype=bool)
+                np.minimum.at(found, ra[fired], cb[at][fired] + w)
+        return np.where(found < never, found, -1)

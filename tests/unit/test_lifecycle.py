@@ -1,0 +1,136 @@
+"""The supervisor and the periodic wait (daemon/common/lifecycle.py): named, guarded tasks, a crash
+recorded without ending the others, stop steps in order; the wait that ends on stop, a wake or time."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import structlog
+
+from daemon.common.lifecycle import Loop, Supervisor, wait_or_stop
+from daemon.common.metrics import Metrics
+
+
+def _faults(metrics: Metrics, component: str) -> float | None:
+    return metrics.registry.get_sample_value("tailguard_faults_total", {"component": component})
+
+
+async def test_wait_or_stop_times_out_false_and_ends_at_once_on_stop() -> None:
+    """No stop: it waits the time and answers False; stop set during the wait ends it early with True."""
+    stop = asyncio.Event()
+    started = time.monotonic()
+    assert await wait_or_stop(stop, 0.05) is False
+    assert time.monotonic() - started >= 0.04
+    asyncio.get_running_loop().call_later(0.05, stop.set)
+    started = time.monotonic()
+    assert await wait_or_stop(stop, 30) is True
+    assert time.monotonic() - started < 5
+    assert await wait_or_stop(stop, 30) is True  # already set: no wait
+
+
+async def test_wait_or_stop_ends_on_a_wake_event_or_a_future_it_leaves_to_the_caller() -> None:
+    """A wake event or a caller's future cuts the wait short (answer False: not stopped); the future
+    is neither cancelled nor consumed, and no waiter is left behind."""
+    stop, wake = asyncio.Event(), asyncio.Event()
+    asyncio.get_running_loop().call_later(0.02, wake.set)
+    assert await wait_or_stop(stop, 30, wake) is False
+    loop = asyncio.get_running_loop()
+    heard: asyncio.Future[bool] = loop.create_future()
+    loop.call_later(0.02, heard.set_result, True)
+    assert await wait_or_stop(stop, 30, asyncio.Event(), heard) is False
+    assert heard.result() is True
+    pending: asyncio.Future[bool] = loop.create_future()
+    assert await wait_or_stop(stop, 0.02, pending) is False
+    assert not pending.done()  # the caller's to cancel
+    pending.cancel()
+    assert await wait_or_stop(stop, None, wake) is False  # no bound: the set wake ends it
+
+
+async def test_a_crashed_component_is_recorded_and_the_others_keep_running() -> None:
+    """A component that raises ends alone: tailguard_faults_total{component} counts it once, its task
+    leaves the running set, and a sibling still runs until stop."""
+    metrics = Metrics()
+    sup = Supervisor(metrics)
+    rounds: list[int] = []
+
+    async def steady(stop: asyncio.Event) -> None:
+        while not await wait_or_stop(stop, 0.01):
+            rounds.append(1)
+
+    async def broken(stop: asyncio.Event) -> None:
+        raise RuntimeError("a bug")
+
+    sup.on_stop(sup.cancel_tasks)
+    sup.start("steady", Loop(steady))
+    with structlog.testing.capture_logs() as logs:
+        crashed = sup.start("broken-1", Loop(broken), fault="broken")
+        await asyncio.wait({crashed})
+        await asyncio.sleep(0.05)
+    assert _faults(metrics, "broken") == 1.0
+    (line,) = [e for e in logs if e["event"] == "component crashed"]
+    assert (line["component"], line["task"], line["error"]) == ("broken", "broken-1", "RuntimeError: a bug")
+    assert [t.get_name() for t in sup.tasks] == ["steady"] and sup.task("broken-1") is None
+    assert rounds, "the sibling stopped with the crash"
+    await sup.stop()
+    assert sup.tasks == []
+
+
+async def test_stop_sets_the_event_then_runs_the_steps_last_pushed_first_even_past_a_failure() -> None:
+    """stop() sets the stop event first, runs a step pushed later before those pushed earlier (a list
+    given to on_stop_in_order in its own order; sync and async alike), goes on past a step that raises
+    (raised at the end), and runs nothing twice."""
+    sup = Supervisor(Metrics())
+    order: list[str] = []
+
+    async def close_clients() -> None:
+        order.append("clients")
+
+    def failing() -> None:
+        order.append("failing")
+        raise OSError("step failed")
+
+    sup.on_stop_in_order(lambda: order.append("workers"), failing, close_clients)
+    sup.on_stop(lambda: order.append(f"webhooks stop={sup.stopping.is_set()}"))
+    with pytest.raises(OSError, match="step failed"):
+        await sup.stop()
+    assert order == ["webhooks stop=True", "workers", "failing", "clients"]
+    await sup.stop()
+    assert len(order) == 4
+
+
+async def test_cancel_tasks_leaves_a_joined_task_to_end_by_itself_and_join_is_bounded() -> None:
+    """cancel_tasks cancels the loops but not a joined component (the elector): that one sees stop,
+    finishes its own way (hands its Lease back); join waits for it, and cancels one that takes too long."""
+    sup = Supervisor(Metrics())
+    handed_back: list[bool] = []
+
+    async def elector(stop: asyncio.Event) -> None:
+        await stop.wait()
+        await asyncio.sleep(0.02)
+        handed_back.append(True)
+
+    async def stuck(stop: asyncio.Event) -> None:
+        await asyncio.Event().wait()
+
+    worker = sup.start("worker-0", Loop(stuck))
+    sup.start("leader-election", Loop(elector), joined=True)
+    hung = sup.start("hung", Loop(stuck), joined=True)
+    sup.stopping.set()
+    await sup.cancel_tasks()
+    assert worker.cancelled() and [t.get_name() for t in sup.tasks] == ["leader-election", "hung"]
+    await sup.join(sup.task("leader-election"), 5)
+    assert handed_back == [True]
+    started = time.monotonic()
+    await sup.join(hung, 0.05)
+    assert hung.cancelled() and time.monotonic() - started < 5
+    await sup.join(None, 5)  # never started: nothing to wait for
+
+
+async def test_spawned_work_is_named_and_cancelled_with_the_loops() -> None:
+    """One-off work (a takeover's resume) runs as a named task; cancel_tasks ends it if still running."""
+    sup = Supervisor(Metrics())
+    task = sup.spawn("resume-verifications", asyncio.Event().wait())
+    assert sup.task("resume-verifications") is task
+    await sup.cancel_tasks()
+    assert task.cancelled() and sup.tasks == []
