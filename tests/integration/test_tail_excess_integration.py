@@ -1,7 +1,7 @@
 """Issue evidence for tail_excess on real Triton: the daemon reads Triton's own counters every
 second (`source: triton`), flags a bad deploy (v2 sends 1% of requests down a 900 ms path) with
 the version that carries it, and rolls back; a healthy deploy watched the same way, at the same
-time (its model load holds requests for a moment), produces no signal."""
+time (its model load holds requests for a moment), produces no signal in its first 40 s."""
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +37,10 @@ actions:
 guards: {{cooldown: 10m}}
 """
 LOAD_SECONDS = 100.0
+"""The bound on the whole run; the traffic stops once the bad deploy is rolled back and the healthy
+one has been watched for HEALTHY_WATCH_SECONDS."""
 BASELINE_SECONDS = 20.0
+HEALTHY_WATCH_SECONDS = 40.0
 
 
 async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
@@ -56,9 +59,9 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
     settings = local_settings(tmp_path, pol, prometheus={"url": prom.url, "timeoutSeconds": 5})
 
     async with Service(settings, action_registry(), detector_registry()) as svc:
-        load = asyncio.gather(
-            run_load(bad.base_url, model="ranker", rate_per_second=40, duration_seconds=LOAD_SECONDS),
-            run_load(good.base_url, model="scorer", rate_per_second=40, duration_seconds=LOAD_SECONDS))
+        load = [asyncio.ensure_future(run_load(server.base_url, model=name, rate_per_second=40,
+                                               duration_seconds=LOAD_SECONDS))
+                for name, server in (("ranker", bad), ("scorer", good))]
         await asyncio.sleep(BASELINE_SECONDS)
         assert await svc.journal.decisions.all.in_thread() == []
         await asyncio.gather(load_version(bad, "ranker", None), load_version(good, "scorer", None))  # the deploys
@@ -67,13 +70,18 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
         async def rolled_back() -> bool:
             return any(d.policy == "ranker-tail" for d in await svc.journal.decisions.all.in_thread())
 
-        deadline = asyncio.get_running_loop().time() + LOAD_SECONDS - BASELINE_SECONDS - 5
+        clock = asyncio.get_running_loop().time
+        deployed = clock()
+        deadline = deployed + LOAD_SECONDS - BASELINE_SECONDS - 5
         while not await rolled_back():
-            assert asyncio.get_running_loop().time() < deadline, \
+            assert clock() < deadline, \
                 [e for e in await svc.journal.evaluations.all.in_thread() if e["policy"] == "ranker-tail"][-5:]
             await asyncio.sleep(0.5)
+        await asyncio.sleep(max(0.0, deployed + HEALTHY_WATCH_SECONDS - clock()))
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
         await svc.drain()
-        await load
         decisions = await svc.journal.decisions.all.in_thread()
         evaluations = await svc.journal.evaluations.all.in_thread()
         signals = await svc.journal.signals.all.in_thread()

@@ -18,7 +18,10 @@ from tests.support.helpers import local_settings
 pytestmark = pytest.mark.integration
 
 LOAD_SECONDS = 75.0
+"""The bound on the whole run; the traffic stops once the bad deploy is rolled back and the healthy
+one has been watched for HEALTHY_WATCH_SECONDS."""
 BASELINE_SECONDS = 30.0
+HEALTHY_WATCH_SECONDS = 30.0
 
 
 async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
@@ -37,9 +40,9 @@ async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
     settings = local_settings(tmp_path, pol, prometheus={"url": prom.url, "timeoutSeconds": 5})
 
     async with Service(settings, action_registry(), detector_registry()) as svc:
-        load = asyncio.gather(
-            run_load(bad.base_url, model="ranker", rate_per_second=25, duration_seconds=LOAD_SECONDS),
-            run_load(good.base_url, model="scorer", rate_per_second=25, duration_seconds=LOAD_SECONDS))
+        load = [asyncio.ensure_future(run_load(server.base_url, model=name, rate_per_second=25,
+                                               duration_seconds=LOAD_SECONDS))
+                for name, server in (("ranker", bad), ("scorer", good))]
         await asyncio.sleep(BASELINE_SECONDS)  # healthy history for the baseline
         assert await svc.journal.decisions.all.in_thread() == []
         await asyncio.gather(load_version(bad, "ranker", None), load_version(good, "scorer", None))  # the deploy
@@ -48,12 +51,17 @@ async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
         async def rolled_back() -> bool:
             return any(d.policy == "ranker-tail" for d in await svc.journal.decisions.all.in_thread())
 
-        deadline = asyncio.get_running_loop().time() + LOAD_SECONDS - BASELINE_SECONDS
+        clock = asyncio.get_running_loop().time
+        deployed = clock()
+        deadline = deployed + LOAD_SECONDS - BASELINE_SECONDS
         while not await rolled_back():
-            assert asyncio.get_running_loop().time() < deadline, await svc.journal.evaluations.all.in_thread()
+            assert clock() < deadline, await svc.journal.evaluations.all.in_thread()
             await asyncio.sleep(0.5)
+        await asyncio.sleep(max(0.0, deployed + HEALTHY_WATCH_SECONDS - clock()))
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
         await svc.drain()
-        await load
         decisions = await svc.journal.decisions.all.in_thread()
         evaluations = await svc.journal.evaluations.all.in_thread()
 
