@@ -21,7 +21,7 @@ from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import NONE, BankRun, run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import count_evidence, mass_evidence
-from detectors.sequential.thresholds import Promise
+from detectors.sequential.thresholds import Promise, traffic_cells
 
 # The statuses a row can have (only OK rows can fire), bound as module names: every row's checks
 # read them, and an enum member looked up on its class costs 5x as much.
@@ -65,8 +65,8 @@ class RowFacts:
     first_seen: list[int]
     score: list[float]
     leader: list[int]
-    statistic: list[list[float]]  # [K][S]
-    thresholds: list[list[float]]  # [K][S]
+    statistic: list[list[float]]  # [S][K]: each row's members, as its Detection lists them
+    thresholds: list[list[float]]  # [S][K]
     derived: list[bool]
     traffic: list[float]  # requests per step over the lookback's scored steps
     window_units: list[float]
@@ -110,8 +110,8 @@ class ExcessBatch:
         return RowFacts(
             timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
             latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
-            leader=run.leader.tolist(), statistic=run.state.statistic.tolist(),
-            thresholds=self.thresholds.tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
+            leader=run.leader.tolist(), statistic=run.state.statistic.T.tolist(),
+            thresholds=self.thresholds.T.tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
             window_units=np.nansum(self.units, axis=1).tolist(),
             window_requests=np.where(scored, self.requests, 0.0).sum(axis=1).tolist(),
             episode_start=np.where(run.episode_start >= 0, start, -1).tolist(),
@@ -221,16 +221,14 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
 def row_thresholds(test: Test, traffic: NDArray[np.float64], step: float, thresholds: Thresholds
                    ) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """Each row's member thresholds [K x S] at its traffic, and whether they are derived yet."""
-    rows = traffic.shape[0]
-    h = np.empty((len(test.design.ratios), rows))
-    derived = np.empty(rows, dtype=bool)
-    cells: dict[float, tuple[tuple[float, ...], bool]] = {}
-    for row, value in enumerate(traffic.tolist()):
-        found = cells.get(value)
-        if found is None:
-            found = cells[value] = thresholds(value, step)
-        h[:, row], derived[row] = found
-    return h, derived
+    # One lookup per traffic cell, not per row: asked with a row of the cell, every row of it gets
+    # what the scalar lookup would give it (thresholds.traffic_cells keeps the cells exact).
+    cells, first, which = np.unique(traffic_cells(traffic), return_index=True, return_inverse=True)
+    table = np.empty((cells.size, len(test.design.ratios)))
+    done = np.empty(cells.size, dtype=bool)
+    for i, row in enumerate(first.tolist()):
+        table[i], done[i] = thresholds(float(traffic[row]), step)
+    return np.ascontiguousarray(table[which.reshape(-1)].T), done[which.reshape(-1)]
 
 
 def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64],
@@ -319,7 +317,8 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
     f, test = b.facts, b.test
     status, latest, first = f.status[row], f.latest[row], f.first_seen[row]
     leader = f.leader[row]
-    stat, h = f.statistic[leader][row], f.thresholds[leader][row]
+    stats, hs = f.statistic[row], f.thresholds[row]
+    stat, h = stats[leader], hs[leader]
     per_second = f.traffic[row] / b.step_seconds
     bulk = f.last_allowance[row] / (1.0 + test.bulk_slack)
     units, reqs = f.episode_units[row], f.episode_requests[row]
@@ -327,13 +326,13 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
         "evidence": test.evidence, "requests_per_second": per_second, "step_seconds": b.step_seconds,
         "budget": test.budget, "null": test.design.null, "false_alarm_days": test.promise_days,
         "derived": f.derived[row],
-        "thresholds": {s: f.thresholds[k][row] for k, s in enumerate(texts.sizes)},
+        "thresholds": dict(zip(texts.sizes, hs)),
     }
     # "input": what a replica of an older version reads to draw no recovery line on counters (a
     # shared journal during a rolling upgrade); the journaled details stay as they were.
     details: dict[str, Any] = {
         "input": "counters", "evidence": test.evidence, "assumed": assumed,
-        "statistic": {s: f.statistic[k][row] for k, s in enumerate(texts.sizes)}, "leader": texts.sizes[leader],
+        "statistic": dict(zip(texts.sizes, stats)), "leader": texts.sizes[leader],
         "episode_above_line": units, "episode_requests": reqs,
         "window_above_line": f.window_units[row], "window_requests": f.window_requests[row],
         "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],

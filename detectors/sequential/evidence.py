@@ -69,13 +69,27 @@ def _pooled_means(latency: NDArray[np.float64], requests: NDArray[np.float64]) -
                     1, max(1, cols)).astype(np.int64)
     lat = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(ok, latency, 0.0), axis=1)], axis=1)
     req = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(ok, requests, 0.0), axis=1)], axis=1)
-    end = np.arange(1, cols + 1)
-    start = np.maximum(end[None, :] - width[:, None], 0)
-    rows_idx = np.arange(rows)[:, None]
-    pooled_req = req[:, 1:] - req[rows_idx, start]
+    pooled_lat, pooled_req = _pooled(lat, width), _pooled(req, width)
     with np.errstate(divide="ignore", invalid="ignore"):
-        means = (lat[:, 1:] - lat[rows_idx, start]) / pooled_req
+        means = pooled_lat / pooled_req
     return np.where(ok & (pooled_req > 0), means, np.nan)
+
+
+def _pooled(cum: NDArray[np.float64], width: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Per step j of [S x (P + 1)] running sums (a leading 0), the sum over the pool of the row's
+    `width` steps ending at j: cum[j + 1] - cum[max(j + 1 - width, 0)]. Rows are taken by width
+    (a fleet has a few distinct ones) as shifted slices; a gather of every element cost most of
+    the bulk's estimate."""
+    rows, cols = cum.shape[0], cum.shape[1] - 1
+    out = np.empty((rows, cols))
+    for w in np.unique(width).tolist():
+        sel = slice(None) if width.size and (width == w).all() else np.flatnonzero(width == w)
+        c = cum[sel]
+        part = np.empty((c.shape[0], cols))
+        part[:, w - 1:] = c[:, w:] - c[:, :cols - w + 1]
+        part[:, :w - 1] = c[:, 1:w] - c[:, :1]
+        out[sel] = part
+    return out
 
 
 def count_evidence(at_or_below: NDArray[np.float64], requests: NDArray[np.float64]) -> Evidence:

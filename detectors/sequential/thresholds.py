@@ -21,6 +21,9 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+from numpy.typing import NDArray
+
 from detectors.sequential.design import MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.run_length import run_length, threshold_for
 
@@ -50,6 +53,25 @@ def rounded_traffic(requests_per_step: float) -> float:
     if requests_per_step <= 0 or not math.isfinite(requests_per_step):
         return 0.0
     return float(TRAFFIC_GRID ** math.ceil(math.log(requests_per_step) / math.log(TRAFFIC_GRID)))
+
+
+NO_CELL = np.iinfo(np.int64).min
+"""`traffic_cells` of a value that rounds to 0 traffic (none, or not a number)."""
+
+
+def traffic_cells(requests_per_step: NDArray[np.float64]) -> NDArray[np.int64]:
+    """`rounded_traffic`'s cell of every value at once, as the exponent of its top (NO_CELL where
+    it rounds to 0): the same cell as the scalar rule for every value, since values whose quotient
+    sits within 1e-9 of a cell edge, where numpy's log and math's may round apart, take the scalar rule."""
+    t = np.asarray(requests_per_step, dtype=np.float64)
+    valid = np.isfinite(t) & (t > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.log(np.where(valid, t, 1.0)) / math.log(TRAFFIC_GRID)
+    cells: NDArray[np.int64] = np.ceil(q).astype(np.int64)
+    for i in np.flatnonzero(valid & (np.abs(q - np.rint(q)) < 1e-9)).tolist():
+        cells[i] = math.ceil(math.log(float(t[i])) / math.log(TRAFFIC_GRID))
+    cells[~valid] = NO_CELL
+    return np.asarray(cells, dtype=np.int64)
 
 
 def thresholds(design: BankDesign, promise: Promise, requests_per_step: float,

@@ -1,5 +1,6 @@
 """The poll cycle's fast paths give what their straightforward versions give, bit for bit:
-counter increments of gap-free rows, episode sums of the rows in an episode, one batch of
+counter increments of gap-free rows, episode sums of the rows in an episode, the bulk's pools
+taken by width, thresholds looked up once per traffic cell, one batch of
 tail_excess Detections, the per-watch memos of label keys and companion pairs, and the detector
 gauges observed in one call."""
 from __future__ import annotations
@@ -19,9 +20,10 @@ from daemon.sources.prometheus import RangeResult
 from daemon.workers.poller import gauge_series
 from daemon.workers.series_pairing import LabelMemo, PairingMemo, pair_companions
 from detectors._counter_steps import counter_steps
-from detectors.sequential.thresholds import STORE
+from detectors.sequential.evidence import _pooled
+from detectors.sequential.thresholds import NO_CELL, STORE, TRAFFIC_GRID, rounded_traffic, traffic_cells
 from detectors.tail_excess import TailExcessDetector
-from detectors.tail_excess_batch import sum_since
+from detectors.tail_excess_batch import row_thresholds, sum_since
 
 
 # ---- counter increments ---------------------------------------------------------------------
@@ -100,6 +102,55 @@ def test_sum_since_equals_the_running_sum(seed: int, rows: int, cols: int) -> No
     start = rng.integers(-1, max(cols, 1), rows)
     got, want = sum_since(x, start), reference_sum_since(x, start)
     assert [v.hex() for v in got.tolist()] == [v.hex() for v in want.tolist()]
+
+
+# ---- the bulk's pools and the traffic cells --------------------------------------------------
+
+def reference_pooled(cum: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """Each element gathered: cum[j + 1] - cum[max(j + 1 - width, 0)]."""
+    cols = cum.shape[1] - 1
+    start = np.maximum(np.arange(1, cols + 1)[None, :] - width[:, None], 0)
+    return cum[:, 1:] - cum[np.arange(cum.shape[0])[:, None], start]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(0, 12), cols=st.integers(1, 30))
+def test_pools_by_width_equal_the_gather(seed: int, rows: int, cols: int) -> None:
+    rng = np.random.default_rng(seed)
+    cum = np.concatenate([np.zeros((rows, 1)), np.cumsum(rng.random((rows, cols)) * 1e5, axis=1)], axis=1)
+    width = rng.integers(1, cols + 1, rows)
+    if rows and rng.random() < 0.3:
+        width[:] = width[0]  # one width for every row: the whole array at once
+    got, want = _pooled(cum, width), reference_pooled(cum, width)
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def test_traffic_cells_are_the_scalar_rule_also_at_the_edges() -> None:
+    rng = np.random.default_rng(3)
+    edges = TRAFFIC_GRID ** np.arange(-300, 1200, dtype=float)  # cell tops, where the two logs may part
+    values = np.concatenate([rng.random(5000) * 1e4, edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf),
+                             [0.0, -1.0, np.nan, np.inf, 1e-300]])
+    cells = traffic_cells(values)
+    for value, cell in zip(values.tolist(), cells.tolist()):
+        top = rounded_traffic(value)
+        assert (cell == NO_CELL) if top == 0.0 else (TRAFFIC_GRID ** cell == top), (value, cell, top)
+
+
+def test_row_thresholds_ask_once_per_cell_and_give_each_row_its_cells() -> None:
+    test = TailExcessDetector({"line": 500}).params.test()
+    traffic = np.array([10.0, 10.001, 55.5, 0.0, np.nan, 55.4, 1e6])
+    asked: list[float] = []
+
+    def lookup(value: float, step: float) -> tuple[tuple[float, ...], bool]:
+        asked.append(value)
+        top = rounded_traffic(value)
+        return tuple(top + k for k in range(len(test.design.ratios))), top > 100
+
+    h, derived = row_thresholds(test, traffic, 1.0, lookup)
+    assert len(asked) == len({rounded_traffic(v) for v in traffic.tolist()}) == 4
+    for row, value in enumerate(traffic.tolist()):
+        want, done = lookup(value, 1.0)
+        assert h[:, row].tolist() == list(want) and bool(derived[row]) is done
 
 
 # ---- tail_excess Detections -----------------------------------------------------------------
