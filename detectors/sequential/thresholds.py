@@ -71,7 +71,7 @@ def traffic_cells(requests_per_step: NDArray[np.float64]) -> NDArray[np.int64]:
     for i in np.flatnonzero(valid & (np.abs(q - np.rint(q)) < 1e-9)).tolist():
         cells[i] = math.ceil(math.log(float(t[i])) / math.log(TRAFFIC_GRID))
     cells[~valid] = NO_CELL
-    return np.asarray(cells, dtype=np.int64)
+    return cells
 
 
 def thresholds(design: BankDesign, promise: Promise, requests_per_step: float,

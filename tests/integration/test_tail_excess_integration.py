@@ -13,7 +13,7 @@ from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.load import run_load
 from lab.triton import load_version, served_versions
-from tests.support.helpers import local_settings
+from tests.support.helpers import local_settings, stop_load_after
 
 pytestmark = pytest.mark.integration
 
@@ -77,10 +77,7 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
             assert clock() < deadline, \
                 [e for e in await svc.journal.evaluations.all.in_thread() if e["policy"] == "ranker-tail"][-5:]
             await asyncio.sleep(0.5)
-        await asyncio.sleep(max(0.0, deployed + HEALTHY_WATCH_SECONDS - clock()))
-        for task in load:
-            task.cancel()
-        await asyncio.gather(*load, return_exceptions=True)
+        await stop_load_after(load, deployed, HEALTHY_WATCH_SECONDS)
         await svc.drain()
         decisions = await svc.journal.decisions.all.in_thread()
         evaluations = await svc.journal.evaluations.all.in_thread()

@@ -13,7 +13,7 @@ from daemon.wiring.service import Service
 from lab.load import run_load
 from lab.policies import TAIL_ANOMALY_TRIGGER, rollback_policy
 from lab.triton import load_version, served_versions
-from tests.support.helpers import local_settings
+from tests.support.helpers import local_settings, stop_load_after
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,7 @@ async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
         while not await rolled_back():
             assert clock() < deadline, await svc.journal.evaluations.all.in_thread()
             await asyncio.sleep(0.5)
-        await asyncio.sleep(max(0.0, deployed + HEALTHY_WATCH_SECONDS - clock()))
-        for task in load:
-            task.cancel()
-        await asyncio.gather(*load, return_exceptions=True)
+        await stop_load_after(load, deployed, HEALTHY_WATCH_SECONDS)
         await svc.drain()
         decisions = await svc.journal.decisions.all.in_thread()
         evaluations = await svc.journal.evaluations.all.in_thread()

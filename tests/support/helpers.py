@@ -192,3 +192,12 @@ class FakeTimer:
             await self.advance(step)
             await asyncio.sleep(real_pause)
         await done
+
+
+async def stop_load_after(load: list["asyncio.Future[Any]"], since: float, seconds: float) -> None:
+    """Let the load tasks run until `seconds` after `since` (the event loop's clock), then cancel
+    them and wait for them to end: a healthy deploy watched for a while, not for the whole bound."""
+    await asyncio.sleep(max(0.0, since + seconds - asyncio.get_running_loop().time()))
+    for task in load:
+        task.cancel()
+    await asyncio.gather(*load, return_exceptions=True)
