@@ -28,7 +28,7 @@ from detectors.sequential.bank import run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.thresholds import STORE, TRAFFIC_GRID, rounded_traffic
 from detectors.tail_excess import TailExcessParams
-from evaluation.operating_curve.deciders import _Clock
+from evaluation.operating_curve.deciders import Clocked, _Clock
 from evaluation.operating_curve.pairs import PairSteps
 
 def sliding_min(x: NDArray[np.float64], width: int) -> NDArray[np.float64]:
@@ -86,20 +86,12 @@ class Judge:
 
 
 @dataclass
-class JudgeRun:
+class JudgeRun(Clocked):
     spec: Judge
     clock: _Clock
     tails: list[NDArray[np.float64]]  # the last `width` steps: stable units, requests, canary units, requests
     since: NDArray[np.int64]  # per row, the first column of the current canary (after a verdict)
     candidates: int = 0  # windows the exact check ran on (the bound let them through)
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, pair: PairSteps) -> None:
         w, cols = self.spec.width, pair.cols

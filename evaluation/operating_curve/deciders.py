@@ -71,6 +71,20 @@ class _Clock:
         self.first[rows[new]] = at[new]
 
 
+class Clocked:
+    """A run whose alarms and first alarm times are its clock's (every run here keeps one)."""
+
+    clock: _Clock
+
+    @property
+    def alarms(self) -> NDArray[np.int64]:
+        return self.clock.alarms
+
+    @property
+    def first(self) -> NDArray[np.float64]:
+        return self.clock.first
+
+
 # ---- tailguard --------------------------------------------------------------------------------
 
 
@@ -104,20 +118,12 @@ class Tailguard:
 
 
 @dataclass
-class TailguardRun:
+class TailguardRun(Clocked):
     spec: Tailguard
     clock: _Clock
     state: BankState | None = None
     history: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None  # trailing (latency, requests)
     traffic: list[NDArray[np.float64]] = field(default_factory=list)  # per refresh, requests per step
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, steps: Steps) -> None:
         units, requests = self._evidence(steps)
@@ -188,19 +194,11 @@ class Limit:
 
 
 @dataclass
-class LimitRun:
+class LimitRun(Clocked):
     design: BankDesign
     h: NDArray[np.float64]
     clock: _Clock
     state: BankState | None = None
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, steps: Steps) -> None:
         counts, first, self.state = count_alarms(self.design, steps.above, steps.requests, self.h, self.state)
@@ -278,20 +276,12 @@ class Naive:
 
 
 @dataclass
-class NaiveRun:
+class NaiveRun(Clocked):
     spec: Naive
     clock: _Clock
     trailing: _Trailing
     run: NDArray[np.int64]  # per row, consecutive polls at or over N
     since: NDArray[np.int64]  # per row, the first column the window may count (after an alarm)
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, steps: Steps) -> None:
         if steps.slow_done and steps.above.shape[0] == 1:
@@ -352,21 +342,13 @@ class Alert:
 
 
 @dataclass
-class AlertRun:
+class AlertRun(Clocked):
     spec: Alert
     clock: _Clock
     trailing: _Trailing
     pending: NDArray[np.int64]  # per row, consecutive true evaluations; -1: firing (wait for false)
     since: NDArray[np.int64]  # per row, the first column of the current version
     vetoed: int = 0
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, steps: Steps) -> None:
         spec = self.spec

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from scipy.stats import mannwhitneyu
 
 from evaluation.operating_curve.arrivals import Fault, Steps
-from evaluation.operating_curve.deciders import _Clock
+from evaluation.operating_curve.deciders import Clocked, _Clock
 from evaluation.operating_curve.pairs import HALF_BUDGET, MINUTE, PairSteps, Split, minute_quantile
 from evaluation.operating_curve.traffic import DAY
 
@@ -59,7 +59,7 @@ def mw_pvalues(stable: NDArray[np.float64], canary: NDArray[np.float64], minutes
 
 
 @dataclass
-class MannWhitneyRun:
+class MannWhitneyRun(Clocked):
     spec: MannWhitney
     clock: _Clock
     stable_tail: NDArray[np.float64]
@@ -67,14 +67,6 @@ class MannWhitneyRun:
     since: NDArray[np.int64]  # per row, the first minute of the current canary
     pvalues: list[NDArray[np.float64]] = field(default_factory=list)  # kept when asked (tuning)
     keep: bool = False
-
-    @property
-    def alarms(self) -> NDArray[np.int64]:
-        return self.clock.alarms
-
-    @property
-    def first(self) -> NDArray[np.float64]:
-        return self.clock.first
 
     def feed(self, pair: PairSteps) -> None:
         k = self.spec.minutes - 1
