@@ -23,7 +23,11 @@ from tests.support.postgres import PostgresServer
 pytestmark = pytest.mark.integration
 
 LOAD = b"/v2/repository/models/ranker/load"
-JOURNAL_AWAY_SECONDS = 8.0  # longer than the pool waits for a connection (5 s): writes fail, not wait
+JOURNAL_AWAY_SECONDS = 8.0
+"""How long the journal stays away after the load has landed: longer than the pool waits for a
+connection (5 s), so the write of the load's result fails, not waits. Counted from the landing, not
+from the request: on a busy machine the model load itself can outlast a fixed outage, and the
+result would then be written normally, with no outage to recover from."""
 
 
 @pytest.fixture
@@ -53,9 +57,21 @@ async def test_the_journal_going_away_mid_decision_is_retried_and_the_landed_loa
     settings = local_settings(tmp_path, policies, journal={"backend": "postgres", "dsn": dsn},
                               executor={"workers": 1, "pinReconcileIntervalSeconds": 3600})
 
+    back: list[asyncio.Task[None]] = []
+
     def journal_away() -> None:
         journal_proxy.down()
-        asyncio.get_running_loop().call_later(JOURNAL_AWAY_SECONDS, journal_proxy.up)
+        back.append(asyncio.get_running_loop().create_task(back_after_the_load()))
+
+    async def back_after_the_load() -> None:
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while await asyncio.to_thread(served_versions, triton_server, "ranker") != ["1"]:
+                assert asyncio.get_running_loop().time() < deadline, "the load never landed"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(JOURNAL_AWAY_SECONDS)
+        finally:
+            journal_proxy.up()
 
     async with Service(settings, action_registry(), detector_registry()) as svc:
         triton_proxy.on(LOAD, journal_away)  # as the load is sent: the journal goes away
@@ -63,6 +79,7 @@ async def test_the_journal_going_away_mid_decision_is_retried_and_the_landed_loa
         await wait_for(lambda: not journal_proxy.is_up, timeout=60)
         await wait_for(lambda: journal_proxy.is_up, timeout=60)
         await asyncio.wait_for(svc.drain(), timeout=90)
+        await asyncio.gather(*back)  # the outage's own failure (the load never landed), if any
         (decision,) = await svc.journal.decisions.all.in_thread()
         rows = await svc.journal.decisions.steps.in_thread(decision.id)
         pins = await svc.journal.pins.live.in_thread()

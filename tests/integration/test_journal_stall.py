@@ -130,6 +130,13 @@ async def test_a_leader_whose_journal_stalls_hands_over_and_the_new_leader_acts_
         leader_proxy = proxies[services.index(leader)]
         assert (await _post(leader, "before"))[0] == 200
         await wait_for(lambda: len(sink.received) == 1, timeout=60)
+        # ... and its decision journaled as finished before the stall: a notification sent but not
+        # yet recorded is sent again by the replica that resumes it (notify is at-least-once,
+        # docs/design-notes.md), and that second "before" would stand where "meanwhile" is expected.
+        deadline = time.monotonic() + 60
+        while not [d for d in await leader.journal.decisions.all.in_thread() if d.state == "succeeded"]:
+            assert time.monotonic() < deadline, "the first decision was never journaled as finished"
+            await asyncio.sleep(0.05)
 
         leader_proxy.stall()
         stalled_at = time.monotonic()
