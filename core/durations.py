@@ -30,7 +30,7 @@ def parse_duration(text: str | int | float) -> float:
 
 
 def format_ms_duration(milliseconds: float) -> str:
-    """Istio / Gateway API duration text for whole milliseconds, e.g. ``2500ms`` or ``3s``."""
+    """Istio / Gateway API / PromQL duration text for whole milliseconds, e.g. ``2500ms`` or ``3s``."""
     ms = int(round(milliseconds))
     if ms % 1000 == 0:
         return f"{ms // 1000}s"

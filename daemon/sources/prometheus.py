@@ -71,7 +71,8 @@ class PrometheusClient:
             data = await asyncio.to_thread(
                 self._api.custom_query_range, promql,
                 datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc),
-                f"{max(step_seconds, 0.001):g}s",
+                # Plain seconds: Prometheus reads a float there, while a duration ("1.5s") must be whole units.
+                f"{max(step_seconds, 0.001):g}",
             )
             stamps: dict[tuple[Any, ...], tuple[float, ...]] = {}
             series = [_series(item, stamps) for item in data]

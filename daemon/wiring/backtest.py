@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from core.durations import parse_duration
+from core.durations import format_ms_duration, parse_duration
 from core.query import Series
 from core.signal import Signal
 from daemon.common.config import Settings
@@ -29,7 +29,8 @@ from daemon.sources.prometheus import PrometheusClient, RangeResult
 from daemon.storage.journal import Journal
 from daemon.workers.poller import Poller, QueryGroup
 from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, describe_actions, merge_series, window
-from daemon.workers.replay_alerts import COUNT_WINDOW, alert_signal_at, alerts_query, firing_onsets, scrape_interval
+from daemon.workers.replay_alerts import (COUNT_WINDOW, alert_signal_at, alerts_query, densest_window, firing_onsets,
+                                          scrape_interval)
 from daemon.workers.shadow import trigger_index
 from detectors.base import Detector
 from policies.gate import GateVerdict, gate_verdict
@@ -180,11 +181,8 @@ async def _triton_through_prometheus(poller: Poller, prom: ReplayPrometheus, res
         if group.source != "triton":
             continue
         names = ", ".join(f"{w.policy.name} trigger #{w.bound.index}" for w in group.watches)
-        counts = await PrometheusClient.query_range(prom, f"count_over_time({group.query}[{COUNT_WINDOW:g}s])",
-                                                    start, end, COUNT_WINDOW)
-        every = scrape_interval(counts.series) if counts.error is None else None
+        every, why = await _scrape_interval(prom, group.query, start, end)
         if every is None:
-            why = counts.error or "Prometheus stored no sample of it over the range (does it scrape Triton?)"
             result.notes.append(f"{names} (source: triton, {group.query}): not replayed: {why}")
             del poller.groups[key]
             continue
@@ -192,6 +190,29 @@ async def _triton_through_prometheus(poller: Poller, prom: ReplayPrometheus, res
                             f"metric, one step per scrape interval ({every:g} s) where live it reads Triton "
                             f"every {group.interval:g} s: detection can come up to one scrape later")
         group.source, group.endpoints, group.interval = "prometheus", (), every
+
+
+async def _scrape_interval(prom: ReplayPrometheus, query: str, start: float,
+                           end: float) -> tuple[float | None, str]:
+    """How often Prometheus stored `query` in [start, end]: samples are counted in windows that end
+    inside the range (one at `start` would look only before it, where a short replay from the first
+    scrapes finds nothing), then their times read in the densest window at a quarter of the rough
+    interval (a count over a part-filled window overstates it). The reason when none is found."""
+    width = max(1.0, round(min(COUNT_WINDOW, end - start), 3))
+    counts = await PrometheusClient.query_range(prom, f"count_over_time({query}[{format_ms_duration(width * 1000)}])",
+                                                min(start + width, end), end, width)
+    if counts.error is not None:
+        return None, counts.error
+    at = densest_window(counts.series)
+    if at is None:
+        return None, "Prometheus stored no sample of it over the range (does it scrape Triton?)"
+    most = max(v for s in counts.series for t, v in zip(s.timestamps, s.values) if t == at)
+    step = max(0.05, width / most / 4)
+    stamps = await PrometheusClient.query_range(prom, f"timestamp({query})", at - width, at, step)
+    every = scrape_interval(stamps.series) if stamps.error is None else None
+    if every is None:
+        return None, stamps.error or "Prometheus stored a single sample of it over the range: no scrape interval"
+    return every, ""
 
 
 async def _alert_onsets(policies: PolicySet, prom: ReplayPrometheus, result: BacktestResult, start: float,

@@ -54,13 +54,28 @@ def alert_signal_at(at: float, labels: Mapping[str, str]) -> Signal:
 
 
 COUNT_WINDOW = 60.0
-"""The window the scrape interval is counted over (`count_over_time(q[60s])`)."""
+"""The widest window samples are counted over (`count_over_time(q[60s])`) to find where they are."""
 
 
-def scrape_interval(counts: Sequence[Series], window: float = COUNT_WINDOW) -> float | None:
-    """Prometheus' scrape interval for a metric from `count_over_time(metric[window])`: the window
-    over the median count of samples in it, to 0.1 s; None when no sample was stored."""
-    found = sorted(v for s in counts for v in s.values if v > 0)
-    if not found:
+def densest_window(counts: Sequence[Series]) -> float | None:
+    """The end of the window holding the most samples, from `count_over_time(metric[w])` at steps
+    of `w`; None when no sample was stored."""
+    best: tuple[float, float] | None = None
+    for s in counts:
+        for t, v in zip(s.timestamps, s.values):
+            if v > 0 and (best is None or v > best[1]):
+                best = (t, v)
+    return None if best is None else best[0]
+
+
+def scrape_interval(stamps: Sequence[Series]) -> float | None:
+    """Prometheus' scrape interval from `timestamp(metric)` read at a step finer than it: the
+    median gap between the distinct sample times, to 0.1 s; None with fewer than two samples."""
+    gaps: list[float] = []
+    for s in stamps:
+        seen = sorted({v for v in s.values if v == v})
+        gaps.extend(b - a for a, b in zip(seen, seen[1:]))
+    if not gaps:
         return None
-    return max(0.1, round(window / found[len(found) // 2], 1))
+    gaps.sort()
+    return max(0.1, round(gaps[len(gaps) // 2], 1))

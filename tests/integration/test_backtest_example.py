@@ -85,3 +85,24 @@ async def test_backtest_replays_the_examples_detector_and_alert_and_shows_the_ro
     assert alert.decision.outcome == "blocked" and alert.decision.reason.startswith("cooldown"), lines
     notes = "\n".join(result.notes)
     assert "one step per scrape interval (5 s)" in notes and "from ALERTS{" in notes, notes
+
+
+async def test_a_short_replay_from_the_first_scrapes_reads_the_scrape_interval_inside_the_range(
+        tmp_path: Path, prometheus_factory: Any) -> None:
+    """A replay of under a minute that starts before Prometheus' first scrape of Triton (a short demo
+    run backtested from 20 s before its deploy) still finds the counters it stored in the range."""
+    end = time.time() - 3600.0
+    deploy = end - 30.0
+    data = tmp_path / "tsdb"
+    backfill_openmetrics(data, _counters(deploy - 10.0, deploy, end))
+    prom = await prometheus_factory(scrape_targets={}, data_dir=data)
+    policy = yaml.safe_load(EXAMPLE.read_text())
+    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
+    pol = tmp_path / "policies"
+    pol.mkdir()
+    (pol / "ranker.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
+    result = await backtest(settings, load_policies(pol, action_registry(), detector_registry()),
+                            detector_registry(), deploy - 20.0, end)
+    notes = "\n".join(result.notes)
+    assert "one step per scrape interval (5 s)" in notes, notes
