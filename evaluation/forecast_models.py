@@ -73,12 +73,12 @@ def predict_linear_rule(windows: FLOAT, setup: Setup, width: int) -> FLOAT:
 
 def holt_model_paths(windows: FLOAT, params: HoltParams, setup: Setup) -> tuple[FLOAT, FLOAT]:
     """Holt with the given parameters (fitted at the last refit origin)."""
-    return holt_paths(holt_batch(windows, params), windows, setup.horizon_steps, setup.level_points,
+    return holt_paths(holt_batch(windows, setup.step_seconds, params), windows, setup.horizon_steps, setup.level_points,
                       setup.relative)
 
 
 def holt_params(windows: FLOAT, setup: Setup) -> HoltParams:
-    return holt_fit_params(windows, setup.holt_select_steps)
+    return holt_fit_params(windows, setup.step_seconds, setup.holt_select_steps)
 
 
 def prophet_curve(ts: FLOAT, vs: FLOAT, grid: FLOAT, fit_index: int, setup: Setup,

@@ -78,7 +78,7 @@ class HoltForecaster:
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
         """One pool job for the cycle: refit the due series' parameters, filter every series."""
         self._prepared = {}
-        items: list[tuple[str, float, NDArray[np.float64]]] = []
+        items: list[tuple[str, float, NDArray[np.float64], float]] = []
         for s in batch:
             try:
                 history = read_history(s, now, self.params)
@@ -88,23 +88,24 @@ class HoltForecaster:
                 continue
             window = self._window(history)
             if not isinstance(window, str):
-                items.append((series_key(s.labels), float(window[0][-1]), window[1]))
+                items.append((series_key(s.labels), float(window[0][-1]), window[1], history.step))
         self._forget(now)
         if len(items) < _BATCH_MIN:
             return  # forecast filters these inline
-        width = max(w.size for _, _, w in items)
+        width = max(w.size for _, _, w, _ in items)
         windows = np.full((len(items), width), np.nan)
-        for i, (_, _, w) in enumerate(items):
+        for i, (_, _, w, _) in enumerate(items):
             windows[i, width - w.size :] = w
-        refit = np.array([self._due(k, now) for k, _, _ in items])
-        kept = [self._fitted[k].params if not r else None for (k, _, _), r in zip(items, refit)]
+        steps = np.array([step for _, _, _, step in items])
+        refit = np.array([self._due(k, now) for k, _, _, _ in items])
+        kept = [self._fitted[k].params if not r else None for (k, _, _, _), r in zip(items, refit)]
         alpha, beta, phi = (np.array([np.nan if c is None else float(getattr(c, f)[0]) for c in kept])
                             for f in ("alpha", "beta", "phi"))
         try:
-            result: HoltBatch = await offload(holt_prepare, windows, refit, alpha, beta, phi)
+            result: HoltBatch = await offload(holt_prepare, windows, steps, refit, alpha, beta, phi)
         except Exception:  # a pool failure only costs speed: forecast filters inline instead
             return
-        for i, (key, last_t, w) in enumerate(items):
+        for i, (key, last_t, w, _) in enumerate(items):
             row = result.row(i)
             start = width - w.size
             trimmed = HoltBatch(row.params, row.levels[:, start:], row.trends[:, start:])
@@ -127,9 +128,9 @@ class HoltForecaster:
             batch = prepared.batch
         else:
             due = self._due(key, now)
-            params = holt_fit_params(values[None]) if due else self._fitted[key].params
+            params = holt_fit_params(values[None], history.step) if due else self._fitted[key].params
             self._remember(key, params, due, now)
-            batch = holt_batch(values[None], params)
+            batch = holt_batch(values[None], history.step, params)
         step = history.step
         steps = max(1, int(math.ceil((now + p.horizon_seconds - last_t) / step - 1e-9)))
         points = level_points(p.level_window_seconds, step)

@@ -29,7 +29,19 @@ from numpy.typing import NDArray
 ALPHAS = np.array([0.05, 0.1, 0.2, 0.35, 0.5, 0.8])
 # beta is a fraction of alpha (error-correction form), which keeps the trend smoother than the level.
 BETA_FRACTIONS = np.array([0.02, 0.1, 0.3])
-PHIS = np.array([0.9, 0.95, 0.98])
+TREND_PERSISTENCE_SECONDS = np.array([600.0, 1500.0, 7200.0])
+"""How long a learnt trend carries on: the damping per step is ``phi = exp(-step / tau)``. Damping
+is a property of time, not of samples: a per-step grid (0.9, 0.95, 0.98) let a trend reach only
+phi / (1 - phi) steps ahead (9 steps: 2 min at 15 s, 4.5 min at 30 s), so at a 15 s step a leak's
+breach came into view only steps before it. One-step SSE hardly tells the candidates apart."""
+DEFAULT_STEP_SECONDS = 30.0
+"""The step `fit_holt` assumes when it is not told one."""
+
+
+def phis_for(step_seconds: NDArray[np.float64] | float) -> NDArray[np.float64]:
+    """Per row (shape ``(B, 1)``, or ``(1, 1)`` for one step), the damping of each persistence."""
+    step = np.asarray(step_seconds, dtype=np.float64).reshape(-1, 1)
+    return np.asarray(np.exp(-step / TREND_PERSISTENCE_SECONDS[None, :]), dtype=np.float64)
 JUMP_SIGMAS = 4.0
 """An innovation beyond this many robust noise scales is a jump, not trend evidence. White noise
 passes it once in ~16,000 steps; log-normal noise at 15% (heavier above) once in ~1,000, which costs
@@ -45,10 +57,12 @@ _JumpState = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]
 """Per candidate: the side of a jump on the step before (+1/-1, 0 for none), the side of the last
 level shift (0 for none) and the steps since it."""
 
-_A, _BF, _P = (g.ravel() for g in np.meshgrid(ALPHAS, BETA_FRACTIONS, PHIS, indexing="ij"))
+_A, _BF, _P = (g.ravel() for g in np.meshgrid(ALPHAS, BETA_FRACTIONS, np.arange(TREND_PERSISTENCE_SECONDS.size),
+                                              indexing="ij"))
 GRID_ALPHA: NDArray[np.float64] = _A
 GRID_BETA: NDArray[np.float64] = _A * _BF
-GRID_PHI: NDArray[np.float64] = _P
+GRID_PERSISTENCE: NDArray[np.intp] = _P.astype(np.intp)
+"""Each candidate's column of `phis_for`."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +179,8 @@ def _weights(n: int, starts: NDArray[np.intp], half_life_points: float | None) -
 
 
 def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
-             jump_sigmas: float = JUMP_SIGMAS, horizon_points: int = 0) -> HoltFit:
+             jump_sigmas: float = JUMP_SIGMAS, horizon_points: int = 0,
+             step_seconds: NDArray[np.float64] | float = DEFAULT_STEP_SECONDS) -> HoltFit:
     """Fit damped-trend Holt to each row by minimizing (discounted, jump-clipped) one-step SSE over the grid.
 
     Args:
@@ -179,6 +194,8 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
         horizon_points: when positive, score each candidate by its forecast error this many steps
             ahead (what a breach decision rests on) instead of one step ahead; errors are clipped
             at twice the jump limit so one level shift does not pick the parameters.
+        step_seconds: each row's sampling step (one for all, or one per row): the damping
+            candidates are trend persistences in seconds (`TREND_PERSISTENCE_SECONDS`).
 
     Returns:
         A `HoltFit` with one entry per row.
@@ -195,12 +212,13 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
     level, trend = _initial(y, GRID_ALPHA.size, starts)
     state = _no_jumps(level)
     sse = np.zeros_like(level)
-    a, bt, p = GRID_ALPHA[None, :], GRID_BETA[None, :], GRID_PHI[None, :]
+    a, bt = GRID_ALPHA[None, :], GRID_BETA[None, :]
+    p = phis_for(step_seconds)[:, GRID_PERSISTENCE]  # (B or 1, candidates)
     h = int(horizon_points)
     if h > 0:  # forecasts made h steps ago, one slot per step of a ring
-        ring = np.repeat((level + damped_sums(GRID_PHI, h)[:, -1][None, :] * trend)[None], h, axis=0)
+        sums_h = p * (1.0 - p ** h) / (1.0 - p)  # phi + ... + phi^h
+        ring = np.repeat((level + sums_h * trend)[None], h, axis=0)
         made = np.repeat(starts[None, :], h, axis=0)
-        sums_h = damped_sums(GRID_PHI, h)[:, -1][None, :]
         limit_h = 2.0 * limit
     for t in range(int(starts.min()) + 1, n):
         new_level, new_trend, new_state, err = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
@@ -225,7 +243,7 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
         trend=trend[rows, best],
         alpha=GRID_ALPHA[best],
         beta=GRID_BETA[best],
-        phi=GRID_PHI[best],
+        phi=np.broadcast_to(p, sse.shape)[rows, best],
         sigma=sigma,
         scale=scale,
     )

@@ -49,29 +49,30 @@ class HoltBatch:
         return HoltBatch(self.params.row(i), self.levels[i : i + 1], self.trends[i : i + 1])
 
 
-def holt_fit_params(windows: FLOAT, horizon_points: int = 0) -> HoltParams:
+def holt_fit_params(windows: FLOAT, step_seconds: FLOAT | float, horizon_points: int = 0) -> HoltParams:
     """Fit each row's parameters (the costly grid search; the pool job), scored by the error
-    `horizon_points` ahead (one step when 0)."""
-    return HoltParams.of(fit_holt(windows, horizon_points=horizon_points))
+    `horizon_points` ahead (one step when 0), each row at its sampling step (one for all or one each)."""
+    return HoltParams.of(fit_holt(windows, horizon_points=horizon_points, step_seconds=step_seconds))
 
 
-def holt_batch(windows: FLOAT, params: HoltParams | None = None, horizon_points: int = 0) -> HoltBatch:
+def holt_batch(windows: FLOAT, step_seconds: FLOAT | float, params: HoltParams | None = None,
+               horizon_points: int = 0) -> HoltBatch:
     """Filter each row with its parameters (fitted here when None) for its states."""
-    p = params if params is not None else holt_fit_params(windows, horizon_points)
+    p = params if params is not None else holt_fit_params(windows, step_seconds, horizon_points)
     levels, trends = holt_states(windows, p.alpha, p.beta, p.phi)
     return HoltBatch(p, levels, trends)
 
 
-def holt_prepare(windows: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLOAT, phi: FLOAT,
+def holt_prepare(windows: FLOAT, steps: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLOAT, phi: FLOAT,
                  horizon_points: int = 0) -> HoltBatch:
     """The pool job of one cycle: refit the rows whose slot is due (NaN-padded rows are shorter
     histories), keep the given parameters for the others, and filter every row for its states."""
     params = HoltParams(alpha.astype(np.float64, copy=True), beta.astype(np.float64, copy=True),
                         phi.astype(np.float64, copy=True))
     if refit.any():
-        fresh = holt_fit_params(windows[refit], horizon_points)
+        fresh = holt_fit_params(windows[refit], steps[refit], horizon_points)
         params.alpha[refit], params.beta[refit], params.phi[refit] = fresh.alpha, fresh.beta, fresh.phi
-    return holt_batch(windows, params)
+    return holt_batch(windows, steps, params)
 
 
 def holt_paths(batch: HoltBatch, windows: FLOAT, horizon_steps: int, points: int,

@@ -187,8 +187,9 @@ groups:
         annotations: {{summary: "P99.9 of {{{{ $labels.model }}}} above 500 ms"}}
 """
 
-    def backfill(self, data_dir: Path, until: float, timings: Timings) -> None:
-        """Write history into Prometheus' data dir before it starts (ramp); nothing by default."""
+    def backfill(self, data_dir: Path, until: float, timings: Timings, scrape_labels: Mapping[str, str]) -> None:
+        """Write history into Prometheus' data dir before it starts (ramp); nothing by default.
+        `scrape_labels`: the job and instance Prometheus gives Triton's series."""
 
     def seed(self, emulator: KubeEmulator) -> None:
         """Objects the emulator holds before the daemon starts (canary)."""

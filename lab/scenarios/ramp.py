@@ -1,17 +1,15 @@
 """`ramp`: the live ranker v2 leaks: its per-request latency rises smoothly with time, noisy per
-request, as a real leak does. The hour before is backfilled into Prometheus with promtool;
-tailguard's forecaster (Holt) sees the trend and rolls back to v1 before P99.9 crosses 500 ms.
+request, as a real leak does. tailguard runs examples/policies/forecast.yaml with only its
+endpoints filled in: its forecaster (Holt, on Triton's own summary P99.9, every 15 s) sees the trend
+and rolls back to v1 minutes before P99.9 crosses 500 ms.
 
 The leak: the knob file holds the mean delay at a wall-clock start and the rate it grows at
 (`Leak`); v2's model computes its mean for every request, ``start + rate * (now - t0)``, and sleeps
 that times log-normal noise (`NOISE_SIGMA`, mean-preserving). v1 sleeps a fixed mean with the same
-noise. The backfilled hour is what the clients' P99.9 would have read under the same model (the
-same noise, rate of requests and quantile window: `client_p999_history`), so the history joins the
-live part without a jump.
-
-The daemon's clock: the forecast integration test sets it back so that its backfilled history ends
-at the daemon's "now". Here the history ends where live scrapes begin (the backfill is written right
-before Prometheus starts), so the offset that lines them up is zero and the daemon runs on the wall clock.
+noise. The policy reads six hours of history: the hours before the live part are backfilled into
+Prometheus with promtool as the very series Triton's scrapes then continue (same labels), holding
+what Triton's summary would have read under the same model (the same noise, rate of requests and a
+window like the summary's: `summary_history`), so the history joins the live part without a jump.
 """
 from __future__ import annotations
 
@@ -25,54 +23,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
 from daemon.report import Series
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from lab.load import run_load
-from lab.policies import verify_block
-from lab.scenarios.base import CLIENT_P999, MODEL, Run, Scenario, Timings, served_versions
-from lab.scenarios.clients import METRIC as CLIENT_METRIC
+from lab.scenarios.base import MODEL, Run, Scenario, Timings, served_versions
 from lab.scenarios.timeline import nearest_rank
+from lab.triton import TritonServer
 
-RECORDED = "model:client_request_latency_seconds:p999"
-"""The recording rule the forecaster reads (the clients' P99.9, seconds); the backfilled hour is
-written under the same name. The clients' short window forgets a cold-start stall in seconds, where
-Triton's summary would hold it for a minute and bend the trend the forecaster fits."""
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policies" / "forecast.yaml"
+SUMMARY = "nv_inference_request_summary_us"
 THRESHOLD_SECONDS = 0.5
 V1_MS = 80
-BASE_MS = 120.0
-"""v2's mean delay an hour before the live part (its P99.9 then reads about 150 ms)."""
-START_MS = 160.0
-"""v2's mean delay when the live part begins (P99.9 about 200 ms): the leak starts from here."""
+START_MS = 150.0
+"""v2's mean delay through the backfilled hours and when the live part begins (its P99.9 then reads
+about 200 ms): the leak starts from here."""
+LEAK_MS_PER_S = 1.0
+"""60 ms a minute: P99.9 (about 1.3 times the mean here) reaches 500 ms about four minutes into the
+leak. A field leak is often slower; a demo cannot wait for one, and at 15 s a point a faster one
+leaves the forecaster too few points to see the trend a minute ahead (the policy's min lead)."""
 NOISE_SIGMA = 0.1
 """Per-request log-normal noise (about 10%)."""
-OVERHEAD_MS = 3.0
-"""What a request costs besides the model's sleep (HTTP, Triton), for the backfilled history."""
+SERVER_OVERHEAD_MS = 1.0
+"""What Triton counts in a request's duration besides the model's sleep, for the backfilled history."""
+HISTORY_SECONDS = 6 * 3600.0
+"""The policy's lookback."""
 HISTORY_STEP_SECONDS = 5.0
-LEAK_BEGAN_SECONDS = 1200.0
-"""In the backfilled hour v2 creeps from BASE_MS to START_MS over the last 20 minutes."""
-REPORT_EVERY_SECONDS = 8.0
-"""How often the run says what v2's mean delay is now."""
+SUMMARY_WINDOW_SECONDS = 60.0
+"""Triton's summary quantiles cover about the last minute of requests (docs/stack-facts.md)."""
+HISTORY_QUANTILES = ("0.5", "0.99", "0.999")
+"""The summary quantiles backfilled: the policy's and the report's."""
+DECISION_BOUND_SECONDS = 300.0
+"""Bound on waiting for the rollback: P99.9 would cross the line at about 240 s."""
+REPORT_EVERY_SECONDS = 15.0
+"""How often the run says what v2's mean delay is now (once per poll of the policy)."""
 
-POLICY = """
-name: ranker-forecast
-target:
-  model: ranker
-  triton: {{endpoints: ["{url}"]}}
-triggers:
-  - detector:
-      type: forecast_breach
-      query: {recorded}{{model="$model"}}
-      interval: 5s
-      params: {{model: holt, threshold: {threshold}, horizon_seconds: 10m, lookback_seconds: 1h,
-                max_gap_seconds: 60, min_lead_seconds: 30s}}
-actions:
-  - type: triton.rollback
-    to: previous
-guards: {{cooldown: 10m}}
-{verify}"""
-"""`min_lead_seconds: 30s`: the lab's leak is compressed (P99.9 goes from 200 to 500 ms in about a
-minute and a half, where a field leak takes tens of minutes), so the default minute of lead would
-ask the forecaster to act on its first few live points."""
+
+def example_policy(triton: TritonServer, short: bool) -> str:
+    """examples/policies/forecast.yaml with the lab's endpoints filled in. `short` (tests) also
+    shortens its verify window to 10 s held, sampled every 5 s: the only other change, and only there."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["target"]["triton"] = {"endpoints": [triton.base_url]}
+    if short:
+        doc["verify"] |= {"for": "10s", "interval": "5s"}
+    return yaml.safe_dump(doc, sort_keys=False)
+
 
 MODEL_PY = '''\
 """Generated by lab.scenarios.ramp: version {version}; each request sleeps its mean delay times
@@ -136,37 +132,32 @@ class Leak:
         tmp.replace(knob)
 
 
-def history_mean_ms(t: float, until: float) -> float:
-    """v2's mean delay in the backfilled hour: BASE_MS, creeping to START_MS at `until`."""
-    began = until - LEAK_BEGAN_SECONDS
-    return BASE_MS + min(1.0, max(0.0, (t - began) / LEAK_BEGAN_SECONDS)) * (START_MS - BASE_MS)
-
-
-def client_p999_history(until: float, rate_per_second: float, window_seconds: float,
-                        seed: int = 7) -> list[tuple[float, float]]:
-    """The backfilled hour (seconds): what the clients' P99.9 would have read every
-    HISTORY_STEP_SECONDS, simulated with the live model's noise, the scenario's request rate (Poisson
-    arrivals) and the clients' window (nearest rank, as lab/scenarios/timeline.py computes it)."""
+def summary_history(until: float, rate_per_second: float, seed: int = 7) -> dict[str, list[tuple[float, float]]]:
+    """The backfilled hours: per quantile of `HISTORY_QUANTILES`, what Triton's summary of v2 would
+    have read (microseconds) every HISTORY_STEP_SECONDS until `until`, simulated with the live
+    model's noise at START_MS, the scenario's request rate (Poisson arrivals) and the summary's
+    window (nearest rank over the last SUMMARY_WINDOW_SECONDS of answers)."""
     rng = random.Random(seed)
-    first = until - 3600.0
-    answers: list[tuple[float, float]] = []  # (answered at, latency ms), in send order
-    t = first - window_seconds
+    first = until - HISTORY_SECONDS
+    answers: list[tuple[float, float]] = []  # (answered at, duration ms)
+    t = first - SUMMARY_WINDOW_SECONDS
     while t < until:
         t += rng.expovariate(rate_per_second)
-        noise = math.exp(rng.gauss(0.0, NOISE_SIGMA) - NOISE_SIGMA ** 2 / 2.0)
-        latency = history_mean_ms(t, until) * noise + OVERHEAD_MS
-        answers.append((t + latency / 1000.0, latency))
+        duration = START_MS * math.exp(rng.gauss(0.0, NOISE_SIGMA) - NOISE_SIGMA ** 2 / 2.0) + SERVER_OVERHEAD_MS
+        answers.append((t + duration / 1000.0, duration))
     answers.sort()
-    out: list[tuple[float, float]] = []
+    out: dict[str, list[tuple[float, float]]] = {q: [] for q in HISTORY_QUANTILES}
     lo = hi = 0
     at = first
     while at < until:
         while hi < len(answers) and answers[hi][0] <= at:
             hi += 1
-        while lo < hi and answers[lo][0] <= at - window_seconds:
+        while lo < hi and answers[lo][0] <= at - SUMMARY_WINDOW_SECONDS:
             lo += 1
-        if hi > lo:
-            out.append((at, nearest_rank([lat for _, lat in answers[lo:hi]], 0.999) / 1000.0))
+        window = [d for _, d in answers[lo:hi]]
+        for q in HISTORY_QUANTILES:
+            if window:
+                out[q].append((at, nearest_rank(window, float(q)) * 1000.0))
         at += HISTORY_STEP_SECONDS
     return out
 
@@ -201,40 +192,33 @@ class RampScenario(Scenario):
             (model / str(version) / "model.py").write_text(
                 MODEL_PY.format(version=version, knob=knob, fixed_ms=V1_MS, sigma=NOISE_SIGMA))
 
-    def rules(self, timings: Timings) -> str:
-        return super().rules(timings) + f"""
-      - record: {RECORDED}
-        expr: max by (model) ({CLIENT_METRIC}{{quantile="0.999"}}) / 1000
-"""
-
-    def backfill(self, data_dir: Path, until: float, timings: Timings) -> None:
-        points = client_p999_history(until, self.rate_per_second, timings.client_window_seconds)
-        backfill_openmetrics(data_dir, [BackfillSeries(RECORDED, points, {"model": MODEL})])
+    def backfill(self, data_dir: Path, until: float, timings: Timings, scrape_labels: Mapping[str, str]) -> None:
+        # The very series Triton's scrapes continue: its labels plus the scrape's job and instance.
+        labels = {**scrape_labels, "model": MODEL, "version": "2"}
+        backfill_openmetrics(data_dir, [BackfillSeries(SUMMARY, points, {**labels, "quantile": q})
+                                        for q, points in summary_history(until, self.rate_per_second).items()])
 
     def policy(self, triton_url: str, timings: Timings) -> str:
-        return POLICY.format(url=triton_url, recorded=RECORDED, threshold=THRESHOLD_SECONDS,
-                             verify=verify_block(CLIENT_P999, START_MS - 20, timings.verify_for))
+        raise NotImplementedError("the ramp scenario needs the Triton server: policy_files()")
+
+    def policy_files(self, triton: TritonServer, timings: Timings) -> dict[str, str]:
+        return {MODEL: example_policy(triton, timings.short)}
 
     async def setup(self, run: Run) -> None:
         # Warm every model instance before the clients' view starts counting: a cold Python-backend
         # stub answers its first request late, which is not the leak this scenario is about.
         await run_load(run.triton.base_url, MODEL, rate_per_second=16.0, duration_seconds=1.0)
 
-    def leak_rate(self, timings: Timings) -> float:
-        """ms per second: P99.9 (about 1.25 times the mean here) crosses 500 ms well inside the
-        watch window (short: in about 80 s of 90; full: in about 160 s of 180)."""
-        return 3.0 if timings.watch_seconds < 120 else 1.5
-
     async def play(self, run: Run) -> None:
         assert self.knob is not None
         run.enter("ramping")
-        rate = self.leak_rate(run.timings)
-        leak = Leak(START_MS, rate, time.time())
+        leak = Leak(START_MS, LEAK_MS_PER_S, time.time())
         leak.write(self.knob)
         run.mark("phase", f"live: ranker v{','.join(await asyncio.to_thread(served_versions, run.triton))} at "
-                          f"{START_MS:.0f} ms mean, leaking {rate:g} ms/s, per-request noise {NOISE_SIGMA:.0%}")
+                          f"{START_MS:.0f} ms mean, leaking {LEAK_MS_PER_S * 60:g} ms a minute, per-request noise "
+                          f"{NOISE_SIGMA:.0%}")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + run.timings.watch_seconds
+        deadline = loop.time() + DECISION_BOUND_SECONDS
         next_report = loop.time() + REPORT_EVERY_SECONDS
         highest = 0.0  # the clients' P99.9 (their window) while v2 leaked, sampled every second
         decided = False
@@ -265,7 +249,7 @@ class RampScenario(Scenario):
         run.say(f"acted with v2 at {mean:.0f} ms mean, the clients' P99.9 at most {highest:.0f} ms until then "
                 f"(line: {THRESHOLD_SECONDS * 1000:.0f} ms); recovery verdict: {verdict['status'] if verdict else 'none'}"
                 if decided else
-                f"no decision in {run.timings.watch_seconds:.0f}s; v2 held at {mean:.0f} ms mean "
+                f"no decision in {DECISION_BOUND_SECONDS:.0f}s; v2 held at {mean:.0f} ms mean "
                 f"(the clients' P99.9 at most {highest:.0f} ms)")
 
     def final_objects(self, run: Run) -> Mapping[str, Any]:
@@ -273,22 +257,18 @@ class RampScenario(Scenario):
         return {"at_decision": dict(self.at_decision)}
 
     def report_window(self, run: Run, ended_at: float) -> tuple[float, float]:
-        # Two minutes of the backfilled hour (one in a short run), then the live part: the leak and
-        # the forecast are the story, and an hour-wide axis crowds them into its right edge.
+        # Two minutes of the backfilled hours (one in a short run), then the live part: the leak and
+        # the forecast are the story, and a six-hour axis would crowd them into its right edge.
         return run.live_since - (120.0 if run.timings.watch_seconds >= 120 else 60.0), ended_at
-
-    def prometheus_series(self) -> list[tuple[str, str, float, str]]:
-        # Triton's own summaries (live only), and the forecaster's input with its backfilled hour.
-        return super().prometheus_series() + [
-            ("forecast input: recorded P99.9 (backfilled hour, then live)",
-             f'{RECORDED}{{model="{MODEL}"}}', 1000.0, "ms")]
 
     def extra_series(self, run: Run) -> list[Series]:
         return forecast_series(self.forecast)
 
 
-def forecast_series(details: Mapping[str, Any], after_crossing_seconds: float = 120.0) -> list[Series]:
-    """The acting forecast's band (p10, p50, p90, in ms) from the signal's details, named with the
+def forecast_series(details: Mapping[str, Any], ms_per_unit: float = 0.001,
+                    after_crossing_seconds: float = 120.0) -> list[Series]:
+    """The acting forecast's band (p10, p50, p90, in ms from the series' unit: microseconds for
+    Triton's summary by default) from the signal's details, named with the
     probability it acted on, up to `after_crossing_seconds` past its predicted crossing (the whole
     horizon would stretch the axis over minutes that never came); nothing when no forecast acted."""
     rows = details.get("forecast") or []
@@ -304,7 +284,7 @@ def forecast_series(details: Mapping[str, Any], after_crossing_seconds: float = 
     p = details.get("probability")
     said = f"P={float(p):.2f}" if p is not None else "P not journaled"
     return [Series(f"forecast p50 at the decision ({said})" if q == "p50" else f"forecast band {q}",
-                   times, [float(r[at[q]]) * 1000.0 for r in rows], "ms") for q in ("p10", "p50", "p90")]
+                   times, [float(r[at[q]]) * ms_per_unit for r in rows], "ms") for q in ("p10", "p50", "p90")]
 
 
 SCENARIO = RampScenario()

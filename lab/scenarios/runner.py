@@ -99,7 +99,8 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
 
         def start_prometheus() -> None:
             # Backfill right before the start, so the history ends where live scrapes begin.
-            scenario.backfill(prom.data_dir, time.time(), timings)
+            scenario.backfill(prom.data_dir, time.time(), timings,
+                              {"job": "triton", "instance": triton.metrics_target})
             prom.start()
 
         console.event(time.time() - started_at, f"starting Triton, Prometheus and Alertmanager ({scenario.name})")

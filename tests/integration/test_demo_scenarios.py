@@ -113,6 +113,18 @@ async def test_backtest_over_the_demos_recorded_run_shows_its_rollback(
     assert "one step per scrape interval" in notes, notes
 
 
+def test_ramp_runs_the_forecast_example_with_only_its_endpoints_filled_in(runs: dict[str, dict[str, Any]]) -> None:
+    """The ramp decides with examples/policies/forecast.yaml itself: the policy it ran differs from
+    the example in the Triton endpoints and, in a short run, the verify window's length only."""
+    ran = yaml.safe_load((Path(runs["ramp"]["png"]).parent / "ramp-work" / "policies" / "ranker.yaml").read_text())
+    example = yaml.safe_load((REPO / "examples" / "policies" / "forecast.yaml").read_text())
+    assert ran["target"]["triton"]["endpoints"][0].startswith("http://127.0.0.1:")
+    for doc in (ran, example):
+        del doc["target"]["triton"]
+        doc["verify"] = {k: v for k, v in doc["verify"].items() if k not in ("for", "interval")}
+    assert ran == example
+
+
 def test_ramp_forecaster_acts_before_the_line(runs: dict[str, dict[str, Any]]) -> None:
     """The forecast detector fires and rolls back while the P99.9 v2's clients see is still below
     500 ms (v2 leaks smoothly, noisy per request), then it recovers. (The comparison alert on

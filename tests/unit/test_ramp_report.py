@@ -4,9 +4,9 @@ from __future__ import annotations
 from lab.scenarios.ramp import forecast_series
 
 
-def test_the_band_is_read_in_ms_and_named_with_the_probability() -> None:
+def test_the_band_is_read_in_ms_from_the_summarys_microseconds_and_named_with_the_probability() -> None:
     details = {"probability": 0.929, "forecast_columns": ["time", "point", "p10", "p50", "p90"],
-               "forecast": [[100.0, 0.35, 0.33, 0.35, 0.37], [130.0, 0.43, 0.40, 0.43, 0.45]]}
+               "forecast": [[100.0, 350e3, 330e3, 350e3, 370e3], [130.0, 430e3, 400e3, 430e3, 450e3]]}
     band = {s.name: s for s in forecast_series(details)}
     p50 = next(s for name, s in band.items() if "p50" in name)
     assert "P=0.93" in p50.name and list(p50.times) == [100.0, 130.0]
