@@ -6,7 +6,10 @@ the offline evaluation use. The package's modules, one job each:
 - `calibration`: the predictive distribution (`PathForecast`) every backend returns, calibrated on
   the series' own past errors, and the first-passage probability read from it;
 - `protocol`: the `Forecaster` a backend implements;
-- `holt_fit` / `holt_paths` / `holt`: the Holt filter and fit, its batched distribution, the backend;
+- `outlook`: what the detector reads of a distribution (probability, crossing, band), per series or batched;
+- `history_memo`: each series' history read once per cycle, shared by `prepare` and `detect`;
+- `holt_fit` / `holt_paths` / `holt_cycle` / `holt`: the Holt filter and fit, its batched
+  distribution, the cycle's pool job (every series' outlook at once), the backend;
 - `prophet` / `prophet_fit`: the Prophet backend and its picklable fit for the process pool;
 - `refit_schedule`: when each series refits (Holt's parameters, Prophet);
 - `breach`: episodes (the dedup key);

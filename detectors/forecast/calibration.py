@@ -81,10 +81,9 @@ def error_paths(values: FLOAT, backcasts: FLOAT, first_origin: int, points: int,
         return out[0] if single else out
     level = centered_level(y, points)
     future = sliding_window_view(level[:, first_origin + 1 :], horizon, axis=1)[:, :k]
-    err = future - back[:, :k]
+    err = np.asarray(future - back[:, :k], dtype=np.float64)
     if relative:
-        err = err / _scale(back[:, :k, :1])
-    err = np.asarray(err, dtype=np.float64)
+        err /= scale_of(back[:, :k, :1])
     return err[0] if single else err
 
 
@@ -111,15 +110,34 @@ def first_passage_batch(point: FLOAT, errors: FLOAT, relative: bool, threshold: 
         with w the mean weight, so no finite ensemble says 0 or 1 (NaN without any path);
         ``median_step`` (B,); and ``paths`` (B,), the number of valid paths.
     """
-    b_count, k, horizon = errors.shape
+    k, horizon = errors.shape[1:]
     steps = max(1, min(steps, horizon))
     sign = 1.0 if direction == "above" else -1.0
-    scale = _scale(point[:, :1])[:, :, None] if relative else 1.0
+    scale = scale_of(point[:, :1])[:, :, None] if relative else 1.0
     paths = point[:, None, :steps] + errors[:, :, :steps] * scale
     valid = np.isfinite(paths).all(axis=2)
     hit = (sign * (paths - threshold) >= 0) & valid[:, :, None]
+    return passage_of_hits(hit, valid, np.ones(k) if weights is None else weights, horizon)
+
+
+def first_passage_paths(paths: FLOAT, threshold: float, direction: str, weights: FLOAT
+                        ) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """`first_passage_batch` of whole paths ``(B, K, H)`` (point plus scaled errors, every step
+    counted), with one comparison per point instead of a subtraction, a product and a comparison:
+    ``sign * (x - t) >= 0`` is ``x >= t`` (or ``x <= t``) for every finite x."""
+    valid = np.isfinite(paths).all(axis=2)
+    hit = paths >= threshold if direction == "above" else paths <= threshold
+    hit &= valid[:, :, None]
+    return passage_of_hits(hit, valid, weights, paths.shape[2])
+
+
+def passage_of_hits(hit: NDArray[np.bool_], valid: NDArray[np.bool_], weights: FLOAT, horizon: int
+                    ) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """The probability, median first-passage step and valid path count of `first_passage_batch`
+    from which steps of which paths reach the line (``hit``, (B, K, steps)) and which paths count."""
+    b_count = hit.shape[0]
     crossed = hit.any(axis=2)
-    w = (np.ones(k) if weights is None else weights)[None, :] * valid
+    w = weights[None, :] * valid
     total = w.sum(axis=1)
     count = valid.sum(axis=1)
     unit = np.where(count > 0, total / np.maximum(count, 1), 1.0)
@@ -133,7 +151,8 @@ def first_passage_batch(point: FLOAT, errors: FLOAT, relative: bool, threshold: 
     return probability, np.where(hit_w > 0, median, np.nan), count.astype(np.float64)
 
 
-def _scale(first_step: FLOAT) -> FLOAT:
+def scale_of(first_step: FLOAT) -> FLOAT:
+    """The first step's size that relative errors are shares of (never zero)."""
     return np.maximum(np.abs(first_step), 1e-12)
 
 
@@ -163,7 +182,7 @@ class PathForecast:
                     half_life: float, info: Mapping[str, Any]) -> "PathForecast":
         """Now's point path with past error paths (relative ones scaled by now's first step),
         weighted by recency."""
-        scaled = errors * _scale(point[:1]) if relative else errors
+        scaled = errors * scale_of(point[:1]) if relative else errors
         weights = recency_weights(errors.shape[0], half_life)
         keep = np.isfinite(scaled).all(axis=1)
         return cls(start, step, point, scaled[keep], weights[keep], info)

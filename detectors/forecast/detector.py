@@ -6,39 +6,21 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 from core.detection import Detection, threshold_or_baseline
 from core.query import Series, series_key
 from detectors.base import DetectorParams, Offload, detect_each
-from detectors.forecast.arrays import read_history
 from detectors.forecast.breach import Episodes
-from detectors.forecast.calibration import MIN_PATHS, PathForecast, level_points
+from detectors.forecast.calibration import MIN_PATHS, level_points
+from detectors.forecast.history_memo import CycleHistories
 from detectors.forecast.holt import HoltForecaster
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.prophet import ProphetForecaster
 from detectors.forecast.protocol import Forecaster
 
 KIND = "forecast_breach"
-_DETAIL_POINTS = 20  # forecast points kept in Detection.details (the journal, not the math)
 _EVIDENCE_POINTS = 10
-BAND = (0.1, 0.5, 0.9)
 FORECAST_COLUMNS = ["time", "point", "p10", "p50", "p90"]
-
-
-def _detail_steps(n: int, points: int = _DETAIL_POINTS) -> NDArray[np.intp]:
-    """The steps (of n) the journal keeps: at most `points`, evenly spread, first and last included."""
-    return np.unique(np.linspace(0, n - 1, min(points, n)).round().astype(np.intp)) if n else np.empty(0, np.intp)
-
-
-def forecast_rows(forecast: PathForecast) -> list[list[float]]:
-    """The forecast as the journal keeps it: up to 20 rows of [time, point, p10, p50, p90]. The
-    band is computed at those steps only (the per-series cost of a cycle was mostly this sort)."""
-    idx = _detail_steps(forecast.point.size)
-    if not idx.size:
-        return []
-    cols = np.vstack([forecast.times[idx], forecast.point[idx], forecast.band(BAND, idx)]).round(6)
-    return [[float(v) for v in row] for row in cols.T]
 
 
 class ForecastBreachDetector:
@@ -61,8 +43,11 @@ class ForecastBreachDetector:
             params if isinstance(params, ForecastBreachParams)
             else ForecastBreachParams.model_validate(params)
         )
+        # Holt's `prepare` and `detect` share the cycle's histories (each series read once).
+        self._histories = CycleHistories(self.params)
         self._forecaster: Forecaster = (
-            HoltForecaster(self.params) if self.params.model == "holt" else ProphetForecaster(self.params)
+            HoltForecaster(self.params, self._histories) if self.params.model == "holt"
+            else ProphetForecaster(self.params)
         )
         self._episodes = Episodes(self.params.horizon_seconds)
 
@@ -100,7 +85,7 @@ class ForecastBreachDetector:
     def _detect(self, series: Series, now: float) -> Detection:
         p = self.params
         key = series_key(series.labels)
-        history = read_history(series, now, p)
+        history = self._histories.read(series, now)
         ts, vs = history.timestamps, history.values
         if ts.size < p.min_history_points:
             self._episodes.close(key, now)
@@ -127,17 +112,17 @@ class ForecastBreachDetector:
         if isinstance(forecast, str):
             self._episodes.close(key, now)
             return self._quiet(forecast, current)
-        if forecast.errors.shape[0] < MIN_PATHS:
+        fp = forecast.passage
+        if fp is None:
             self._episodes.close(key, now)
-            return self._quiet(f"too few past forecasts to calibrate on: {forecast.errors.shape[0]} "
+            return self._quiet(f"too few past forecasts to calibrate on: {forecast.paths} "
                                f"(need {MIN_PATHS})", current, **forecast.info)
-        fp = forecast.first_passage(p.threshold, p.direction, forecast.point.size)
         lead = None if fp.crossing_time is None else max(fp.crossing_time - now, 0.0)
         figures = {**forecast.info, "probability": round(fp.probability, 6), "min_probability": p.min_probability,
                    "predicted_crossing_time": fp.crossing_time, "lead_seconds": lead,
                    "min_lead_seconds": p.min_lead_seconds, "horizon_seconds": p.horizon_seconds,
                    "calibration_paths": fp.paths, "level": level,
-                   "forecast": forecast_rows(forecast), "forecast_columns": FORECAST_COLUMNS}
+                   "forecast": forecast.rows, "forecast_columns": FORECAST_COLUMNS}
         fired = fp.probability >= p.min_probability and lead is not None and lead >= p.min_lead_seconds
         shown = f"P(level reaches {p.threshold:g} within {p.horizon_seconds:.0f}s) = {fp.probability:.3f}"
         if not fired:

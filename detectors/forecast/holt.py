@@ -13,16 +13,19 @@ from numpy.typing import NDArray
 
 from core.query import Series, series_key
 from detectors.base import Offload
-from detectors.forecast.arrays import History, read_history, window_of
+from detectors.forecast.arrays import History
 from detectors.forecast.calibration import PathForecast, level_points
-from detectors.forecast.holt_paths import HoltBatch, HoltParams, holt_batch, holt_fit_params, holt_paths, holt_prepare
+from detectors.forecast.holt_cycle import ERROR_HALF_LIFE_PATHS, CycleRows, HoltCycle, Question, holt_cycle
+from detectors.forecast.history_memo import CycleHistories
+from detectors.forecast.holt_paths import HoltParams, holt_batch, holt_fit_params, holt_paths
+from detectors.forecast.outlook import Outlook, outlook_of
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.refit_schedule import refit_due, refit_phase_seconds
 
+__all__ = ["ERROR_HALF_LIFE_PATHS", "HoltForecaster"]
+
 # Below this many series, shipping a batch to the pool costs more than filtering inline.
 _BATCH_MIN = 16
-ERROR_HALF_LIFE_PATHS = 1e9
-"""Past error paths count equally (a half-life in origins would weight the recent past more)."""
 
 
 @dataclass
@@ -35,26 +38,28 @@ class _Fitted:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """States from this cycle's `prepare`, valid only for the same cycle and the same window."""
+    """The outlook from this cycle's `prepare`, valid only for the same cycle and the same window."""
 
     at: float
     last_time: float
     size: int
-    batch: HoltBatch
+    step: float
+    outlook: Outlook
 
 
 class HoltForecaster:
     """Parameters change slowly and are refitted once per `holt_refit_seconds` (a restart refits
     them from the range at once); states and the distribution are recomputed every cycle."""
 
-    def __init__(self, params: ForecastBreachParams) -> None:
+    def __init__(self, params: ForecastBreachParams, histories: CycleHistories | None = None) -> None:
         self.params = params
+        self._histories = histories if histories is not None else CycleHistories(params)
         self._fitted: dict[str, _Fitted] = {}
         self._prepared: dict[str, _Prepared] = {}
 
     def _window(self, history: History) -> tuple[NDArray[np.float64], NDArray[np.float64]] | str:
         p = self.params
-        grid, values = window_of(history, p.holt_fit_points)
+        grid, values = self._histories.window(history, p.holt_fit_points)
         if grid.size < p.min_history_points:
             return (f"gap: only {grid.size} points since the last gap longer than "
                     f"{history.max_gap:.0f}s, need {p.min_history_points}")
@@ -76,66 +81,77 @@ class HoltForecaster:
             f.params, f.fitted_at = params, now
 
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """One pool job for the cycle: refit the due series' parameters, filter every series."""
+        """One pool job for the cycle: refit the due series' parameters, filter every series and
+        read its outlook (what `forecast` would compute per series, for all of them at once)."""
         self._prepared = {}
-        items: list[tuple[str, float, NDArray[np.float64], float]] = []
+        items: list[tuple[str, float, float, NDArray[np.float64]]] = []
         for s in batch:
             try:
-                history = read_history(s, now, self.params)
+                history = self._histories.read(s, now)
             except ValueError:  # malformed series: detect reports it
                 continue
             if history.timestamps.size < self.params.min_history_points:
                 continue
             window = self._window(history)
             if not isinstance(window, str):
-                items.append((series_key(s.labels), float(window[0][-1]), window[1], history.step))
+                items.append((series_key(s.labels), float(window[0][-1]), history.step, window[1]))
         self._forget(now)
         if len(items) < _BATCH_MIN:
             return  # forecast filters these inline
-        width = max(w.size for _, _, w, _ in items)
+        width = max(w.size for *_, w in items)
         windows = np.full((len(items), width), np.nan)
-        for i, (_, _, w, _) in enumerate(items):
+        for i, (*_, w) in enumerate(items):
             windows[i, width - w.size :] = w
-        steps = np.array([step for _, _, _, step in items])
-        refit = np.array([self._due(k, now) for k, _, _, _ in items])
-        kept = [self._fitted[k].params if not r else None for (k, _, _, _), r in zip(items, refit)]
+        refit = np.array([self._due(k, now) for k, *_ in items])
+        kept = [self._fitted[k].params if not r else None for (k, *_), r in zip(items, refit)]
         alpha, beta, phi = (np.array([np.nan if c is None else float(getattr(c, f)[0]) for c in kept])
                             for f in ("alpha", "beta", "phi"))
+        p = self.params
+        rows = CycleRows(
+            sizes=np.array([w.size for *_, w in items], dtype=np.intp),
+            starts=np.array([t for _, t, _, _ in items]),
+            steps=np.array([st for _, _, st, _ in items]),
+            horizons=np.array([self._horizon_steps(now, t, st) for _, t, st, _ in items], dtype=np.intp),
+            points=np.array([level_points(p.level_window_seconds, st) for _, _, st, _ in items], dtype=np.intp),
+        )
+        question = Question(p.threshold, p.direction, p.errors == "relative")
         try:
-            result: HoltBatch = await offload(holt_prepare, windows, steps, refit, alpha, beta, phi)
+            result: HoltCycle = await offload(holt_cycle, windows, refit, alpha, beta, phi, rows, question)
         except Exception:  # a pool failure only costs speed: forecast filters inline instead
             return
-        for i, (key, last_t, w, _) in enumerate(items):
-            row = result.row(i)
-            start = width - w.size
-            trimmed = HoltBatch(row.params, row.levels[:, start:], row.trends[:, start:])
-            self._remember(key, row.params, bool(refit[i]), now)
-            self._prepared[key] = _Prepared(now, last_t, w.size, trimmed)
+        for i, (key, last_t, step, w) in enumerate(items):
+            self._remember(key, result.params.row(i), bool(refit[i]), now)
+            self._prepared[key] = _Prepared(now, last_t, w.size, step, result.outlooks[i])
+
+    def _horizon_steps(self, now: float, last_t: float, step: float) -> int:
+        """Grid steps from the window's last point to now + horizon (at least one)."""
+        return max(1, int(math.ceil((now + self.params.horizon_seconds - last_t) / step - 1e-9)))
 
     def _forget(self, now: float) -> None:
         for key in [k for k, f in self._fitted.items() if now - f.last_seen > self.params.lookback_seconds]:
             del self._fitted[key]  # series gone for a whole lookback: forget its parameters
 
-    def forecast(self, key: str, history: History, now: float) -> PathForecast | str:
+    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
         p = self.params
         window = self._window(history)
         if isinstance(window, str):
             return window
         grid, values = window
         last_t = float(grid[-1])
-        prepared = self._prepared.get(key)
-        if prepared and (prepared.at, prepared.last_time, prepared.size) == (now, last_t, values.size):
-            batch = prepared.batch
-        else:
-            due = self._due(key, now)
-            params = holt_fit_params(values[None], history.step) if due else self._fitted[key].params
-            self._remember(key, params, due, now)
-            batch = holt_batch(values[None], history.step, params)
         step = history.step
-        steps = max(1, int(math.ceil((now + p.horizon_seconds - last_t) / step - 1e-9)))
+        prepared = self._prepared.get(key)
+        if prepared and (prepared.at, prepared.last_time, prepared.size, prepared.step) == (now, last_t, values.size,
+                                                                                             step):
+            return prepared.outlook
+        due = self._due(key, now)
+        params = holt_fit_params(values[None], step) if due else self._fitted[key].params
+        self._remember(key, params, due, now)
+        batch = holt_batch(values[None], step, params)
+        steps = self._horizon_steps(now, last_t, step)
         points = level_points(p.level_window_seconds, step)
         relative = p.errors == "relative"
         point, errors = holt_paths(batch, values[None], steps, points, relative)
         info = {"model": "holt", "alpha": float(batch.params.alpha[0]), "beta": float(batch.params.beta[0]),
                 "phi": float(batch.params.phi[0]), "step_seconds": step, "level_points": points}
-        return PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
+        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
+        return outlook_of(forecast, p.threshold, p.direction)

@@ -91,10 +91,11 @@ def holt_paths(batch: HoltBatch, windows: FLOAT, horizon_steps: int, points: int
     last = n - 1 - horizon_steps - points // 2
     if last < first:
         return point, np.empty((b_count, 0, horizon_steps))
-    back = (batch.levels[:, first : last + 1, None]
-            + sums[:, None, :] * batch.trends[:, first : last + 1, None])  # (B, K, H)
+    back = sums[:, None, :] * batch.trends[:, first : last + 1, None]  # (B, K, H)
+    back += batch.levels[:, first : last + 1, None]  # in place: the largest array of a cycle
     # A left-padded (shorter) row: origins in its own burn-in say nothing (NaN paths do not count).
     starts = row_starts(y)
     early = np.arange(first, last + 1)[None, :] < (starts + BURN_IN_POINTS)[:, None]
-    back = np.where(early[:, :, None], np.nan, back)
+    if early.any():
+        back = np.where(early[:, :, None], np.nan, back)
     return point, error_paths(y, back, first, points, relative)

@@ -16,6 +16,7 @@ from core.query import Series, series_key
 from detectors.base import Offload
 from detectors.forecast.arrays import History, read_history, window_of
 from detectors.forecast.calibration import PathForecast, anchored_paths, level_points
+from detectors.forecast.outlook import Outlook, outlook_of
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.prophet_fit import ProphetForecast, fit_prophet_forecast
 from detectors.forecast.refit_schedule import next_refit_time, refit_due, refit_phase_seconds
@@ -110,7 +111,7 @@ class ProphetForecaster:
         )
         return offload(fn, history.timestamps, history.values)
 
-    def forecast(self, key: str, history: History, now: float) -> PathForecast | str:
+    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
         p = self.params
         st = self._states.get(key)
         f = st.forecast if st else None
@@ -137,4 +138,5 @@ class ProphetForecaster:
         info = {"model": "prophet", "fitted_at": f.fitted_at, "fit_points": f.n_points,
                 "warm_started": f.warm_started, "anchor_offset": offset, "step_seconds": step,
                 "level_points": points}
-        return PathForecast.from_errors(float(grid[-1]), step, point, errors, relative, 1e9, info)
+        forecast = PathForecast.from_errors(float(grid[-1]), step, point, errors, relative, 1e9, info)
+        return outlook_of(forecast, p.threshold, p.direction)

@@ -1,6 +1,6 @@
 """The `Forecaster` protocol: what the breach detector asks of a backend (Holt, Prophet). A backend
-returns a predictive distribution (`PathForecast`: its point path and the series' own past error
-paths), never a bare curve: the detector reads the probability of crossing from it."""
+returns the outlook read from a predictive distribution (`PathForecast`: its point path and the
+series' own past error paths), never a bare curve: the probability of crossing, its time, the band."""
 from __future__ import annotations
 
 from typing import Protocol, Sequence
@@ -8,7 +8,7 @@ from typing import Protocol, Sequence
 from core.query import Series
 from detectors.base import Offload
 from detectors.forecast.arrays import History
-from detectors.forecast.calibration import PathForecast
+from detectors.forecast.outlook import Outlook
 
 
 class Forecaster(Protocol):
@@ -17,6 +17,6 @@ class Forecaster(Protocol):
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
         """Refresh cached fits for this cycle's series; a failure only costs freshness or speed."""
 
-    def forecast(self, key: str, history: History, now: float) -> PathForecast | str:
-        """The distribution of the series' level from the end of ``history`` to ``now`` plus the
-        horizon (calibrated on its own recent errors), or why there is none."""
+    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
+        """The outlook of the series' level from the end of ``history`` to ``now`` plus the
+        horizon (its distribution calibrated on its own recent errors), or why there is none."""

@@ -1,0 +1,149 @@
+"""What the detector reads of a predictive distribution (`Outlook`): the probability of reaching
+the line, the median crossing, and the band the journal keeps. `outlook_of` reads it from one
+`PathForecast`; `outlook_batch` reads it for many series at once (the Holt cycle's pool job),
+with the same arithmetic per series, so the two agree bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from detectors.forecast.calibration import (
+    MIN_PATHS,
+    FirstPassage,
+    PathForecast,
+    first_passage_paths,
+    recency_weights,
+    scale_of,
+)
+
+FLOAT = NDArray[np.float64]
+DETAIL_POINTS = 20  # forecast points kept in Detection.details (the journal, not the math)
+BAND = (0.1, 0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """A distribution as the detector uses it; `passage` is None (and `rows` empty) with fewer than
+    `MIN_PATHS` error paths: no decision."""
+
+    point: FLOAT  # (H,) the model's point path for leads 1..H
+    paths: int  # error paths behind the distribution
+    passage: FirstPassage | None
+    rows: list[list[float]]  # the journal's forecast: up to 20 rows of [time, point, p10, p50, p90]
+    info: Mapping[str, Any]  # the fit's figures, copied into Detection.details
+
+
+def detail_steps(n: int, points: int = DETAIL_POINTS) -> NDArray[np.intp]:
+    """The steps (of n) the journal keeps: at most `points`, evenly spread, first and last included."""
+    return np.unique(np.linspace(0, n - 1, min(points, n)).round().astype(np.intp)) if n else np.empty(0, np.intp)
+
+
+def forecast_rows(forecast: PathForecast) -> list[list[float]]:
+    """The forecast as the journal keeps it: up to 20 rows of [time, point, p10, p50, p90]. The
+    band is computed at those steps only (the per-series cost of a cycle was mostly this sort)."""
+    idx = detail_steps(forecast.point.size)
+    if not idx.size:
+        return []
+    cols = np.vstack([forecast.times[idx], forecast.point[idx], forecast.band(BAND, idx)]).round(6)
+    return [[float(v) for v in row] for row in cols.T]
+
+
+def outlook_of(forecast: PathForecast, threshold: float, direction: str) -> Outlook:
+    """One series' outlook, read from its distribution."""
+    paths = int(forecast.errors.shape[0])
+    if paths < MIN_PATHS:
+        return Outlook(forecast.point, paths, None, [], forecast.info)
+    fp = forecast.first_passage(threshold, direction, forecast.point.size)
+    return Outlook(forecast.point, paths, fp, forecast_rows(forecast), forecast.info)
+
+
+def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, relative: bool, half_life: float,
+                  threshold: float, direction: str, infos: Sequence[Mapping[str, Any]]) -> list[Outlook]:
+    """The outlook of each of a batch of series with equally long paths, as `outlook_of` would read
+    it from `PathForecast.from_errors(starts[i], steps[i], point[i], errors[i], ...)`.
+
+    Args:
+        starts, steps: ``(B,)`` each row's origin time and step.
+        point: ``(B, H)`` point paths; errors: ``(B, K, H)`` error paths as `holt_paths` gives them.
+    """
+    b_count, k, horizon = errors.shape
+    scaled = errors * scale_of(point[:, :1])[:, :, None] if relative else errors
+    # A row with a non-finite path drops it (and its weight): the one-series path handles that.
+    whole = np.isfinite(scaled).all(axis=(1, 2))
+    out: list[Outlook | None] = [None] * b_count
+    for i in np.flatnonzero(~whole):
+        f = PathForecast.from_errors(float(starts[i]), float(steps[i]), point[i], errors[i], relative,
+                                     half_life, infos[i])
+        out[i] = outlook_of(f, threshold, direction)
+    good = np.flatnonzero(whole)
+    if k < MIN_PATHS:
+        for i in good:
+            out[i] = Outlook(point[i], k, None, [], infos[i])
+    elif good.size:
+        weights = recency_weights(k, half_life)
+        everyone = good.size == b_count
+        pt = point if everyone else point[good]
+        paths = scaled[good] if not everyone else scaled.copy() if scaled is errors else scaled  # ours to add to
+        idx = detail_steps(horizon)
+        at_errors = paths[:, :, idx]  # the band's steps, before the point is added in place
+        paths += pt[:, None, :]  # as PathForecast.paths: point + error, every step
+        prob, median, _ = first_passage_paths(paths, threshold, direction, weights)
+        rows = _rows_batch(starts[good], steps[good], pt, at_errors, idx, weights)
+        for j, i in enumerate(good):
+            when = None if np.isnan(median[j]) else float(starts[i]) + float(steps[i]) * float(median[j])
+            out[i] = Outlook(point[i], k, FirstPassage(float(prob[j]), when, k), rows[j], infos[i])
+    return [o for o in out if o is not None]
+
+
+def _rows_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, idx: NDArray[np.intp],
+                weights: FLOAT) -> list[list[list[float]]]:
+    """`forecast_rows` of each row of a batch sharing its path weights, shape ``(B, rows, 5)``;
+    `errors` are the error paths at the journal's steps `idx` only."""
+    horizon = point.shape[1]
+    times = starts[:, None] + steps[:, None] * np.arange(1, horizon + 1)
+    at = point[:, idx]
+    paths = at[:, None, :] + errors  # (B, K, S)
+    cols = np.stack([times[:, idx], at, *_band_batch(paths, weights)], axis=1).round(6)  # (B, 5, S)
+    rows: list[list[list[float]]] = cols.transpose(0, 2, 1).tolist()
+    return rows
+
+
+_SUM_TOLERANCE = 1e-9
+"""Relative error bound of a float cumulative sum of positive weights (far above n * 2**-53 for
+any window a detector keeps)."""
+
+
+def sure_rank(weights: FLOAT, q: float) -> int | None:
+    """The index at which the cumulative share of `weights` first reaches `q`, whatever the order
+    the weights are summed in (the paths' order at a step), or None when the order or the
+    rounding could move it. With near-equal weights this is the plain order statistic, so a
+    partition finds the quantile a full sort would."""
+    k = weights.size
+    lo, hi, total = float(weights.min()), float(weights.max()), float(weights.sum())
+    if k == 0 or lo <= 0.0:
+        return None
+    j = max(0, int(np.ceil(q * total / (lo * (1.0 - 2 * _SUM_TOLERANCE)))) - 1)
+    while j < k and (j + 1) * lo * (1.0 - 2 * _SUM_TOLERANCE) / total < q:
+        j += 1
+    if j >= k or (j > 0 and j * hi * (1.0 + 2 * _SUM_TOLERANCE) / total >= q):
+        return None
+    return j
+
+
+def _band_batch(paths: FLOAT, weights: FLOAT) -> list[FLOAT]:
+    """`PathForecast.band` of each row of ``(B, K, S)`` paths sharing `weights`, one ``(B, S)``
+    per quantile of `BAND`."""
+    ranks = [sure_rank(weights, q) for q in BAND]
+    if all(r is not None for r in ranks):
+        sure = [int(r) for r in ranks if r is not None]
+        part = np.partition(paths, sorted(set(sure)), axis=1)
+        return [part[:, r, :] for r in sure]
+    # As `PathForecast.band`, per row: one sort along the paths, one gather per quantile.
+    order = np.argsort(paths, axis=1)
+    ranked = np.take_along_axis(paths, order, axis=1)
+    cum = np.cumsum(weights[order], axis=1) / weights.sum()
+    return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=1)[:, None, :], axis=1)[:, 0, :] for q in BAND]
