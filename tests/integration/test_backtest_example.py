@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from daemon.wiring.backtest import backtest, text_lines
 from daemon.wiring.registries import action_registry, detector_registry
 from lab.prometheus import BackfillSeries, backfill_openmetrics
 from policies.loader import load_policies
-from tests.support.helpers import local_settings
+from tests.support.helpers import example_backtest_settings
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.integration
@@ -65,13 +64,8 @@ async def test_backtest_replays_the_examples_detector_and_alert_and_shows_the_ro
     backfill_openmetrics(data, [*_counters(end - 3600.0, deploy, end), _alerts(deploy + 120.0, end)])
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
 
-    policy = yaml.safe_load(EXAMPLE.read_text())
-    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
-    pol = tmp_path / "policies"
-    pol.mkdir()
-    (pol / "ranker.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
-    settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
-    policies = load_policies(pol, action_registry(), detector_registry())
+    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    policies = load_policies(Path(settings.policies.path), action_registry(), detector_registry())
     result = await backtest(settings, policies, detector_registry(), deploy - 300.0, deploy + 300.0)
     lines = text_lines(result)
 
@@ -96,13 +90,8 @@ async def test_a_short_replay_from_the_first_scrapes_reads_the_scrape_interval_i
     data = tmp_path / "tsdb"
     backfill_openmetrics(data, _counters(deploy - 10.0, deploy, end))
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
-    policy = yaml.safe_load(EXAMPLE.read_text())
-    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
-    pol = tmp_path / "policies"
-    pol.mkdir()
-    (pol / "ranker.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
-    settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
-    result = await backtest(settings, load_policies(pol, action_registry(), detector_registry()),
+    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    result = await backtest(settings, load_policies(Path(settings.policies.path), action_registry(), detector_registry()),
                             detector_registry(), deploy - 20.0, end)
     notes = "\n".join(result.notes)
     assert "one step per scrape interval (5 s)" in notes, notes

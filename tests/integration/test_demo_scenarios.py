@@ -18,7 +18,7 @@ from daemon.wiring.backtest import backtest, text_lines
 from daemon.wiring.registries import action_registry, detector_registry
 from policies.loader import load_policies
 from tests.support.demo_runs import run_demos
-from tests.support.helpers import local_settings
+from tests.support.helpers import example_backtest_settings
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,12 +95,8 @@ async def test_backtest_over_the_demos_recorded_run_shows_its_rollback(
     run = runs["tail"]
     data = Path(run["png"]).parent / "tail-work" / "prom" / "data"
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
-    policy = yaml.safe_load(EXAMPLE.read_text())
-    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
-    pol = tmp_path / "policies"
-    pol.mkdir()
-    (pol / "ranker.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
-    settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
+    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    pol = Path(settings.policies.path)
     deploy = run["started_at"] + first(run["markers"], "deploy")
     acted = run["started_at"] + first(run["markers"], "action")
     result = await backtest(settings, load_policies(pol, action_registry(), detector_registry()),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from aiohttp import web
 
 from daemon.common.config import Settings
@@ -144,6 +145,17 @@ class NotifySink:
     async def __aexit__(self, *exc: Any) -> None:
         assert self._runner is not None
         await self._runner.cleanup()
+
+
+def example_backtest_settings(tmp: Path, example: Path, prometheus_url: str) -> Settings:
+    """Settings for backtesting an example policy over `prometheus_url`: the example written into
+    `tmp/policies` with only its Triton endpoints filled in (unreachable: a backtest never calls them)."""
+    policy = yaml.safe_load(example.read_text())
+    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
+    pol = tmp / "policies"
+    pol.mkdir()
+    (pol / example.name).write_text(yaml.safe_dump(policy, sort_keys=False))
+    return local_settings(tmp, pol, prometheus={"url": prometheus_url})
 
 
 async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.05) -> None:
