@@ -82,8 +82,9 @@ class Row:
         return detected(self.delays)
 
 
-def deciders(params: TailExcessParams, alpha: float | None) -> list[PairDecider]:
-    out: list[PairDecider] = [Judge(params, STEP), Single(Tailguard.of(params, STEP, params.lookback_seconds_))]
+def deciders(params: TailExcessParams, alpha: float | None, split: Split) -> list[PairDecider]:
+    out: list[PairDecider] = [Judge(params, STEP, weight=split.weight),
+                              Single(Tailguard.of(params, STEP, params.lookback_seconds_))]
     if alpha is not None:
         out.append(MannWhitney(alpha))
     return out
@@ -105,7 +106,7 @@ def run(seeds: range, days: int) -> tuple[list[Row], dict[str, str]]:
         young, total = young_verdicts(split, days, alpha)
         notes[split.name] += (f"; at that alpha {young} of {days} healthy canaries had their first false verdict "
                               f"within 10 minutes of the canary's start ({total} false verdicts in all)")
-        ds = deciders(params, alpha)
+        ds = deciders(params, alpha, split)
         for case in CASES:
             start = -SHARED_LEAD if case.kind == "shared" else 0.0
             found = pair_delays(ds, split, case, seeds, horizon(split), history(params) + SHARED_LEAD, LINE_MS,

@@ -12,9 +12,11 @@ with the canary, is not diluted by the stable's healthy history before it), its 
 stable's share over its own episode (`episode_fired`): a slowdown both share that began after the
 canary did is measured over the same recent steps, not the canary's whole time.
 The canary fires when its own share exceeds that by the margins the bank's members are made for
-(the same sizes: 2x the budget and up, minus the null). When both are at half budget the test is
-exactly the single-version one, so its stated false-alarm rate is the single-version promise;
-when both slow down together (a shared cause) the canary is measured against a stable that is
+(the same sizes: 2x the budget and up, minus the null). A canary whose whole life is in the
+lookback is also judged on its life by the start test (detectors/canary_start.py), which spends
+`start_false_verdicts` per canary start; the running bank what is left of the rate per version-day. When
+both are at half budget the test is the single-version one, so its stated false-alarm rate is the
+single-version promise; when both slow down together (a shared cause) the canary is measured against a stable that is
 just as slow, and does not fire: the detection says "shared slowdown" instead.
 """
 from __future__ import annotations
@@ -31,10 +33,11 @@ from core.detection import Detection
 from core.query import Series
 from detectors._grid import align
 from detectors.base import ClusterReader, DetectorParams, detect_each
+from detectors.canary_start import START_ALPHA, bank_days, life_start, start_alpha, start_statistic, start_thresholds
 from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
 from detectors.sequential.design import BankDesign
-from detectors.sequential.thresholds import STORE, Promise
+from detectors.sequential.thresholds import STORE, Promise, rounded_traffic
 from detectors.tail_excess import TailExcessDetector, TailExcessParams
 from detectors.tail_excess_batch import OK, Front, front_end
 
@@ -65,6 +68,9 @@ class TailCanaryParams(TailExcessParams):
     serving both versions); wins over the DestinationRule."""
     pod_label: str = "version"
     """The DestinationRule subset label that names the version."""
+    start_false_verdicts: float = Field(START_ALPHA, ge=0.0, le=0.05)
+    """The start test's false verdicts per canary start (detectors/canary_start.py): higher judges a
+    young canary sooner and rolls back more good ones; 0 turns the start test off."""
 
 
 class TailCanaryDetector(TailExcessDetector):
@@ -209,7 +215,8 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
     stable_share = s_units / s_requests if s_requests > 0 else 0.0
     null = test.design.null
     allowed = test.budget * test.design.lump
-    promise = Promise(test.promise_days, f.step_seconds)
+    alpha = start_alpha(test.promise_days, p.start_false_verdicts)
+    promise = Promise(bank_days(test.promise_days, alpha), f.step_seconds)
     # A canary the route sends traffic to but whose series are missing (no traffic reached it, or
     # its series lack the version label) has no row of its own: the stable's reason names it.
     unseen = [c for c in roles.canaries if c.version not in by_version]
@@ -262,6 +269,20 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
         fired = bool(run.fired[0]) and episode_fired(
             test.design, step, run, 0, units, requests, np.where(beside, st_units, np.nan),
             np.where(beside, st_requests, np.nan), lambda d: STORE.get(d, promise, traffic)[0])
+        began = life_start(requests, np.where(st_scored, st_requests, np.nan),
+                           canary.weight / max(canary.weight + roles.stable.weight, 1))
+        start_test: dict[str, Any] | None = None
+        if began is not None and alpha > 0:
+            life = start_statistic(design, c_units, c_requests)  # its whole life is in the lookback
+            bound = start_thresholds(design, alpha, rounded_traffic(traffic), int(f.grid.size))
+            started = bool((life >= np.asarray(bound)).any())
+            start_test = {"began": float(f.grid[began]), "alpha": alpha, "fired": started,
+                     "statistic": {f"{s:g}x": float(v) for s, v in zip(test.sizes, life)},
+                     "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
+            if started and not fired:
+                fired = True
+                what = (f"since its first request ({c_requests:.0f} requests, its whole life in the lookback) "
+                        f"beyond the start bound (one false verdict in {1 / alpha:.0f} canary starts); {what}")
         details: dict[str, Any] = {
             "version": canary.version, "role": "canary", "stable": stable, "roles": roles.describe(),
             "canary_share": c_share, "stable_share": beside_share, "reference": reference,
@@ -271,6 +292,8 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
                         "requests_per_second": traffic / f.step_seconds, "derived": derived,
                         "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, h)}},
         }
+        if start_test is not None:
+            details["start_test"] = start_test
         if fired and shared and not shown_above(c_units, c_requests, reference):
             # The stable is above budget too and the canary's share over the lookback is not shown
             # above the stable's: a burst both shared (a stall, a noisy node) set off a large
@@ -280,7 +303,9 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
             what = f"shared slowdown: the stable is above its budget too, so the canary is not at fault; {what}"
             details["shared_slowdown"] = [stable, canary.version]
         episode = None
-        if fired and run.episode_start[0] >= 0:
+        if fired and start_test is not None and start_test["fired"]:
+            episode = start_test["began"]  # the canary's life is the episode
+        elif fired and run.episode_start[0] >= 0:
             start = int(run.episode_start[0] - (run.state.column - f.grid.size))
             episode = float(f.grid[max(start, 0)])
         out[rows[0]] = Detection(kind, fired, ("canary worse than the stable: " if fired else "") + what,

@@ -24,9 +24,10 @@ from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
 from detectors.canary import canary_design, episode_fired, reference_step, stable_reference
+from detectors.canary_start import SERVED_CHANCE, bank_days, start_alpha, start_thresholds
 from detectors.sequential.bank import run_bank
 from detectors.sequential.design import BankDesign
-from detectors.sequential.thresholds import STORE, TRAFFIC_GRID, rounded_traffic
+from detectors.sequential.thresholds import STORE, TRAFFIC_GRID, Promise, rounded_traffic
 from detectors.tail_excess import TailExcessParams
 from evaluation.operating_curve.deciders import Clocked, _Clock
 from evaluation.operating_curve.pairs import PairSteps
@@ -69,6 +70,7 @@ class Judge:
     lookback_seconds: float | None = None  # None: the live detector's (params.lookback_seconds_)
     versus_stable: bool = True  # False: the null is never raised (tail_excess on the canary alone)
     label: str = ""
+    weight: float = 0.0  # the canary's share of the route (the start test's rule); 0: no start test
 
     @property
     def name(self) -> str:
@@ -119,7 +121,9 @@ class JudgeRun(Clocked):
         spec = self.spec
         w = spec.width
         test = spec.params.test()
-        promise = test.promise(spec.step)
+        alpha = start_alpha(test.promise_days) if spec.versus_stable and spec.weight > 0 else 0.0
+        promise = (Promise(bank_days(test.promise_days, alpha), spec.step) if spec.versus_stable
+                   else test.promise(spec.step))
         su, sn, cu, cn = arrays
         rows, total = su.shape
 
@@ -170,11 +174,13 @@ class JudgeRun(Clocked):
             stat = d[:, w + 1:] - sliding_min(d, w + 1)[:, 1:]
             maybe |= stat >= h_of[index, j] - 1e-6
         maybe &= evaluated
-        fired = np.full(rows, -1)
-        if not maybe.any():
-            return fired
         never = np.iinfo(np.int64).max
         found = np.full(rows, never)
+        if alpha > 0:
+            found = self._start_verdicts(alpha, [su, sn, cu, cn], keys, table, evaluated, traffic)
+        fired = np.where(found < never, found, -1)
+        if not maybe.any():
+            return fired
         r, c = np.nonzero(maybe)
         order = np.lexsort((r, c))  # by column: a row's later candidates wait until its earlier ones missed
         r, c = r[order], c[order]
@@ -203,3 +209,42 @@ class JudgeRun(Clocked):
                     for i in range(ra.size)], dtype=bool)
                 np.minimum.at(found, ra[fired], cb[at][fired] + w)
         return np.where(found < never, found, -1)
+
+    def _start_verdicts(self, alpha: float, arrays: list[NDArray[np.float64]],
+                        keys: NDArray[np.int64], table: dict[int, tuple[BankDesign, NDArray[np.float64]]],
+                        evaluated: NDArray[np.bool_], traffic: NDArray[np.float64]) -> NDArray[np.int64]:
+        """Per row, the array index of the first evaluated column where the live judge's start test
+        fires (`life_start` over that column's lookback, then `start_statistic` against
+        `start_thresholds`); int64 max where it does not."""
+        w = self.spec.width
+        su, sn, cu, cn = arrays
+        rows, total = cu.shape
+        never = np.iinfo(np.int64).max
+        has = np.nan_to_num(cn) > 0
+        # The next canary request at or after each index (total: none), by a backward running min.
+        at = np.where(has, np.arange(total)[None, :], total)
+        next_request = np.minimum.accumulate(at[:, ::-1], axis=1)[:, ::-1]
+        ends = np.arange(w, total)  # each evaluated column's last array index
+        first = next_request[:, ends - w + 1]  # the canary's first request in that lookback
+        inside = first <= ends[None, :]
+        zero = np.zeros((rows, 1))
+        s_cum = np.concatenate([zero, np.cumsum(np.nan_to_num(sn), axis=1)], axis=1)
+        u_cum = np.concatenate([zero, np.cumsum(np.nan_to_num(cu), axis=1)], axis=1)
+        n_cum = np.concatenate([zero, np.cumsum(np.nan_to_num(cn), axis=1)], axis=1)
+        f = np.minimum(first, total - 1)
+        r = np.arange(rows)[:, None]
+        before = s_cum[r, f] - s_cum[:, ends - w + 1]
+        began = inside & evaluated & (before >= math.log(SERVED_CHANCE) / math.log1p(-self.spec.weight))
+        if not began.any():
+            return np.full(rows, never)
+        units = u_cum[:, ends + 1] - u_cum[r, f]
+        requests = n_cum[:, ends + 1] - n_cum[r, f]
+        hit = np.zeros_like(began)
+        for key in np.unique(keys[began]).tolist():
+            design = table[key][0]
+            cell = began & (keys == key)
+            r0, c0 = np.argwhere(cell)[0]
+            bound = start_thresholds(design, alpha, rounded_traffic(float(traffic[r0, c0])), w)
+            for jump, drain, h in zip(design.jumps, design.drains, bound):
+                hit |= cell & (units * jump - requests * drain >= h)
+        return np.where(hit.any(axis=1), np.argmax(hit, axis=1) + w, never)

@@ -148,10 +148,8 @@ class Scenario:
     title = "scenario"
     rate_per_second = 25.0
     uses_kube = False
-    clock_offset_seconds = 0.0
     model_seed = 0
     """Seed of the model's slow-path choices (`--seed`; the scenarios that seed them read it)."""
-    """The daemon's clock runs this far behind the wall clock (see the ramp scenario)."""
 
     def write_models(self, root: Path) -> None:
         """Write the model repository (model `ranker`) under `root`."""

@@ -138,10 +138,8 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
         }
         if kube is not None:
             raw["kubernetes"] = kube
-        offset = scenario.clock_offset_seconds
         service = await stack.enter_async_context(
-            Service(Settings.model_validate(raw), action_registry(), detector_registry(),
-                    clock=lambda: time.time() - offset))
+            Service(Settings.model_validate(raw), action_registry(), detector_registry()))
         run = Run(work=work, timings=timings, triton=triton, prometheus=prom, alertmanager=am, service=service,
                   clients=clients, console=console, emulator=emulator, started_at=started_at)
         await scenario.setup(run)

@@ -18,7 +18,7 @@ SEEDS = range(1, 4)
 
 
 def _delays(case, start: float = 0.0):
-    return pair_delays(deciders(PARAMS, None), SPLIT, case, SEEDS, 600.0, history(PARAMS) + SHARED_LEAD, 500.0,
+    return pair_delays(deciders(PARAMS, None, SPLIT), SPLIT, case, SEEDS, 600.0, history(PARAMS) + SHARED_LEAD, 500.0,
                        canary_start=start)
 
 
