@@ -39,7 +39,8 @@ def window_of(history: History, points: int) -> tuple[NDArray[np.float64], NDArr
 
 
 def clean_history(
-    timestamps: Sequence[float], values: Sequence[float], now: float, lookback_seconds: float
+    timestamps: Sequence[float] | NDArray[np.float64], values: Sequence[float] | NDArray[np.float64], now: float,
+    lookback_seconds: float,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Finite points within ``[now - lookback, now]``, sorted, one per timestamp (the last wins)."""
     ts = np.asarray(timestamps, dtype=np.float64).ravel()
@@ -70,8 +71,14 @@ def regularize(
     notion of missing data, and bridging a long gap with a straight line would invent a trend)."""
     if timestamps.size < 2:
         return timestamps.copy(), values.copy()
+    grid = regular_grid(timestamps, step, max_gap)
+    return grid, np.interp(grid, timestamps, values)
+
+
+def regular_grid(timestamps: NDArray[np.float64], step: float, max_gap: float) -> NDArray[np.float64]:
+    """`regularize`'s grid of at least two ascending timestamps (it depends on them alone)."""
     big = np.nonzero(np.diff(timestamps) > max_gap)[0]
     start = timestamps[big[-1] + 1] if big.size else timestamps[0]
     n = int(math.floor((timestamps[-1] - start) / step + 1e-9)) + 1
-    grid = timestamps[-1] - step * np.arange(n - 1, -1, -1, dtype=np.float64)
-    return grid, np.interp(grid, timestamps, values)
+    grid: NDArray[np.float64] = timestamps[-1] - step * np.arange(n - 1, -1, -1, dtype=np.float64)
+    return grid

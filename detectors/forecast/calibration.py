@@ -22,6 +22,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
+from detectors.forecast.scratch import Scratch
+
 FLOAT = NDArray[np.float64]
 BURN_IN_POINTS = 20
 """Backcasts from the first points of a window mostly measure the filter's crude start: skipped."""
@@ -54,7 +56,7 @@ def trailing_level(values: FLOAT, points: int) -> FLOAT:
 
 
 def error_paths(values: FLOAT, backcasts: FLOAT, first_origin: int, points: int,
-                relative: bool) -> FLOAT:
+                relative: bool, out: FLOAT | None = None) -> FLOAT:
     """The error paths of past forecasts, for one series or a batch.
 
     Args:
@@ -65,6 +67,8 @@ def error_paths(values: FLOAT, backcasts: FLOAT, first_origin: int, points: int,
         points: the level's window (odd).
         relative: errors as a share of the forecast's first step (multiplicative noise, as
             latency has), else in the series' unit.
+        out: a batch's ``(B, m, H)`` array to write the errors into (the backcasts themselves
+            may be overwritten so: each error needs only its own backcast).
 
     Returns:
         Shape ``(K, H)`` (or ``(B, K, H)``): one row per origin whose whole path's level is known
@@ -81,9 +85,10 @@ def error_paths(values: FLOAT, backcasts: FLOAT, first_origin: int, points: int,
         return out[0] if single else out
     level = centered_level(y, points)
     future = sliding_window_view(level[:, first_origin + 1 :], horizon, axis=1)[:, :k]
-    err = np.asarray(future - back[:, :k], dtype=np.float64)
-    if relative:
-        err /= scale_of(back[:, :k, :1])
+    scale = scale_of(back[:, :k, :1]) if relative else None  # before `out` may overwrite it
+    err = np.subtract(future, back[:, :k], out=None if out is None else out[:, :k])
+    if scale is not None:
+        err /= scale
     return err[0] if single else err
 
 
@@ -120,14 +125,21 @@ def first_passage_batch(point: FLOAT, errors: FLOAT, relative: bool, threshold: 
     return passage_of_hits(hit, valid, np.ones(k) if weights is None else weights, horizon)
 
 
-def first_passage_paths(paths: FLOAT, threshold: float, direction: str, weights: FLOAT
-                        ) -> tuple[FLOAT, FLOAT, FLOAT]:
+def first_passage_paths(paths: FLOAT, threshold: float, direction: str, weights: FLOAT,
+                        scratch: Scratch | None = None) -> tuple[FLOAT, FLOAT, FLOAT]:
     """`first_passage_batch` of whole paths ``(B, K, H)`` (point plus scaled errors, every step
     counted), with one comparison per point instead of a subtraction, a product and a comparison:
     ``sign * (x - t) >= 0`` is ``x >= t`` (or ``x <= t``) for every finite x."""
-    valid = np.isfinite(paths).all(axis=2)
-    hit = paths >= threshold if direction == "above" else paths <= threshold
-    hit &= valid[:, :, None]
+    hit_out, finite_out = (None, None) if scratch is None else (scratch.flags("hit", paths.shape),
+                                                                 scratch.flags("finite", paths.shape))
+    compare = np.greater_equal if direction == "above" else np.less_equal
+    hit = compare(paths, threshold, out=hit_out)
+    finite = np.isfinite(paths, out=finite_out)
+    if finite.all():  # the usual case: one pass, not a reduction per path
+        valid = np.ones(paths.shape[:2], dtype=np.bool_)
+    else:
+        valid = finite.all(axis=2)
+        hit &= valid[:, :, None]
     return passage_of_hits(hit, valid, weights, paths.shape[2])
 
 
@@ -136,14 +148,16 @@ def passage_of_hits(hit: NDArray[np.bool_], valid: NDArray[np.bool_], weights: F
     """The probability, median first-passage step and valid path count of `first_passage_batch`
     from which steps of which paths reach the line (``hit``, (B, K, steps)) and which paths count."""
     b_count = hit.shape[0]
-    crossed = hit.any(axis=2)
+    # The first hit's index (0 for a path with none), and whether it is a hit: `any` without its pass.
+    at = np.argmax(hit, axis=2)
+    crossed = np.take_along_axis(hit, at[:, :, None], axis=2)[:, :, 0]
     w = weights[None, :] * valid
     total = w.sum(axis=1)
     count = valid.sum(axis=1)
     unit = np.where(count > 0, total / np.maximum(count, 1), 1.0)
     hit_w = (crossed * w).sum(axis=1)
     probability = np.where(count > 0, (hit_w + unit / 2.0) / (total + unit), np.nan)
-    first = np.where(crossed, np.argmax(hit, axis=2), horizon + 1).astype(np.float64)
+    first = np.where(crossed, at, horizon + 1).astype(np.float64)
     order = np.argsort(first, axis=1)
     cum = np.cumsum(np.take_along_axis(w, order, axis=1), axis=1)
     pick = np.argmax(cum >= (hit_w / 2.0)[:, None], axis=1)

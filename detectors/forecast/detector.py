@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from core.detection import Detection, threshold_or_baseline
-from core.query import Series, series_key
+from core.query import Series
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.forecast.breach import Episodes
 from detectors.forecast.calibration import MIN_PATHS, level_points
@@ -84,7 +84,7 @@ class ForecastBreachDetector:
 
     def _detect(self, series: Series, now: float) -> Detection:
         p = self.params
-        key = series_key(series.labels)
+        key = self._histories.key(series, now)
         history = self._histories.read(series, now)
         ts, vs = history.timestamps, history.values
         if ts.size < p.min_history_points:
@@ -96,10 +96,10 @@ class ForecastBreachDetector:
             self._episodes.close(key, now)
             return self._quiet(f"stale data: last point is {now - ts[-1]:.0f}s old "
                                f"(max staleness {history.max_staleness:.0f}s)", current)
-        if np.ptp(vs) == 0:
+        if vs.max() == vs.min():  # np.ptp(vs) == 0 for finite values, without its wrapper
             self._episodes.close(key, now)
             return self._quiet("constant series: no trend to extrapolate", current)
-        evidence = tuple((float(t), float(v)) for t, v in zip(ts[-_EVIDENCE_POINTS:], vs[-_EVIDENCE_POINTS:]))
+        evidence = tuple(zip(ts[-_EVIDENCE_POINTS:].tolist(), vs[-_EVIDENCE_POINTS:].tolist()))
         points = level_points(p.level_window_seconds, history.step)
         level = float(np.mean(vs[-points:]))
         if self._beyond(level):

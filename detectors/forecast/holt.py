@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from core.query import Series, series_key
+from core.query import Series
 from detectors.base import Offload
 from detectors.forecast.arrays import History
 from detectors.forecast.calibration import PathForecast, level_points
@@ -63,7 +63,7 @@ class HoltForecaster:
         if grid.size < p.min_history_points:
             return (f"gap: only {grid.size} points since the last gap longer than "
                     f"{history.max_gap:.0f}s, need {p.min_history_points}")
-        if np.ptp(values) == 0:
+        if values.max() == values.min():  # np.ptp(values) == 0: the last value is finite, NaN fails both
             return "constant series: no trend to extrapolate"
         return grid, values
 
@@ -94,7 +94,7 @@ class HoltForecaster:
                 continue
             window = self._window(history)
             if not isinstance(window, str):
-                items.append((series_key(s.labels), float(window[0][-1]), history.step, window[1]))
+                items.append((self._histories.key(s, now), float(window[0][-1]), history.step, window[1]))
         self._forget(now)
         if len(items) < _BATCH_MIN:
             return  # forecast filters these inline

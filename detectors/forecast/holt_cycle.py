@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 
 from detectors.forecast.holt_paths import HoltBatch, HoltParams, holt_paths, holt_prepare
 from detectors.forecast.outlook import Outlook, outlook_batch
+from detectors.forecast.scratch import Scratch
 
 FLOAT = NDArray[np.float64]
 INT = NDArray[np.intp]
@@ -58,6 +59,7 @@ def holt_cycle(windows: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLO
     batch = holt_prepare(windows, rows.steps, refit, alpha, beta, phi)
     width = windows.shape[1]
     found: dict[int, Outlook] = {}
+    scratch = Scratch()  # the chunks' work arrays, allocated once
     for size, horizon, points in sorted({*zip(rows.sizes.tolist(), rows.horizons.tolist(), rows.points.tolist())}):
         same = np.flatnonzero((rows.sizes == size) & (rows.horizons == horizon) & (rows.points == points))
         for lo in range(0, same.size, CHUNK_ROWS):
@@ -66,11 +68,11 @@ def holt_cycle(windows: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLO
             sub = HoltBatch(HoltParams(batch.params.alpha[idx], batch.params.beta[idx], batch.params.phi[idx]),
                             batch.levels[idx, cut], batch.trends[idx, cut])
             values = windows[idx, cut]
-            point, errors = holt_paths(sub, values, horizon, points, question.relative)
+            point, errors = holt_paths(sub, values, horizon, points, question.relative, scratch)
             infos = [{"model": "holt", "alpha": float(sub.params.alpha[j]), "beta": float(sub.params.beta[j]),
                       "phi": float(sub.params.phi[j]), "step_seconds": float(rows.steps[i]), "level_points": points}
                      for j, i in enumerate(idx)]
             got = outlook_batch(rows.starts[idx], rows.steps[idx], point, errors, question.relative,
-                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos)
+                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos, scratch)
             found.update(zip(idx.tolist(), got))
     return HoltCycle(batch.params, [found[i] for i in range(windows.shape[0])])

@@ -257,7 +257,7 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     earlier fit (they change slowly); the jump scale is always this window's.
 
     Returns:
-        Two arrays of shape ``(B, n)``, NaN before each row's first value.
+        Two arrays of shape ``(B, n)`` (time-major in memory), NaN before each row's first value.
     """
     y = np.atleast_2d(np.asarray(values, dtype=np.float64))
     b_count, n = y.shape
@@ -267,21 +267,22 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     state = _no_jumps(level)
     a, bt, p = (np.asarray(v, dtype=np.float64).reshape(-1, 1) for v in (alpha, beta, phi))
     limit = (jump_sigmas * robust_scale(y))[:, None]
-    levels = np.full((b_count, n), np.nan)
-    trends = np.full((b_count, n), np.nan)
+    # Time-major while filtering: a step writes one contiguous row, not a column of (B, n).
+    levels = np.full((n, b_count), np.nan)
+    trends = np.full((n, b_count), np.nan)
     rows = np.arange(b_count)
     first = np.minimum(starts, n - 1)
-    levels[rows, first], trends[rows, first] = level[:, 0], trend[:, 0]
+    levels[first, rows], trends[first, rows] = level[:, 0], trend[:, 0]
     for t in range(int(starts.min()) + 1, n):
         new_level, new_trend, new_state, _ = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
         live = (t > starts)[:, None] if padded else None
         level, trend, state = _keep_live(live, (new_level, new_trend, new_state), (level, trend, state))
         if live is not None:
-            levels[:, t] = np.where(live[:, 0], level[:, 0], levels[:, t])
-            trends[:, t] = np.where(live[:, 0], trend[:, 0], trends[:, t])
+            levels[t] = np.where(live[:, 0], level[:, 0], levels[t])
+            trends[t] = np.where(live[:, 0], trend[:, 0], trends[t])
         else:
-            levels[:, t], trends[:, t] = level[:, 0], trend[:, 0]
-    return levels, trends
+            levels[t], trends[t] = level[:, 0], trend[:, 0]
+    return levels.T, trends.T
 
 
 def damped_sums(phi: NDArray[np.float64], steps: int) -> NDArray[np.float64]:

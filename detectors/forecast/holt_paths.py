@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from detectors.forecast.calibration import BURN_IN_POINTS, error_paths
 from detectors.forecast.holt_fit import HoltFit, damped_sums, fit_holt, holt_states, row_starts
+from detectors.forecast.scratch import Scratch
 
 FLOAT = NDArray[np.float64]
 
@@ -76,8 +77,9 @@ def holt_prepare(windows: FLOAT, steps: FLOAT, refit: NDArray[np.bool_], alpha: 
 
 
 def holt_paths(batch: HoltBatch, windows: FLOAT, horizon_steps: int, points: int,
-               relative: bool) -> tuple[FLOAT, FLOAT]:
-    """Now's point paths and the past error paths of a batch.
+               relative: bool, scratch: Scratch | None = None) -> tuple[FLOAT, FLOAT]:
+    """Now's point paths and the past error paths of a batch (the errors in `scratch`'s
+    "errors" buffer when one is given, valid until its next use).
 
     Returns:
         ``point`` of shape ``(B, H)`` and ``errors`` of shape ``(B, K, H)`` (relative or absolute,
@@ -91,11 +93,13 @@ def holt_paths(batch: HoltBatch, windows: FLOAT, horizon_steps: int, points: int
     last = n - 1 - horizon_steps - points // 2
     if last < first:
         return point, np.empty((b_count, 0, horizon_steps))
-    back = sums[:, None, :] * batch.trends[:, first : last + 1, None]  # (B, K, H)
+    shape = (b_count, last + 1 - first, horizon_steps)
+    back = scratch.floats("errors", shape) if scratch is not None else np.empty(shape)
+    np.multiply(sums[:, None, :], batch.trends[:, first : last + 1, None], out=back)
     back += batch.levels[:, first : last + 1, None]  # in place: the largest array of a cycle
     # A left-padded (shorter) row: origins in its own burn-in say nothing (NaN paths do not count).
     starts = row_starts(y)
     early = np.arange(first, last + 1)[None, :] < (starts + BURN_IN_POINTS)[:, None]
     if early.any():
-        back = np.where(early[:, :, None], np.nan, back)
-    return point, error_paths(y, back, first, points, relative)
+        np.copyto(back, np.nan, where=early[:, :, None])
+    return point, error_paths(y, back, first, points, relative, out=back)

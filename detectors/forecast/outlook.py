@@ -19,6 +19,7 @@ from detectors.forecast.calibration import (
     recency_weights,
     scale_of,
 )
+from detectors.forecast.scratch import Scratch
 
 FLOAT = NDArray[np.float64]
 DETAIL_POINTS = 20  # forecast points kept in Detection.details (the journal, not the math)
@@ -62,18 +63,26 @@ def outlook_of(forecast: PathForecast, threshold: float, direction: str) -> Outl
 
 
 def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, relative: bool, half_life: float,
-                  threshold: float, direction: str, infos: Sequence[Mapping[str, Any]]) -> list[Outlook]:
+                  threshold: float, direction: str, infos: Sequence[Mapping[str, Any]],
+                  scratch: Scratch | None = None) -> list[Outlook]:
     """The outlook of each of a batch of series with equally long paths, as `outlook_of` would read
     it from `PathForecast.from_errors(starts[i], steps[i], point[i], errors[i], ...)`.
 
     Args:
         starts, steps: ``(B,)`` each row's origin time and step.
-        point: ``(B, H)`` point paths; errors: ``(B, K, H)`` error paths as `holt_paths` gives them.
+        point: ``(B, H)`` point paths; errors: ``(B, K, H)`` error paths as `holt_paths` gives them
+            (left as they are).
+        scratch: where the work arrays go (the cycle's chunks reuse them), fresh ones if None.
     """
     b_count, k, horizon = errors.shape
-    scaled = errors * scale_of(point[:, :1])[:, :, None] if relative else errors
+    work = scratch if scratch is not None else Scratch()
+    scaled = work.floats("paths", errors.shape)  # ours: the point is added to it in place below
+    if relative:
+        np.multiply(errors, scale_of(point[:, :1])[:, :, None], out=scaled)
+    else:
+        np.copyto(scaled, errors)
     # A row with a non-finite path drops it (and its weight): the one-series path handles that.
-    whole = np.isfinite(scaled).all(axis=(1, 2))
+    whole = np.isfinite(scaled, out=work.flags("finite", errors.shape)).all(axis=(1, 2))
     out: list[Outlook | None] = [None] * b_count
     for i in np.flatnonzero(~whole):
         f = PathForecast.from_errors(float(starts[i]), float(steps[i]), point[i], errors[i], relative,
@@ -87,11 +96,12 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
         weights = recency_weights(k, half_life)
         everyone = good.size == b_count
         pt = point if everyone else point[good]
-        paths = scaled[good] if not everyone else scaled.copy() if scaled is errors else scaled  # ours to add to
+        paths = scaled if everyone else scaled[good]
         idx = detail_steps(horizon)
-        at_errors = paths[:, :, idx]  # the band's steps, before the point is added in place
+        # The band's steps, before the point is added in place ('clip': `out` is then unbuffered).
+        at_errors = np.take(paths, idx, axis=2, out=work.floats("band", (good.size, k, idx.size)), mode="clip")
         paths += pt[:, None, :]  # as PathForecast.paths: point + error, every step
-        prob, median, _ = first_passage_paths(paths, threshold, direction, weights)
+        prob, median, _ = first_passage_paths(paths, threshold, direction, weights, work)
         rows = _rows_batch(starts[good], steps[good], pt, at_errors, idx, weights)
         for j, i in enumerate(good):
             when = None if np.isnan(median[j]) else float(starts[i]) + float(steps[i]) * float(median[j])
@@ -102,12 +112,13 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
 def _rows_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, idx: NDArray[np.intp],
                 weights: FLOAT) -> list[list[list[float]]]:
     """`forecast_rows` of each row of a batch sharing its path weights, shape ``(B, rows, 5)``;
-    `errors` are the error paths at the journal's steps `idx` only."""
+    `errors` are the error paths at the journal's steps `idx` only (overwritten: the paths)."""
     horizon = point.shape[1]
     times = starts[:, None] + steps[:, None] * np.arange(1, horizon + 1)
     at = point[:, idx]
-    paths = at[:, None, :] + errors  # (B, K, S)
-    cols = np.stack([times[:, idx], at, *_band_batch(paths, weights)], axis=1).round(6)  # (B, 5, S)
+    paths = np.add(at[:, None, :], errors, out=errors)  # (B, K, S)
+    band = _band_batch(paths, weights, overwrite=True)
+    cols = np.stack([times[:, idx], at, *band], axis=1).round(6)  # (B, 5, S)
     rows: list[list[list[float]]] = cols.transpose(0, 2, 1).tolist()
     return rows
 
@@ -134,16 +145,29 @@ def sure_rank(weights: FLOAT, q: float) -> int | None:
     return j
 
 
-def _band_batch(paths: FLOAT, weights: FLOAT) -> list[FLOAT]:
+def _band_batch(paths: FLOAT, weights: FLOAT, overwrite: bool = False) -> list[FLOAT]:
     """`PathForecast.band` of each row of ``(B, K, S)`` paths sharing `weights`, one ``(B, S)``
-    per quantile of `BAND`."""
+    per quantile of `BAND` (`paths` reordered along K in place if `overwrite`)."""
     ranks = [sure_rank(weights, q) for q in BAND]
     if all(r is not None for r in ranks):
         sure = [int(r) for r in ranks if r is not None]
-        part = np.partition(paths, sorted(set(sure)), axis=1)
-        return [part[:, r, :] for r in sure]
+        return order_statistics(paths, sure, overwrite)
     # As `PathForecast.band`, per row: one sort along the paths, one gather per quantile.
     order = np.argsort(paths, axis=1)
     ranked = np.take_along_axis(paths, order, axis=1)
     cum = np.cumsum(weights[order], axis=1) / weights.sum()
     return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=1)[:, None, :], axis=1)[:, 0, :] for q in BAND]
+
+
+def order_statistics(paths: FLOAT, ranks: list[int], overwrite: bool = False) -> list[FLOAT]:
+    """The `ranks`-th smallest (0-based) along axis 1 of ``(B, K, S)`` paths, one ``(B, S)`` each,
+    as `np.partition` finds them (partitioning `paths` itself if `overwrite`: no copy). Positive
+    floats (latencies, rates: the usual case) order as their bits do, so they are partitioned as
+    integers, whose compare is cheaper than the float one that has to place NaN."""
+    kth = sorted(set(ranks))
+    part = paths if overwrite else paths.copy()
+    if part.size and part.min() > 0:  # not NaN, not zero (-0.0 and 0.0 differ in their bits)
+        part.view(np.int64).partition(kth, axis=1)
+    else:
+        part.partition(kth, axis=1)
+    return [part[:, r, :].copy() for r in ranks]
