@@ -107,18 +107,18 @@ class ExcessBatch:
         """The per-row numbers every Detection reads, computed once for all rows."""
         run, rows = self.run, self.status.shape[0]
         scored = np.isfinite(self.units)
+        counted = np.where(scored, self.requests, 0.0)  # the requests of scored steps, read twice
         start = run.episode_start - (run.state.column - self.timestamps.size)  # absolute -> this grid
+        start = np.where(run.episode_start >= 0, start, -1)
         return RowFacts(
             timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
             latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
             leader=run.leader.tolist(), statistic=run.state.statistic.T.ravel().tolist(),
             thresholds=self.thresholds.T.ravel().tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
             window_units=np.nansum(self.units, axis=1).tolist(),
-            window_requests=np.where(scored, self.requests, 0.0).sum(axis=1).tolist(),
-            episode_start=np.where(run.episode_start >= 0, start, -1).tolist(),
-            episode_units=sum_since(np.nan_to_num(self.units), np.where(run.episode_start >= 0, start, -1)).tolist(),
-            episode_requests=sum_since(np.where(scored, self.requests, 0.0),
-                                       np.where(run.episode_start >= 0, start, -1)).tolist(),
+            window_requests=counted.sum(axis=1).tolist(), episode_start=start.tolist(),
+            episode_units=sum_since(np.nan_to_num(self.units), start).tolist(),
+            episode_requests=sum_since(counted, start).tolist(),
             last_allowance=(_last_where(self.allowance, scored) if self.allowance is not None
                             else np.full(rows, np.nan)).tolist(),
             scored_steps=run.scored.tolist(), resets=self.resets.tolist(), inconsistent=self.inconsistent.tolist(),

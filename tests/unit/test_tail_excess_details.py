@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from core.query import Series
+from detectors.sequential.thresholds import STORE
 from detectors.tail_excess import TailExcessDetector
 from detectors.tail_excess_batch import batch_detections, details_table
 from detectors.tail_excess_details import RowDetails, row_details
@@ -32,6 +33,13 @@ def batch(evidence: str, rows: int = 24, cols: int = 60) -> tuple[TailExcessDete
     det = TailExcessDetector({"line": line, "lookback_seconds": 600, "evidence": evidence})
     return (det, [Series(lab, grid, tuple(primary[i])) for i, lab in enumerate(labels)],
             [Series(lab, grid, tuple(requests[i])) for i, lab in enumerate(labels)], grid[-1])
+
+
+@pytest.fixture(autouse=True)
+def _derived() -> object:
+    """The cells each test's traffic queued are derived before the next (no worker left at exit)."""
+    yield None
+    assert STORE.wait(600)
 
 
 @pytest.mark.parametrize("evidence", ["counters", "histogram"])
