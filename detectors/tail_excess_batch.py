@@ -22,6 +22,7 @@ from detectors.sequential.bank import NONE, BankRun, run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import count_evidence, mass_evidence
 from detectors.sequential.thresholds import Promise, traffic_cells
+from detectors.tail_excess_details import DetailsTable, RowDetails, bucket_bound, row_details
 
 # The statuses a row can have (only OK rows can fire), bound as module names: every row's checks
 # read them, and an enum member looked up on its class costs 5x as much.
@@ -65,8 +66,8 @@ class RowFacts:
     first_seen: list[int]
     score: list[float]
     leader: list[int]
-    statistic: list[list[float]]  # [S][K]: each row's members, as its Detection lists them
-    thresholds: list[list[float]]  # [S][K]
+    statistic: list[float]  # [S * K] row-major: row r's members at r * K ... (one list, not S lists)
+    thresholds: list[float]  # [S * K]
     derived: list[bool]
     traffic: list[float]  # requests per step over the lookback's scored steps
     window_units: list[float]
@@ -106,18 +107,18 @@ class ExcessBatch:
         """The per-row numbers every Detection reads, computed once for all rows."""
         run, rows = self.run, self.status.shape[0]
         scored = np.isfinite(self.units)
+        counted = np.where(scored, self.requests, 0.0)  # the requests of scored steps, read twice
         start = run.episode_start - (run.state.column - self.timestamps.size)  # absolute -> this grid
+        start = np.where(run.episode_start >= 0, start, -1)
         return RowFacts(
             timestamps=self.timestamps.tolist(), status=self.status.tolist(), fired=self.fired.tolist(),
             latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
-            leader=run.leader.tolist(), statistic=run.state.statistic.T.tolist(),
-            thresholds=self.thresholds.T.tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
+            leader=run.leader.tolist(), statistic=run.state.statistic.T.ravel().tolist(),
+            thresholds=self.thresholds.T.ravel().tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
             window_units=np.nansum(self.units, axis=1).tolist(),
-            window_requests=np.where(scored, self.requests, 0.0).sum(axis=1).tolist(),
-            episode_start=np.where(run.episode_start >= 0, start, -1).tolist(),
-            episode_units=sum_since(np.nan_to_num(self.units), np.where(run.episode_start >= 0, start, -1)).tolist(),
-            episode_requests=sum_since(np.where(scored, self.requests, 0.0),
-                                       np.where(run.episode_start >= 0, start, -1)).tolist(),
+            window_requests=counted.sum(axis=1).tolist(), episode_start=start.tolist(),
+            episode_units=sum_since(np.nan_to_num(self.units), start).tolist(),
+            episode_requests=sum_since(counted, start).tolist(),
             last_allowance=(_last_where(self.allowance, scored) if self.allowance is not None
                             else np.full(rows, np.nan)).tolist(),
             scored_steps=run.scored.tolist(), resets=self.resets.tolist(), inconsistent=self.inconsistent.tolist(),
@@ -281,7 +282,8 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
     only "fires too": the busier version fires first, and the quieter one's evidence that it is
     just as slow comes before its own alarm."""
     texts = _Texts.of(b.test)
-    out = [_row_detection(b, row, kind, row_labels, texts, version_label) for row, row_labels in enumerate(labels)]
+    table = details_table(b, labels, version_label, texts.sizes)
+    out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
     firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
     if not firing:
         return out
@@ -312,44 +314,38 @@ def shared_versions(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version
     return sorted({*firing, *(v for v in units if shown_above(units[v], requests[v], allowed))})
 
 
-def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str], texts: _Texts,
-                   version_label: str) -> Detection:
+def details_table(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
+                  sizes: tuple[str, ...]) -> DetailsTable:
+    """What every row's details are read from, one table per batch (the facts' lists, not copies)."""
     f, test = b.facts, b.test
-    status, latest, first = f.status[row], f.latest[row], f.first_seen[row]
-    leader = f.leader[row]
-    stats, hs = f.statistic[row], f.thresholds[row]
-    stat, h = stats[leader], hs[leader]
+    return DetailsTable(
+        evidence=test.evidence, step_seconds=b.step_seconds, budget=test.budget, null=test.design.null,
+        false_alarm_days=test.promise_days, line=test.line, histogram=test.evidence == "histogram", sizes=sizes,
+        members=len(test.design.ratios), version_label=version_label, labels=labels, timestamps=f.timestamps,
+        traffic=f.traffic, derived=f.derived, thresholds=f.thresholds, statistic=f.statistic, leader=f.leader,
+        episode_units=f.episode_units, episode_requests=f.episode_requests, window_units=f.window_units,
+        window_requests=f.window_requests, scored_steps=f.scored_steps, resets=f.resets,
+        inconsistent=f.inconsistent, first_seen=f.first_seen)
+
+
+def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str], texts: _Texts,
+                   table: DetailsTable) -> Detection:
+    f, test = b.facts, b.test
+    status, latest = f.status[row], f.latest[row]
+    leader, at_row = f.leader[row], row * table.members + f.leader[row]
+    stat, h = f.statistic[at_row], f.thresholds[at_row]
     per_second = f.traffic[row] / b.step_seconds
     bulk = f.last_allowance[row] / (1.0 + test.bulk_slack)
     units, reqs = f.episode_units[row], f.episode_requests[row]
-    assumed: dict[str, Any] = {
-        "evidence": test.evidence, "requests_per_second": per_second, "step_seconds": b.step_seconds,
-        "budget": test.budget, "null": test.design.null, "false_alarm_days": test.promise_days,
-        "derived": f.derived[row],
-        "thresholds": dict(zip(texts.sizes, hs)),
-    }
-    # "input": what a replica of an older version reads to draw no recovery line on counters (a
-    # shared journal during a rolling upgrade); the journaled details stay as they were.
-    details: dict[str, Any] = {
-        "input": "counters", "evidence": test.evidence, "assumed": assumed,
-        "statistic": dict(zip(texts.sizes, stats)), "leader": texts.sizes[leader],
-        "episode_above_line": units, "episode_requests": reqs,
-        "window_above_line": f.window_units[row], "window_requests": f.window_requests[row],
-        "scored_steps": f.scored_steps[row], "counter_resets": f.resets[row],
-    }
-    if f.inconsistent[row]:
-        details["inconsistent_steps"] = f.inconsistent[row]
-    if version_label in labels:
-        details["version"] = labels[version_label]
-    if first >= 0:
-        details["series_first_seen"] = f.timestamps[first]
+    # Only a fired row's details are read every cycle (its signal carries them): built now, as a
+    # dict `_fired_evidence` adds to; every other row's are built if and when they are read.
+    details: Mapping[str, Any] = RowDetails(table, row)
     fired, onset = False, None
     evidence: tuple[tuple[float, float], ...] = ()
     at = f"{texts.promise}, {per_second:.3g} req/s" + ("" if f.derived[row] else "; Wald bound until derived")
     line = texts.line
-    bucket = _bucket(labels) if test.evidence == "histogram" else test.line
+    bucket = bucket_bound(labels) if table.histogram else test.line
     if bucket is not None and bucket != test.line:
-        details["bucket"] = bucket
         line = f"{_fmt(bucket)} (the bucket nearest above the line {texts.line})"
     if bucket is None:
         reason = (f"no bucket bound: the series has no numeric `le` label; evidence: histogram needs the "
@@ -384,6 +380,7 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
                 reason = f"{what} < {h:.2f} ({at})"
             else:
                 fired, reason = True, f"{what} >= {h:.2f} ({at})"
+                details = row_details(table, row)
                 onset, evidence = _fired_evidence(b, row, details)
     budget = None
     if status == OK and bucket is not None and bucket >= test.line:
@@ -392,14 +389,6 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
     return Detection(detector=kind, fired=fired, reason=reason, value=stat,
                      baseline=bulk if math.isfinite(bulk) else None, threshold=h, score=f.score[row],
                      episode_start=onset, evidence=evidence, details=details, budget=budget)
-
-
-def _bucket(labels: Mapping[str, str]) -> float | None:
-    """The bucket bound a histogram series' `le` label names (None: none, or not a number)."""
-    try:
-        return float(labels["le"])
-    except (KeyError, ValueError):
-        return None
 
 
 def _fired_evidence(b: ExcessBatch, row: int, details: dict[str, Any]) -> tuple[float, tuple[tuple[float, float], ...]]:

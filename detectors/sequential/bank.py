@@ -181,6 +181,7 @@ def _blocks(u: NDArray[np.float64], n: NDArray[np.float64], st: BankState, desig
     cu, cn = np.empty((height, cols)), np.empty((height, cols))
     xs, work = np.empty((height, cols)), np.empty((height, cols))
     jumps, drains = design.jumps, design.drains
+    rows_of = np.arange(height)
     for r0 in range(0, rows, height):
         block = slice(r0, min(rows, r0 + height))
         m = block.stop - block.start
@@ -198,12 +199,13 @@ def _blocks(u: NDArray[np.float64], n: NDArray[np.float64], st: BankState, desig
         yield block, member_x, bw
         for k in range(len(jumps)):
             x = member_x(k)
-            low = x.min(axis=1)
+            # The last column at the floor (the global minimum), and the floor, in one pass: the
+            # first minimum of the reversed row (a NaN row: NaN either way, and never below zero).
+            last = cols - 1 - np.argmin(x[:, ::-1], axis=1)
+            low = x[rows_of[:m], last]
             final[k, block] = x[:, -1] - np.minimum(low, 0.0)
-            # X at or below zero somewhere: the run began after the last column at its floor (the
-            # global minimum). Never: the carried run goes on, or (carried at zero) began at column 0.
-            at_floor = x <= low[:, None]
-            last = cols - 1 - np.argmax(at_floor[:, ::-1], axis=1)
+            # X at or below zero somewhere: the run began after that column. Never: the carried run
+            # goes on, or (carried at zero) began at column 0.
             carried = np.where(st.statistic[k, block] > 0.0, st.run_start[k, block], st.column)
             began = np.where(low <= 0.0, st.column + last + 1, carried)
             start[k, block] = np.where(final[k, block] > 0.0, began, NONE)

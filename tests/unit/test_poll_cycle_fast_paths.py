@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from numpy.typing import NDArray
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,8 @@ from daemon.sources.prometheus import RangeResult
 from daemon.workers.poller import gauge_series
 from daemon.workers.series_pairing import LabelMemo, PairingMemo, pair_companions
 from detectors._counter_steps import counter_steps
+from detectors.sequential.bank import NONE, run_bank
+from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import _pooled
 from detectors.sequential.thresholds import NO_CELL, STORE, TRAFFIC_GRID, rounded_traffic, traffic_cells
 from detectors.tail_excess import TailExcessDetector
@@ -247,3 +250,39 @@ def test_observe_many_equals_one_by_one(cycles: list[tuple[int, int]], cap: int)
 def exposition(metrics: Metrics) -> list[str]:
     """The registry's samples, without the creation times of its children."""
     return [line for line in generate_latest(metrics.registry).decode().splitlines() if "_created" not in line]
+
+
+# ---- the bank's floor -------------------------------------------------------------------------
+
+def reference_floor(design: BankDesign, units: NDArray[np.float64], requests: NDArray[np.float64]
+                    ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Each member's final statistic and run start from zero by the rule `_blocks` had: the row's
+    minimum, then the last column at or below it."""
+    ok = np.isfinite(units) & np.isfinite(requests)
+    cu, cn = np.cumsum(np.where(ok, units, 0.0), axis=1), np.cumsum(np.where(ok, requests, 0.0), axis=1)
+    rows, cols = units.shape
+    final, start = np.empty((len(design.jumps), rows)), np.empty((len(design.jumps), rows), dtype=np.int64)
+    for k, (jump, drain) in enumerate(zip(design.jumps, design.drains)):
+        x = cu * jump - cn * drain + np.zeros(rows)[:, None]
+        low = x.min(axis=1)
+        final[k] = x[:, -1] - np.minimum(low, 0.0)
+        last = cols - 1 - np.argmax((x <= low[:, None])[:, ::-1], axis=1)
+        began = np.where(low <= 0.0, last + 1, 0)
+        start[k] = np.where(final[k] > 0.0, began, NONE)
+    return final, start
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 40), cols=st.integers(1, 50), ties=st.booleans())
+def test_the_banks_floor_in_one_pass_equals_min_then_last_at_it(seed: int, rows: int, cols: int, ties: bool) -> None:
+    """`_blocks` reads the floor and its last column with one argmin of the reversed row: the same
+    statistic and run start, bit for bit, with ties at the floor and unscored steps."""
+    rng = np.random.default_rng(seed)
+    units = rng.poisson(0.05, (rows, cols)).astype(float)
+    requests = (rng.poisson(40, (rows, cols)) if not ties else np.zeros((rows, cols)) + 0.0).astype(float)
+    units[rng.random(units.shape) < 0.1] = np.nan
+    design = BankDesign.for_budget(0.001)
+    run = run_bank(design, units, requests, np.full(len(design.jumps), 1e9))
+    final, start = reference_floor(design, units, requests)
+    assert run.state.statistic.tobytes() == final.tobytes()
+    assert (run.state.run_start == start).all()
