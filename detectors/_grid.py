@@ -80,6 +80,8 @@ def _block(rows: list[Sequence[float]], width: int) -> NDArray[np.float64] | Non
 def _place(row: NDArray[np.float64], grid: NDArray[np.float64], ts: NDArray[np.float64],
            values: Sequence[float]) -> None:
     """One series' points into its row of the grid, each at its timestamp."""
+    if len(values) != ts.size:
+        raise ValueError(f"timestamps and values of different lengths ({ts.size} and {len(values)})")
     idx = np.searchsorted(grid, ts)
     ok = (idx < grid.size) & (grid[np.minimum(idx, grid.size - 1)] == ts)
     row[idx[ok]] = np.asarray(values, dtype=np.float64)[ok]

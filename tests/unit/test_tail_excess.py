@@ -196,6 +196,13 @@ def test_stale_missing_companion_and_no_history_are_not_decisions() -> None:
     assert not d.fired and "history" in d.reason
 
 
+def test_a_series_with_more_timestamps_than_values_is_malformed_not_a_raise() -> None:
+    lat, req = counters(200, fault_rate=0.05, onset=50, seed=1)
+    for short in (Series(lat.labels, lat.timestamps, lat.values[:-3]), Series(lat.labels, lat.timestamps[:-3], lat.values)):
+        d = DET.detect(short, START + 200, req)
+        assert not d.fired and d.reason.startswith("malformed series") and "lengths" in d.reason, d.reason
+
+
 def test_batch_path_decides_each_row_like_the_single_path() -> None:
     pairs = [counters(300, fault_rate=rate, onset=150, seed=s)
              for s, rate in [(1, 0.0), (2, 0.01), (3, 0.0005), (4, 0.02)]]
