@@ -64,13 +64,14 @@ def test_all_complete_and_empty_inputs_match() -> None:
 
 
 def test_malformed_series_still_raises() -> None:
-    """A series with more values than timestamps raises on the fast path as on the pointwise one."""
+    """A series with more values than timestamps, or fewer, raises the ValueError the per-series
+    paths turn into a reason, on the fast path as on the pointwise one."""
     ok = Series({"i": "0"}, (1.0, 2.0), (1.0, 2.0))
-    bad = Series({"i": "1"}, (1.0, 2.0), (1.0, 2.0, 3.0))
-    with pytest.raises(IndexError):
-        align_pointwise([ok, bad])
-    with pytest.raises(IndexError):
-        align([ok, bad])
+    for bad in (Series({"i": "1"}, (1.0, 2.0), (1.0, 2.0, 3.0)), Series({"i": "1"}, (1.0, 2.0), (1.0,))):
+        with pytest.raises(ValueError, match="different lengths"):
+            align_pointwise([ok, bad])
+        with pytest.raises(ValueError, match="different lengths"):
+            align([ok, bad])
 
 
 @pytest.mark.parametrize("odd", [("1.5", "2"), (None, 2.0), (1, True), ("x", 2.0), (1.0, [2.0]), (float("inf"), -0.0)])
