@@ -14,10 +14,11 @@ canary did is measured over the same recent steps, not the canary's whole time.
 The canary fires when its own share exceeds that by the margins the bank's members are made for
 (the same sizes: 2x the budget and up, minus the null). A canary whose whole life is in the
 lookback is also judged on its life by the start test (detectors/canary_start.py), which spends
-`start_false_verdicts` per canary start; the running bank what is left of the rate per version-day. When
-both are at half budget the test is the single-version one, so its stated false-alarm rate is the
-single-version promise; when both slow down together (a shared cause) the canary is measured against a stable that is
-just as slow, and does not fire: the detection says "shared slowdown" instead.
+`start_false_verdicts` per canary start; the running bank spends what is left of the rate per
+version-day. When both are at half budget the test is the single-version one, so its stated
+false-alarm rate is the single-version promise; when both slow down together (a shared cause) the
+canary is measured against a stable that is just as slow, and does not fire: the detection says
+"shared slowdown" instead.
 """
 from __future__ import annotations
 
@@ -277,8 +278,8 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
             bound = start_thresholds(design, alpha, rounded_traffic(traffic), int(f.grid.size))
             started = bool((life >= np.asarray(bound)).any())
             start_test = {"began": float(f.grid[began]), "alpha": alpha, "fired": started,
-                     "statistic": {f"{s:g}x": float(v) for s, v in zip(test.sizes, life)},
-                     "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
+                          "statistic": {f"{s:g}x": float(v) for s, v in zip(test.sizes, life)},
+                          "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
             if started and not fired:
                 fired = True
                 what = (f"since its first request ({c_requests:.0f} requests, its whole life in the lookback) "

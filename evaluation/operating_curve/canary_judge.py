@@ -4,7 +4,9 @@ At every step, over its lookback, the stable's share above the line over the ste
 served in (`stable_reference`), floored at half budget and placed on the 10% grid, becomes the
 canary's null (`canary_design`); the canary's bank is run from zero over the same lookback with
 thresholds from the stated rate at the canary's traffic per scored step, and a firing is confirmed
-over the canary's episode (`episode_fired`). The live detector recomputes this each cycle
+over the canary's episode (`episode_fired`); while the canary's whole life is in the lookback, the
+start test (detectors/canary_start.py) judges its life, computed for every column at once
+(`JudgeRun._start_verdicts`). The live detector recomputes this each cycle
 (`interval: 1s`); the replay calls the live functions for each of those steps.
 
 Running the bank over every lookback of a day is too slow, so a bound goes first (a canary judged
