@@ -282,8 +282,8 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
                           "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
             if started and not fired:
                 fired = True
-                what = (f"since its first request ({c_requests:.0f} requests, its whole life in the lookback) "
-                        f"beyond the start bound (one false verdict in {1 / alpha:.0f} canary starts); {what}")
+                what = (f"{what}; since its first request ({c_requests:.0f} requests, its whole life in the "
+                        f"lookback) beyond the start bound (one false verdict in {1 / alpha:.0f} canary starts)")
         details: dict[str, Any] = {
             "version": canary.version, "role": "canary", "stable": stable, "roles": roles.describe(),
             "canary_share": c_share, "stable_share": beside_share, "reference": reference,
