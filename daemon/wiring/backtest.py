@@ -203,10 +203,10 @@ async def _scrape_interval(prom: ReplayPrometheus, query: str, start: float,
                                                 min(start + width, end), end, width)
     if counts.error is not None:
         return None, counts.error
-    at = densest_window(counts.series)
-    if at is None:
+    densest = densest_window(counts.series)
+    if densest is None:
         return None, "Prometheus stored no sample of it over the range (does it scrape Triton?)"
-    most = max(v for s in counts.series for t, v in zip(s.timestamps, s.values) if t == at)
+    at, most = densest
     step = max(0.05, width / most / 4)
     stamps = await PrometheusClient.query_range(prom, f"timestamp({query})", at - width, at, step)
     every = scrape_interval(stamps.series) if stamps.error is None else None

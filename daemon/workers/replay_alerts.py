@@ -57,15 +57,15 @@ COUNT_WINDOW = 60.0
 """The widest window samples are counted over (`count_over_time(q[60s])`) to find where they are."""
 
 
-def densest_window(counts: Sequence[Series]) -> float | None:
-    """The end of the window holding the most samples, from `count_over_time(metric[w])` at steps
-    of `w`; None when no sample was stored."""
+def densest_window(counts: Sequence[Series]) -> tuple[float, float] | None:
+    """(end, samples) of the window holding the most samples, from `count_over_time(metric[w])`
+    at steps of `w`; None when no sample was stored."""
     best: tuple[float, float] | None = None
     for s in counts:
         for t, v in zip(s.timestamps, s.values):
             if v > 0 and (best is None or v > best[1]):
                 best = (t, v)
-    return None if best is None else best[0]
+    return best
 
 
 def scrape_interval(stamps: Sequence[Series]) -> float | None:

@@ -8,7 +8,7 @@ from daemon.workers.replay_alerts import densest_window, scrape_interval
 def test_the_densest_window_is_the_fullest_count() -> None:
     counts = [Series({"version": "1"}, (60.0, 120.0, 180.0), (3.0, 12.0, 12.0)),
               Series({"version": "2"}, (120.0, 180.0), (0.0, 5.0))]
-    assert densest_window(counts) == 120.0
+    assert densest_window(counts) == (120.0, 12.0)
     assert densest_window([Series({}, (60.0,), (0.0,))]) is None
 
 
