@@ -44,7 +44,6 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the project's packages come first
@@ -55,6 +54,7 @@ from daemon.common.logs import configure_logging  # noqa: E402
 from daemon.wiring.registries import action_registry, detector_registry  # noqa: E402
 from daemon.wiring.service import Service  # noqa: E402
 from lab.load import RequestSample, run_load  # noqa: E402
+from lab.policies import example_policy, triton_endpoints  # noqa: E402
 from lab.prometheus import PrometheusServer  # noqa: E402
 from lab.triton import TritonServer, write_model_repository  # noqa: E402
 
@@ -122,10 +122,7 @@ class RunResult:
 
 def policy_for(triton: TritonServer) -> str:
     """The example policy, unchanged except for the served Triton's endpoints."""
-    policy = yaml.safe_load(EXAMPLE_POLICY.read_text())
-    policy["target"]["triton"]["endpoints"] = [triton.base_url]
-    policy["target"]["triton"]["metricsEndpoints"] = [triton.metrics_url]
-    return yaml.safe_dump(policy, sort_keys=False)
+    return example_policy(EXAMPLE_POLICY.name, target={"triton": triton_endpoints(triton.base_url, triton.metrics_url)})
 
 
 def daemon_settings(workdir: Path, prometheus: PrometheusServer) -> Settings:

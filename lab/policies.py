@@ -7,6 +7,29 @@ triggers, guards or verify block rather than pasting the policy again.
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "policies"
+SHORT_VERIFY = {"for": "10s", "interval": "5s"}
+"""What a short run (the tests) changes in an example's verify block: held 10 s, sampled every 5 s."""
+
+
+def example_policy(name: str, **sections: Mapping[str, Any]) -> str:
+    """examples/policies/`name` with each named top-level section updated key by key
+    (``target={"triton": ...}``, ``verify=SHORT_VERIFY``): what the lab must fill in, nothing else."""
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    for key, changes in sections.items():
+        doc[key] |= changes
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def triton_endpoints(base_url: str, metrics_url: str | None = None) -> dict[str, Any]:
+    """A policy target's `triton` block for one served Triton (metrics endpoints where it reads them)."""
+    return {"endpoints": [base_url], **({"metricsEndpoints": [metrics_url]} if metrics_url else {})}
+
 TAIL_ANOMALY_TRIGGER = """\
   - detector:
       type: tail_anomaly

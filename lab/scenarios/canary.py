@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from daemon.report import Marker, Series
 from lab.kube.emulator import KubeEmulator
 from lab.kube.seeds import destination_rule, route_timeout, route_weights, virtual_service
 from lab.load import run_load
+from lab.policies import EXAMPLES, example_policy, triton_endpoints
 from lab.scenarios.base import MODEL, Run, Scenario, Timings, load_version
 from lab.scenarios.clients import MESH_HISTOGRAM
 from lab.scenarios.timeline import timeout_ms
@@ -65,7 +64,6 @@ RATE_PER_SECOND = 200.0
 its evidence, so traffic sets how soon: at 200 req/s the reference defect is called in about
 1.5 minutes (docs/canary.md)."""
 INPUTS_SEED = 11
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
 CANARY_POLICY = EXAMPLES / "canary.yaml"
 TAIL_POLICY = EXAMPLES / "ranker.yaml"
 SHARE_QUERY = (f'(sum(rate({MESH_HISTOGRAM}_count{{destination_version="{{v}}"}}[1m])) - '
@@ -79,18 +77,14 @@ def canary_policy(short: bool = False) -> str:
     `short` (tests) holds its verify for 10 s instead of 60 s: the only change, and only there."""
     if not short:
         return CANARY_POLICY.read_text()
-    doc = yaml.safe_load(CANARY_POLICY.read_text())
-    doc["verify"]["for"] = "10s"
-    return yaml.safe_dump(doc, sort_keys=False)
+    return example_policy(CANARY_POLICY.name, verify={"for": "10s"})
 
 
 def tail_policy(triton: TritonServer) -> str:
     """examples/policies/ranker.yaml (the tail rollback) with the lab's endpoints filled in, and on
     the canary policy's target (namespace `serving`), so the two policies share one target."""
-    doc = yaml.safe_load(TAIL_POLICY.read_text())
-    doc["target"]["namespace"] = NAMESPACE
-    doc["target"]["triton"] = {"endpoints": [triton.base_url], "metricsEndpoints": [triton.metrics_url]}
-    return yaml.safe_dump(doc, sort_keys=False)
+    return example_policy(TAIL_POLICY.name, target={"namespace": NAMESPACE,
+                                                     "triton": triton_endpoints(triton.base_url, triton.metrics_url)})
 
 
 def write_fault(path: Path, rate: float) -> None:

@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from daemon.report import Series
 from lab.prometheus import BackfillSeries, backfill_openmetrics
+from lab import policies
 from lab.load import run_load
+from lab.policies import SHORT_VERIFY, triton_endpoints
 from lab.scenarios.base import MODEL, Run, Scenario, Timings, served_versions
 from lab.scenarios.timeline import nearest_rank
 from lab.triton import TritonServer
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policies" / "forecast.yaml"
 SUMMARY = "nv_inference_request_summary_us"
 THRESHOLD_SECONDS = 0.5
 V1_MS = 80
@@ -63,11 +62,8 @@ REPORT_EVERY_SECONDS = 15.0
 def example_policy(triton: TritonServer, short: bool) -> str:
     """examples/policies/forecast.yaml with the lab's endpoints filled in. `short` (tests) also
     shortens its verify window to 10 s held, sampled every 5 s: the only other change, and only there."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["target"]["triton"] = {"endpoints": [triton.base_url]}
-    if short:
-        doc["verify"] |= {"for": "10s", "interval": "5s"}
-    return yaml.safe_dump(doc, sort_keys=False)
+    return policies.example_policy("forecast.yaml", target={"triton": triton_endpoints(triton.base_url)},
+                                   **({"verify": SHORT_VERIFY} if short else {}))
 
 
 MODEL_PY = '''\

@@ -12,14 +12,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from lab import policies
 from lab.load import run_load
+from lab.policies import SHORT_VERIFY, triton_endpoints
 from lab.scenarios.base import MODEL, Run, Scenario, Timings, load_version, served_versions
 from lab.scenarios.timeline import span_quantiles
 from lab.triton import TritonServer, write_model_repository
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "policies" / "ranker.yaml"
 SLOW_FRACTION = 0.005
 SLOW_MS = 900
 RATE_PER_SECOND = 40.0
@@ -41,11 +40,8 @@ MEASURED_COMMAND = "python bench/bench_demo_ttr.py --seeds 1,2,3,4,5"
 def example_policy(triton: TritonServer, short: bool) -> str:
     """examples/policies/ranker.yaml with the lab's endpoints filled in. `short` (tests) also shortens
     its verify window to 10 s held, sampled every 5 s: the only other change, and only there."""
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["target"]["triton"] = {"endpoints": [triton.base_url], "metricsEndpoints": [triton.metrics_url]}
-    if short:
-        doc["verify"] |= {"for": "10s", "interval": "5s"}
-    return yaml.safe_dump(doc, sort_keys=False)
+    return policies.example_policy("ranker.yaml", target={"triton": triton_endpoints(triton.base_url, triton.metrics_url)},
+                                   **({"verify": SHORT_VERIFY} if short else {}))
 
 
 def remediation_line(ttr_seconds: float | None) -> str:

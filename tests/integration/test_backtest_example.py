@@ -64,7 +64,7 @@ async def test_backtest_replays_the_examples_detector_and_alert_and_shows_the_ro
     backfill_openmetrics(data, [*_counters(end - 3600.0, deploy, end), _alerts(deploy + 120.0, end)])
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
 
-    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    settings = example_backtest_settings(tmp_path, EXAMPLE.name, prom.url)
     policies = load_policies(Path(settings.policies.path), action_registry(), detector_registry())
     result = await backtest(settings, policies, detector_registry(), deploy - 300.0, deploy + 300.0)
     lines = text_lines(result)
@@ -90,7 +90,7 @@ async def test_a_short_replay_from_the_first_scrapes_reads_the_scrape_interval_i
     data = tmp_path / "tsdb"
     backfill_openmetrics(data, _counters(deploy - 10.0, deploy, end))
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
-    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    settings = example_backtest_settings(tmp_path, EXAMPLE.name, prom.url)
     result = await backtest(settings, load_policies(Path(settings.policies.path), action_registry(), detector_registry()),
                             detector_registry(), deploy - 20.0, end)
     notes = "\n".join(result.notes)

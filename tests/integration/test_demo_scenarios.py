@@ -95,7 +95,7 @@ async def test_backtest_over_the_demos_recorded_run_shows_its_rollback(
     run = runs["tail"]
     data = Path(run["png"]).parent / "tail-work" / "prom" / "data"
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
-    settings = example_backtest_settings(tmp_path, EXAMPLE, prom.url)
+    settings = example_backtest_settings(tmp_path, EXAMPLE.name, prom.url)
     pol = Path(settings.policies.path)
     deploy = run["started_at"] + first(run["markers"], "deploy")
     acted = run["started_at"] + first(run["markers"], "action")

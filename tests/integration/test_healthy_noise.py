@@ -23,7 +23,9 @@ import yaml
 
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
+from lab import policies
 from lab.load import run_load
+from lab.policies import triton_endpoints
 from lab.prometheus import PrometheusServer
 from lab.triton import TritonServer, load_version, served_versions
 from tests.support.helpers import local_settings
@@ -42,10 +44,7 @@ SCORED = ("no excess", "~")
 
 def example_policy(triton: TritonServer) -> str:
     """The example policy, unchanged except for the Triton's endpoints (as bench/bench_ttr.py)."""
-    policy = yaml.safe_load(EXAMPLE.read_text())
-    policy["target"]["triton"]["endpoints"] = [triton.base_url]
-    policy["target"]["triton"]["metricsEndpoints"] = [triton.metrics_url]
-    return yaml.safe_dump(policy, sort_keys=False)
+    return policies.example_policy(EXAMPLE.name, target={"triton": triton_endpoints(triton.base_url, triton.metrics_url)})
 
 
 def prometheus_copy(triton: TritonServer) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 from aiohttp import web
 
 from daemon.common.config import Settings
 from daemon.wiring.service import Service
+from lab.policies import example_policy, triton_endpoints
 from tests.support.paths import SAMPLES
 
 TOKEN = "test-token-3f9c"
@@ -147,14 +147,13 @@ class NotifySink:
         await self._runner.cleanup()
 
 
-def example_backtest_settings(tmp: Path, example: Path, prometheus_url: str) -> Settings:
-    """Settings for backtesting an example policy over `prometheus_url`: the example written into
+def example_backtest_settings(tmp: Path, example: str, prometheus_url: str) -> Settings:
+    """Settings for backtesting examples/policies/`example` over `prometheus_url`: written into
     `tmp/policies` with only its Triton endpoints filled in (unreachable: a backtest never calls them)."""
-    policy = yaml.safe_load(example.read_text())
-    policy["target"]["triton"] = {"endpoints": ["http://127.0.0.1:9"], "metricsEndpoints": ["http://127.0.0.1:9/metrics"]}
     pol = tmp / "policies"
     pol.mkdir()
-    (pol / example.name).write_text(yaml.safe_dump(policy, sort_keys=False))
+    triton = triton_endpoints("http://127.0.0.1:9", "http://127.0.0.1:9/metrics")
+    (pol / example).write_text(example_policy(example, target={"triton": triton}))
     return local_settings(tmp, pol, prometheus={"url": prometheus_url})
 
 
