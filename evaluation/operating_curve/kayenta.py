@@ -4,10 +4,13 @@ greater; scipy's default method) on the per-minute P99.9 of the last 10 minutes 
 
 Its alpha is tuned (`tune_alpha`) to the same false-verdict rate as the judge on healthy pairs at
 half budget, where it can reach it: with 10 minutes a side the smallest p the test can give is
-bounded, so a rate below what that p allows cannot be had at any alpha (the bench says so).
+bounded, so a rate below what that p allows cannot be had at any alpha (the bench says so). The
+judge also promises a share per canary start; `start_alpha_cap` is the largest alpha that keeps it
+on healthy starts, a cap for the tuning.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -92,11 +95,12 @@ class MannWhitneyRun(Clocked):
 
 
 
-def minute_days(rng: np.random.Generator, rows: int, split: Split, fault: Fault, history_minutes: int
-                ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Per-minute P99.9 of both versions over whole version-days at `fault` (the canary from minute
-    `history_minutes` on): what the Mann-Whitney judge reads, without the steps."""
-    minutes = history_minutes + int(DAY / MINUTE)
+def minute_days(rng: np.random.Generator, rows: int, split: Split, fault: Fault, history_minutes: int,
+                served_minutes: int = int(DAY / MINUTE)) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per-minute P99.9 of both versions at `fault` over `served_minutes` of the canary (a whole
+    version-day unless told), the canary from minute `history_minutes` on: what the Mann-Whitney
+    judge reads, without the steps."""
+    minutes = history_minutes + served_minutes
     out = []
     for index, rate in enumerate((split.stable_rate, split.canary_rate)):
         n = np.full((rows, minutes), int(round(rate * MINUTE)), dtype=np.int64)
@@ -115,26 +119,39 @@ def minutes_only(stable: NDArray[np.float64], canary: NDArray[np.float64], minut
 
 def healthy_days(split: Split, days: int, history_minutes: int, seed: int, block: int
                  ) -> Iterator[tuple[NDArray[np.float64], NDArray[np.float64]]]:
-    """`days` healthy version-days at half budget in blocks of `block` rows, seeded per block: the
-    days `tune_alpha` tunes on and `young_verdicts` counts on are the same days."""
+    """`days` healthy version-days at half budget in blocks of `block` rows, seeded per block."""
     for lo in range(0, days, block):
         rng = np.random.default_rng([seed, lo])
         yield minute_days(rng, min(block, days - lo), split, HALF_BUDGET, history_minutes)
 
 
-def young_verdicts(split: Split, days: int, alpha: float, young_seconds: float = 600.0, minutes: int = 10,
-                   seed: int = 2, block: int = 500) -> tuple[int, int]:
-    """On the version-days `tune_alpha` reads (each starts a healthy canary): (days whose first
-    false verdict came within `young_seconds` of the canary's start, all false verdicts). Where the
-    judge spends its false verdicts matters: a defect shipped with the canary starts there too."""
+def start_lowest_p(split: Split, starts: int, window_seconds: float, minutes: int = 10, seed: int = 3,
+                   block: int = 5000) -> NDArray[np.float64]:
+    """The smallest p each of `starts` healthy canary starts (both versions at half budget) gets in
+    its first `window_seconds`, sorted: at alpha, `verdicts_below(lowest, alpha)` of them get a
+    verdict there."""
     k = minutes - 1
-    young = total = 0
-    for stable, canary in healthy_days(split, days, k, seed, block):
-        run = MannWhitney(alpha, minutes).start(stable.shape[0])
-        run.feed(minutes_only(stable, canary, -k))
-        total += int(run.alarms.sum())
-        young += int(np.sum(run.first <= young_seconds))  # NaN (no verdict) compares False
-    return young, total
+    served = int(math.ceil(window_seconds / MINUTE))
+    lowest = []
+    for lo in range(0, starts, block):
+        rng = np.random.default_rng([seed, lo])
+        stable, canary = minute_days(rng, min(block, starts - lo), split, HALF_BUDGET, k, served)
+        lowest.append(np.nanmin(mw_pvalues(stable, canary, minutes), axis=1))
+    return np.sort(np.concatenate(lowest))
+
+
+def verdicts_below(lowest: NDArray[np.float64], alpha: float) -> int:
+    """How many starts of `start_lowest_p` get a verdict at alpha (p < alpha)."""
+    return int(np.searchsorted(lowest, alpha, side="left"))
+
+
+def start_alpha_cap(lowest: NDArray[np.float64], share: float) -> float:
+    """The largest alpha at which at most `share` of the starts get a verdict: the judge's promise
+    per start (its start test's `start_false_verdicts` plus the running bank's share of the window),
+    which an alpha tuned on version-days alone does not keep, since it spends its false verdicts
+    where a young canary's two or three minutes give a small p."""
+    allowed = int(share * lowest.size)
+    return float(lowest[allowed]) if allowed < lowest.size else 1.0  # ties at it only lower the count
 
 
 def tune_alpha(split: Split, days: int, stated: float, minutes: int = 10, cap: float = 0.05, seed: int = 2,

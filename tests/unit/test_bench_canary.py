@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.bench_canary import DEFECT, HEALTHY, SHARED, SHARED_LEAD, checks, deciders, history
+from bench.bench_canary import DEFECT, HEALTHY, SHARED, SHARED_LEAD, checks, deciders, history, start_share
 from detectors.tail_excess import TailExcessParams
-from evaluation.operating_curve.kayenta import tune_alpha
+from evaluation.operating_curve.kayenta import start_alpha_cap, start_lowest_p, tune_alpha, verdicts_below
 from evaluation.operating_curve.pair_runs import pair_delays
 from evaluation.operating_curve.pairs import Split
 
@@ -45,6 +45,22 @@ def test_mann_whitney_alpha_holds_the_stated_rate():
     alpha, verdicts, smallest = tune_alpha(SPLIT, days, stated)
     assert 0.0 < alpha <= 0.05 and smallest > 0.0
     assert verdicts <= stated * days
+
+
+def test_mann_whitney_tuned_on_days_alone_breaks_the_judges_promise_per_start_and_the_cap_keeps_it():
+    # At 4 req/s on the canary a young canary's two minutes against ten give p = 1/66: an alpha tuned
+    # on version-days alone (0.05 here) spends false verdicts there that the judge does not.
+    split = Split(40.0, 0.1)
+    share = start_share(PARAMS)
+    lowest = start_lowest_p(split, 3000, 900.0)
+    assert verdicts_below(lowest, 0.05) > 2 * share * lowest.size
+    cap = start_alpha_cap(lowest, share)
+    assert cap < 0.05
+    assert verdicts_below(lowest, cap) <= share * lowest.size
+    above = lowest[lowest > cap]
+    assert verdicts_below(lowest, float(above[0])) > share * lowest.size  # the cap is the largest such alpha
+    alpha, _, _ = tune_alpha(split, 20, 1.0 / 30.0, cap=cap)
+    assert alpha <= cap
 
 
 def test_the_done_when_checks_fail_a_slow_judge():
