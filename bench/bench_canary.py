@@ -14,9 +14,9 @@ budget (the judge's and the single-version test's promise), of which the judge's
 promise: its false verdicts on healthy version-days at most that rate (where none is, it says so),
 and the share of 20,000 healthy canary starts with a verdict in their first lookback at most the
 judge's per start. The column "per day only" is tuned on version-days alone, as a user tuning it on
-a day of history would: it spends its false verdicts on young canaries. Delays are seconds from the onset to the first verdict, censored at the horizon (10 min; 1 h
-where the canary gets under 10 req/s); a median is "never" when half the seeds or more did not
-decide. A shared slowdown is no canary defect: the single-version test's verdicts there are the
+a day of history would: it spends its false verdicts on young canaries. Delays are seconds from the
+onset to the first verdict, censored at the horizon (10 min; 1 h where the canary gets under 10
+req/s); a median is "never" when half the seeds or more did not decide. A shared slowdown is no canary defect: the single-version test's verdicts there are the
 false verdicts the judge exists to avoid.
 """
 from __future__ import annotations
