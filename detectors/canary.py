@@ -23,6 +23,7 @@ canary is measured against a stable that is just as slow, and does not fire: the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -39,7 +40,7 @@ from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.thresholds import STORE, Promise, rounded_traffic
-from detectors.tail_excess import TailExcessDetector, TailExcessParams
+from detectors.tail_excess import SLOWEST_COUNTED, TailExcessDetector, TailExcessParams, lookback_at
 from detectors.tail_excess_batch import OK, Front, front_end
 
 ISTIO = ("networking.istio.io", "v1")
@@ -111,8 +112,68 @@ class TailCanaryDetector(TailExcessDetector):
         paired = [c for c in companions if c is not None]
         grid, counters = align([*series, *paired])
         n = len(series)
-        front = front_end(self._test, grid, counters[:n], counters[n:], now)
-        return judge(self.canary, front, [s.labels for s in series], self.roles, self.kind)
+        # The window is the lookback the poller was asked for (the last cycle's `judged_lookback`);
+        # the start test's horizon is the lookback this cycle implies, or the window if longer.
+        front = front_end(replace(self._test, lookback_seconds=self._lookback), grid, counters[:n], counters[n:], now)
+        labels = [s.labels for s in series]
+        self._lookback = judged_lookback(self.canary, front, labels, self.roles)
+        horizon = max(int(front.grid.size), int(round(self._lookback / front.step_seconds)))
+        return judge(self.canary, front, labels, self.roles, self.kind, horizon)
+
+
+def canary_lookback(p: TailExcessParams, requests_per_step: float, step_seconds: float, threshold: float) -> float:
+    """The lookback a canary at `requests_per_step` (per scored step) implies: tail_excess's rule
+    (`lookback_at`: LOOKBACK_DELAYS x the smallest member's expected delay, in doublings of
+    `lookback_seconds`, capped at `max_lookback_seconds`) for the canary's running bank at its floor
+    (the null at half budget), `threshold` that bank's smallest member's at this traffic. A canary
+    below SLOWEST_COUNTED requests per second (per scored step, as tail_excess counts) gives the least.
+
+    At the floor and not at the canary's raised null: the lookback follows the canary's traffic,
+    not the stable's share. A reference raised by a slowdown both versions share would otherwise
+    grow the window into the stable's healthy past before the slowdown, and the stable over the
+    canary's steps would read healthier than it is now."""
+    if not requests_per_step / step_seconds >= SLOWEST_COUNTED:
+        return p.lookback_seconds_
+    return lookback_at(p.lookback_seconds_, p.max_lookback_seconds, p.test().design, requests_per_step, threshold,
+                       step_seconds)
+
+
+def _versions(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]]) -> dict[str, list[int]]:
+    """The rows of each version that can be judged (OK, with the version label)."""
+    by_version: dict[str, list[int]] = {}
+    for row, lab in enumerate(labels):
+        if f.status[row] == OK and p.version_label in lab:
+            by_version.setdefault(lab[p.version_label], []).append(row)
+    return by_version
+
+
+def _traffic(f: Front, rows: list[int]) -> float:
+    """A version's requests per scored step over the window (its rows summed)."""
+    units, requests = _sum_rows(f.units, rows), _sum_rows(f.requests, rows)
+    scored = np.isfinite(units)
+    return float(requests[scored].mean()) if scored.any() else 0.0
+
+
+def judged_lookback(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]],
+                    roles: CanaryRoles | str) -> float:
+    """The detector's lookback: the longest `canary_lookback` of the canaries judged this cycle (the
+    slowest canary's), at the running bank's thresholds as this cycle reads them (the Wald bound
+    until derived, as tail_excess's); the least when none is judged."""
+    if isinstance(roles, str):
+        return p.lookback_seconds_
+    test = p.test()
+    promise = Promise(bank_days(test.promise_days, start_alpha(test.promise_days, p.start_false_verdicts)),
+                      f.step_seconds)
+    by_version = _versions(p, f, labels)
+    out = p.lookback_seconds_
+    for canary in roles.canaries:
+        rows = by_version.get(canary.version)
+        if rows and roles.stable.version in by_version:
+            traffic = _traffic(f, rows)
+            if traffic > 0:
+                h = STORE.get(test.design, promise, traffic)[0][0]
+                out = max(out, canary_lookback(p, traffic, f.step_seconds, h))
+    return out
 
 
 def stable_reference(units: Any, requests: Any, null: float) -> Any:
@@ -186,15 +247,14 @@ def _sum_rows(x: NDArray[np.float64], rows: list[int]) -> NDArray[np.float64]:
 
 
 def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], roles: CanaryRoles | str,
-          kind: str) -> list[Detection]:
-    """One Detection per row: the first series of each canary version carries its verdict."""
+          kind: str, horizon: int | None = None) -> list[Detection]:
+    """One Detection per row: the first series of each canary version carries its verdict.
+    `horizon`: the steps the start test's bound holds over (the lookback in use; None: the window's)."""
     test = p.test()
     if isinstance(roles, str):
         return [Detection(kind, False, f"no canary verdict: {roles}") for _ in labels]
-    by_version: dict[str, list[int]] = {}
-    for row, lab in enumerate(labels):
-        if f.status[row] == OK and p.version_label in lab:
-            by_version.setdefault(lab[p.version_label], []).append(row)
+    horizon = int(f.grid.size) if horizon is None else horizon
+    by_version = _versions(p, f, labels)
     stable = roles.stable.version
     out: list[Detection | None] = [None] * len(labels)
     for row, lab in enumerate(labels):
@@ -275,9 +335,9 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
         start_test: dict[str, Any] | None = None
         if began is not None and alpha > 0:
             life = start_statistic(design, c_units, c_requests)  # its whole life is in the lookback
-            bound = start_thresholds(design, alpha, rounded_traffic(traffic), int(f.grid.size))
+            bound = start_thresholds(design, alpha, rounded_traffic(traffic), horizon)
             started = bool((life >= np.asarray(bound)).any())
-            start_test = {"began": float(f.grid[began]), "alpha": alpha, "fired": started,
+            start_test = {"began": float(f.grid[began]), "alpha": alpha, "fired": started, "horizon_steps": horizon,
                           "statistic": {f"{s:g}x": float(v) for s, v in zip(test.sizes, life)},
                           "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
             if started and not fired:

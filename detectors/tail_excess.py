@@ -243,14 +243,23 @@ def implied_lookback(p: TailExcessParams, b: ExcessBatch) -> float:
     if not counted.any():
         return p.lookback_seconds_
     slowest = int(np.flatnonzero(counted)[np.argmin(b.traffic[counted])])
-    design = b.test.design
+    return lookback_at(p.lookback_seconds_, p.max_lookback_seconds, b.test.design, float(b.traffic[slowest]),
+                       float(b.thresholds[0, slowest]), b.step_seconds)
+
+
+def lookback_at(least: float, most: float, design: BankDesign, requests_per_step: float, threshold: float,
+                step_seconds: float) -> float:
+    """LOOKBACK_DELAYS times the expected delay of `design`'s smallest member (its `threshold` over
+    its drift at its own alternative, `requests_per_step` a step), in doublings of `least`, capped
+    at `most`: the rule `implied_lookback` applies at the slowest series and the canary judge at
+    the slowest canary (detectors/canary.py `canary_lookback`)."""
     r = design.ratios[0]
-    drift = b.traffic[slowest] * design.null * (r * math.log(r) - r + 1.0)  # nats per step at its own size
-    needed = LOOKBACK_DELAYS * float(b.thresholds[0, slowest]) / drift * b.step_seconds if drift > 0 else math.inf
-    if needed <= p.lookback_seconds_:
-        return p.lookback_seconds_
-    doublings = math.ceil(math.log2(needed / p.lookback_seconds_))
-    return min(p.max_lookback_seconds, p.lookback_seconds_ * 2.0 ** doublings)
+    drift = requests_per_step * design.null * (r * math.log(r) - r + 1.0)  # nats per step at its own size
+    needed = LOOKBACK_DELAYS * threshold / drift * step_seconds if drift > 0 else math.inf
+    if needed <= least:
+        return least
+    doublings = math.ceil(math.log2(needed / least))
+    return min(most, least * 2.0 ** doublings)
 
 
-__all__ = ["MEMBER_RATE_SHARE", "REPLACED", "TailExcessDetector", "TailExcessParams", "implied_lookback"]
+__all__ = ["MEMBER_RATE_SHARE", "REPLACED", "TailExcessDetector", "TailExcessParams", "implied_lookback", "lookback_at"]

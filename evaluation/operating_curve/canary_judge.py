@@ -7,7 +7,9 @@ thresholds from the stated rate at the canary's traffic per scored step, and a f
 over the canary's episode (`episode_fired`); while the canary's whole life is in the lookback, the
 start test (detectors/canary_start.py) judges its life, computed for every column at once
 (`JudgeRun._start_verdicts`). The live detector recomputes this each cycle
-(`interval: 1s`); the replay calls the live functions for each of those steps.
+(`interval: 1s`); the replay calls the live functions for each of those steps. The lookback is the
+live detector's (`canary_lookback` at the canary's requests per scored step, read from the first
+chunk: it grows for a slow canary), and the start test's bound holds over its steps.
 
 Running the bank over every lookback of a day is too slow, so a bound goes first (a canary judged
 at a higher null has smaller jumps and the same drains: its statistic is at most the one at the
@@ -25,7 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from detectors.canary import canary_design, episode_fired, reference_step, stable_reference
+from detectors.canary import canary_design, canary_lookback, episode_fired, reference_step, stable_reference
 from detectors.canary_start import SERVED_CHANCE, bank_days, start_alpha, start_thresholds
 from detectors.sequential.bank import run_bank
 from detectors.sequential.design import BankDesign
@@ -69,24 +71,41 @@ class Judge:
 
     params: TailExcessParams
     step: float = 1.0
-    lookback_seconds: float | None = None  # None: the live detector's (params.lookback_seconds_)
+    lookback_seconds: float | None = None  # None: the live detector's rule (`lookback_for`)
     versus_stable: bool = True  # False: the null is never raised (tail_excess on the canary alone)
     label: str = ""
     weight: float = 0.0  # the canary's share of the route (the start test's rule); 0: no start test
+    canary_traffic: float | None = None  # the canary's requests per scored step; None: read from the data
 
     @property
     def name(self) -> str:
         return self.label or ("judge" if self.versus_stable else "single-version (live window)")
 
-    @property
-    def width(self) -> int:
-        return int(round((self.lookback_seconds or self.params.lookback_seconds_) / self.step))
+    def promise(self) -> Promise:
+        """The running bank's promise: what the start test leaves of the stated rate (the stated
+        rate itself without a start test)."""
+        test = self.params.test()
+        alpha = start_alpha(test.promise_days) if self.versus_stable and self.weight > 0 else 0.0
+        return Promise(bank_days(test.promise_days, alpha), self.step) if self.versus_stable else test.promise(self.step)
+
+    def lookback_for(self, canary_traffic: float) -> float:
+        """The lookback at a canary of `canary_traffic` requests per scored step: `lookback_seconds`
+        when set; else the live detector's (detectors/canary.py `canary_lookback`, at the running
+        bank's derived thresholds); tail_excess on the canary alone (`versus_stable` False) keeps the
+        least, as the live tail_excess's window does (its front end reads `lookback_seconds` only)."""
+        if self.lookback_seconds is not None:
+            return self.lookback_seconds
+        p = self.params
+        if not self.versus_stable or not canary_traffic > 0:
+            return p.lookback_seconds_
+        h = STORE.derive_now(p.test().design, self.promise(), canary_traffic)[0]
+        return canary_lookback(p, canary_traffic, self.step, h)
+
+    def width_for(self, canary_traffic: float) -> int:
+        return int(round(self.lookback_for(canary_traffic) / self.step))
 
     def start(self, rows: int) -> "JudgeRun":
-        w = self.width
-        nan = np.full((rows, w), np.nan)
-        return JudgeRun(self, _Clock(rows, self.step), [nan.copy() for _ in range(4)],
-                        np.full(rows, np.iinfo(np.int64).min))
+        return JudgeRun(self, _Clock(rows, self.step), [], np.full(rows, np.iinfo(np.int64).min))
 
 
 @dataclass
@@ -96,9 +115,23 @@ class JudgeRun(Clocked):
     tails: list[NDArray[np.float64]]  # the last `width` steps: stable units, requests, canary units, requests
     since: NDArray[np.int64]  # per row, the first column of the current canary (after a verdict)
     candidates: int = 0  # windows the exact check ran on (the bound let them through)
+    width: int = 0  # the lookback in steps, set at the first chunk (from the canary's traffic in it)
+
+    def _begin(self, pair: PairSteps) -> None:
+        """The lookback, from the canary's requests per scored step in the first chunk (as the live
+        detector reads its traffic; `canary_traffic` when given), and empty tails of that width."""
+        traffic = self.spec.canary_traffic
+        if traffic is None:
+            n = pair.canary.requests
+            traffic = float(np.nanmean(n)) if np.isfinite(n).any() else 0.0
+        self.width = self.spec.width_for(traffic)
+        rows = self.since.size
+        self.tails = [np.full((rows, self.width), np.nan) for _ in range(4)]
 
     def feed(self, pair: PairSteps) -> None:
-        w, cols = self.spec.width, pair.cols
+        if not self.tails:
+            self._begin(pair)
+        w, cols = self.width, pair.cols
         arrays = [np.hstack([tail, new]) for tail, new in zip(self.tails, (
             pair.stable.above, pair.stable.requests, pair.canary.above, pair.canary.requests))]
         columns = pair.column - w + np.arange(w + cols)  # absolute column of each array column
@@ -121,11 +154,10 @@ class JudgeRun(Clocked):
         """Per row, the index of the first evaluated column (after `after`) where the judge fires
         (-1: none)."""
         spec = self.spec
-        w = spec.width
+        w = self.width
         test = spec.params.test()
         alpha = start_alpha(test.promise_days) if spec.versus_stable and spec.weight > 0 else 0.0
-        promise = (Promise(bank_days(test.promise_days, alpha), spec.step) if spec.versus_stable
-                   else test.promise(spec.step))
+        promise = spec.promise()
         su, sn, cu, cn = arrays
         rows, total = su.shape
 
@@ -218,7 +250,7 @@ class JudgeRun(Clocked):
         """Per row, the array index of the first evaluated column where the live judge's start test
         fires (`life_start` over that column's lookback, then `start_statistic` against
         `start_thresholds`); int64 max where it does not."""
-        w = self.spec.width
+        w = self.width
         su, sn, cu, cn = arrays
         rows, total = cu.shape
         never = np.iinfo(np.int64).max
