@@ -1,5 +1,5 @@
-"""Benchmark options and counts that the docs quote: the operating curve's --traffic levels, and
-where the Mann-Whitney judge spends its false verdicts."""
+"""Benchmark options that the docs quote: the operating curve's --traffic levels (where the
+Mann-Whitney judge spends its false verdicts is tests/unit/test_bench_canary.py's)."""
 from __future__ import annotations
 
 import pytest
