@@ -14,7 +14,6 @@ One latency series that is not a counter (a recorded P99.9, a histogram quantile
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import re
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
@@ -208,9 +207,8 @@ class TailExcessDetector:
 
     def evaluate(self, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
                  now: float) -> ExcessBatch:
-        """The batch evaluation with this detector's thresholds over the lookback it reported last
-        cycle (what the poller was asked to fetch), and the lookback this cycle implies."""
-        test = replace(self._test, lookback_seconds=self._lookback)
+        """The batch evaluation with this detector's thresholds, and the lookback it implies."""
+        test = self._test
         promises: dict[float, Promise] = {}
 
         def thresholds(requests_per_step: float, step: float) -> tuple[tuple[float, ...], bool]:
