@@ -116,9 +116,10 @@ class TailCanaryDetector(TailExcessDetector):
         # the start test's horizon is the lookback this cycle implies, or the window if longer.
         front = front_end(replace(self._test, lookback_seconds=self._lookback), grid, counters[:n], counters[n:], now)
         labels = [s.labels for s in series]
-        self._lookback = judged_lookback(self.canary, front, labels, self.roles)
+        by_version = _versions(self.canary, front, labels)
+        self._lookback = judged_lookback(self.canary, front, by_version, self.roles)
         horizon = max(int(front.grid.size), int(round(self._lookback / front.step_seconds)))
-        return judge(self.canary, front, labels, self.roles, self.kind, horizon)
+        return judge(self.canary, front, labels, self.roles, self.kind, horizon, by_version)
 
 
 def canary_lookback(p: TailExcessParams, requests_per_step: float, step_seconds: float, threshold: float) -> float:
@@ -154,24 +155,28 @@ def _traffic(f: Front, rows: list[int]) -> float:
     return float(requests[scored].mean()) if scored.any() else 0.0
 
 
-def judged_lookback(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]],
+def bank_promise(p: TailCanaryParams, step_seconds: float) -> Promise:
+    """The running bank's promise: what the start test (`start_false_verdicts` per start) leaves of
+    the stated rate."""
+    days = p.test().promise_days
+    return Promise(bank_days(days, start_alpha(days, p.start_false_verdicts)), step_seconds)
+
+
+def judged_lookback(p: TailCanaryParams, f: Front, by_version: Mapping[str, list[int]],
                     roles: CanaryRoles | str) -> float:
     """The detector's lookback: the longest `canary_lookback` of the canaries judged this cycle (the
     slowest canary's), at the running bank's thresholds as this cycle reads them (the Wald bound
     until derived, as tail_excess's); the least when none is judged."""
     if isinstance(roles, str):
         return p.lookback_seconds_
-    test = p.test()
-    promise = Promise(bank_days(test.promise_days, start_alpha(test.promise_days, p.start_false_verdicts)),
-                      f.step_seconds)
-    by_version = _versions(p, f, labels)
+    design, promise = p.test().design, bank_promise(p, f.step_seconds)
     out = p.lookback_seconds_
     for canary in roles.canaries:
         rows = by_version.get(canary.version)
         if rows and roles.stable.version in by_version:
             traffic = _traffic(f, rows)
             if traffic > 0:
-                h = STORE.get(test.design, promise, traffic)[0][0]
+                h = STORE.get(design, promise, traffic)[0][0]
                 out = max(out, canary_lookback(p, traffic, f.step_seconds, h))
     return out
 
@@ -247,14 +252,16 @@ def _sum_rows(x: NDArray[np.float64], rows: list[int]) -> NDArray[np.float64]:
 
 
 def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], roles: CanaryRoles | str,
-          kind: str, horizon: int | None = None) -> list[Detection]:
+          kind: str, horizon: int | None = None, by_version: Mapping[str, list[int]] | None = None
+          ) -> list[Detection]:
     """One Detection per row: the first series of each canary version carries its verdict.
-    `horizon`: the steps the start test's bound holds over (the lookback in use; None: the window's)."""
+    `horizon`: the steps the start test's bound holds over (the lookback in use; None: the window's);
+    `by_version`: `_versions` of these rows when the caller has it."""
     test = p.test()
     if isinstance(roles, str):
         return [Detection(kind, False, f"no canary verdict: {roles}") for _ in labels]
     horizon = int(f.grid.size) if horizon is None else horizon
-    by_version = _versions(p, f, labels)
+    by_version = _versions(p, f, labels) if by_version is None else by_version
     stable = roles.stable.version
     out: list[Detection | None] = [None] * len(labels)
     for row, lab in enumerate(labels):
@@ -277,7 +284,7 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
     null = test.design.null
     allowed = test.budget * test.design.lump
     alpha = start_alpha(test.promise_days, p.start_false_verdicts)
-    promise = Promise(bank_days(test.promise_days, alpha), f.step_seconds)
+    promise = bank_promise(p, f.step_seconds)
     # A canary the route sends traffic to but whose series are missing (no traffic reached it, or
     # its series lack the version label) has no row of its own: the stable's reason names it.
     unseen = [c for c in roles.canaries if c.version not in by_version]
