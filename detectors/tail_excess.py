@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
@@ -151,7 +152,8 @@ class TailExcessParams(DetectorParams):
         lump = self.heaviest_slow if self.evidence == "counters" else 1.0
         return Test(BankDesign.for_budget(self.budget, self.null_share, self.sizes, lump), self.budget,
                     self.false_alarm_days, self.line, self.evidence, self.lookback_seconds_,
-                    self.bulk_window_seconds, self.bulk_slack, self.max_staleness_seconds, self.sizes)
+                    self.bulk_window_seconds, self.bulk_slack, self.max_staleness_seconds, self.sizes,
+                    recent_seconds=self.lookback_seconds_)
 
 
 class TailExcessDetector:
@@ -168,6 +170,7 @@ class TailExcessDetector:
         self.params = (params if isinstance(params, TailExcessParams)
                        else TailExcessParams.model_validate(params))
         self._test = self.params.test()
+        self._tests = {self._test.lookback_seconds: self._test}  # by scored lookback: a few doublings
         self._lookback = self.params.lookback_seconds_
 
     @property
@@ -207,8 +210,11 @@ class TailExcessDetector:
 
     def evaluate(self, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
                  now: float) -> ExcessBatch:
-        """The batch evaluation with this detector's thresholds, and the lookback it implies."""
-        test = self._test
+        """The batch evaluation with this detector's thresholds over the lookback it reported last
+        cycle (what the poller was asked to fetch), and the lookback this cycle implies."""
+        test = self._tests.get(self._lookback)
+        if test is None:
+            test = self._tests[self._lookback] = replace(self._test, lookback_seconds=self._lookback)
         promises: dict[float, Promise] = {}
 
         def thresholds(requests_per_step: float, step: float) -> tuple[tuple[float, ...], bool]:

@@ -49,6 +49,10 @@ class Test:
     bulk_slack: float
     max_staleness_seconds: float
     sizes: tuple[float, ...]
+    recent_seconds: float = math.inf
+    """What a row's budget evidence (the window sums, the alert gate's input) covers: the least
+    lookback, however far the scored lookback has grown, so hours of healthy history do not dilute
+    a breach that began minutes ago."""
 
     def promise(self, step_seconds: float) -> Promise:
         return Promise(self.promise_days, step_seconds)
@@ -70,7 +74,7 @@ class RowFacts:
     thresholds: list[float]  # [S * K]
     derived: list[bool]
     traffic: list[float]  # requests per step over the lookback's scored steps
-    window_units: list[float]
+    window_units: list[float]  # over the recent window (Test.recent_seconds)
     window_requests: list[float]
     episode_start: list[int]
     episode_units: list[float]
@@ -101,6 +105,7 @@ class ExcessBatch:
     first_seen: NDArray[np.int_]
     resets: NDArray[np.int_]
     inconsistent: NDArray[np.int_]
+    recent_from: int = 0  # the first column of the recent window (0: the whole scored lookback)
 
     @cached_property
     def facts(self) -> RowFacts:
@@ -108,6 +113,7 @@ class ExcessBatch:
         run, rows = self.run, self.status.shape[0]
         scored = np.isfinite(self.units)
         counted = np.where(scored, self.requests, 0.0)  # the requests of scored steps, read twice
+        recent = self.recent_from
         start = run.episode_start - (run.state.column - self.timestamps.size)  # absolute -> this grid
         start = np.where(run.episode_start >= 0, start, -1)
         return RowFacts(
@@ -115,8 +121,8 @@ class ExcessBatch:
             latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
             leader=run.leader.tolist(), statistic=run.state.statistic.T.ravel().tolist(),
             thresholds=self.thresholds.T.ravel().tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
-            window_units=np.nansum(self.units, axis=1).tolist(),
-            window_requests=counted.sum(axis=1).tolist(), episode_start=start.tolist(),
+            window_units=np.nansum(self.units[:, recent:], axis=1).tolist(),
+            window_requests=counted[:, recent:].sum(axis=1).tolist(), episode_start=start.tolist(),
             episode_units=sum_since(np.nan_to_num(self.units), start).tolist(),
             episode_requests=sum_since(counted, start).tolist(),
             last_allowance=(_last_where(self.allowance, scored) if self.allowance is not None
@@ -240,8 +246,11 @@ def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArra
     h, derived = row_thresholds(test, f.traffic, f.step_seconds, thresholds)
     run = run_bank(test.design, f.units, f.requests, h)
     fired = (f.status == OK) & run.fired
+    # The steps that end after now - recent_seconds: those the least lookback would have scored.
+    recent_from = (0 if test.recent_seconds >= test.lookback_seconds
+                   else int(np.searchsorted(f.grid, now - test.recent_seconds, side="right")))
     return ExcessBatch(test, f.grid, f.step_seconds, f.units, f.requests, f.allowance, run, h, derived, f.traffic,
-                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent)
+                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent, recent_from)
 
 
 def _fmt(v: float) -> str:
@@ -300,18 +309,31 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
 def shared_versions(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
                     firing: Sequence[str]) -> list[str]:
     """The versions that fire, and every other version whose rows together show a share above the
-    budget over the lookback (95% lower bound; acceptance.shown_above), sorted."""
-    units: dict[str, float] = {}
-    requests: dict[str, float] = {}
+    budget (95% lower bound; acceptance.shown_above) over the recent window, or, when the firing
+    versions' episode began before it (a grown lookback), over that episode from its earliest
+    onset, sorted: the other version is judged over the time the firing one has been slow, not
+    only over its last minutes nor over hours of its healthy history."""
     f = b.facts
+    since = min((max(f.episode_start[row], 0) for row, lab in enumerate(labels)
+                 if f.fired[row] and lab.get(version_label) in firing), default=b.recent_from)
+    scored = np.isfinite(b.units)
+    recent: dict[str, list[float]] = {}
+    episode: dict[str, list[float]] = {}
     for row, lab in enumerate(labels):
         version = lab.get(version_label)
         if version is None or version in firing or f.status[row] != OK:
             continue
-        units[version] = units.get(version, 0.0) + f.window_units[row]
-        requests[version] = requests.get(version, 0.0) + f.window_requests[row]
+        sums = recent.setdefault(version, [0.0, 0.0])
+        sums[0] += f.window_units[row]
+        sums[1] += f.window_requests[row]
+        if since < b.recent_from:
+            ep = episode.setdefault(version, [0.0, 0.0])
+            ep[0] += float(np.nansum(b.units[row, since:]))
+            ep[1] += float(np.where(scored[row, since:], b.requests[row, since:], 0.0).sum())
     allowed = b.test.budget * b.test.design.lump
-    return sorted({*firing, *(v for v in units if shown_above(units[v], requests[v], allowed))})
+    above = {v for v, (units, requests) in recent.items() if shown_above(units, requests, allowed)}
+    above |= {v for v, (units, requests) in episode.items() if shown_above(units, requests, allowed)}
+    return sorted({*firing, *above})
 
 
 def details_table(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
