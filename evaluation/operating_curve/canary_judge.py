@@ -91,12 +91,12 @@ class Judge:
     def lookback_for(self, canary_traffic: float) -> float:
         """The lookback at a canary of `canary_traffic` requests per scored step: `lookback_seconds`
         when set; else the live detector's (detectors/canary.py `canary_lookback`, at the running
-        bank's derived thresholds); tail_excess on the canary alone (`versus_stable` False) keeps the
-        least, as the live tail_excess's window does (its front end reads `lookback_seconds` only)."""
+        bank's derived thresholds; tail_excess on the canary alone, `versus_stable` False, grows its
+        window by the same rule at its own thresholds)."""
         if self.lookback_seconds is not None:
             return self.lookback_seconds
         p = self.params
-        if not self.versus_stable or not canary_traffic > 0:
+        if not canary_traffic > 0:
             return p.lookback_seconds_
         h = STORE.derive_now(p.test().design, self.promise(), canary_traffic)[0]
         return canary_lookback(p, canary_traffic, self.step, h)
