@@ -147,6 +147,29 @@ def test_the_live_detector_decides_as_the_benchmark_core_does_on_a_shared_trace(
     assert live is not None and bench.first[0] == live
 
 
+@pytest.mark.slow  # ~2,100 evaluations over up to 2,100 points
+def test_at_4_req_s_the_live_detector_decides_over_its_grown_window_as_the_core_does() -> None:
+    """0.2% at 600 ms at 4 req/s takes longer than the least lookback (900 s) to show: the core runs
+    on, and the live detector, once its window has grown, first fires at the same second (seed 3:
+    2123 s; scoring only the least window it fired at 2282 s)."""
+    steps = seeded_run(3, Traffic(4.0), Fault(0.002, 600), 3600, 500.0)
+    params = TailExcessParams(line=500, evidence="histogram")
+    bench = Tailguard.of(params, 1.0, params.max_lookback_seconds).start(1)
+    bench.feed(steps)
+    bucket, count = _histogram(steps.above[0], steps.requests[0])
+    det = TailExcessDetector(params)
+    det.detect(bucket, bucket.timestamps[-1], count)
+    assert STORE.wait() and det.lookback_seconds == 7200.0
+    live = None
+    for end in range(2, len(bucket.timestamps) + 1):
+        b = Series(bucket.labels, bucket.timestamps[:end], bucket.values[:end])
+        c = Series(count.labels, count.timestamps[:end], count.values[:end])
+        if det.detect(b, b.timestamps[-1], c).fired:
+            live = b.timestamps[-1] - START
+            break
+    assert bench.first[0] > 900 and live == bench.first[0], (live, bench.first[0])
+
+
 def test_two_versions_breaching_at_once_is_a_shared_slowdown_not_a_defect():
     """A canary and its stable serving side by side, both slowed by a shared cause: neither fires and
     both say why; the canary alone breaching still fires."""
