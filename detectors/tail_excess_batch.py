@@ -347,7 +347,8 @@ def details_table(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_l
         traffic=f.traffic, derived=f.derived, thresholds=f.thresholds, statistic=f.statistic, leader=f.leader,
         episode_units=f.episode_units, episode_requests=f.episode_requests, window_units=f.window_units,
         window_requests=f.window_requests, scored_steps=f.scored_steps, resets=f.resets,
-        inconsistent=f.inconsistent, first_seen=f.first_seen)
+        inconsistent=f.inconsistent, first_seen=f.first_seen, lookback_seconds=test.lookback_seconds,
+        budget_window_seconds=min(test.recent_seconds, test.lookback_seconds))
 
 
 def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str], texts: _Texts,

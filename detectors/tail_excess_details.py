@@ -42,6 +42,8 @@ class DetailsTable:
     resets: list[int]
     inconsistent: list[int]
     first_seen: list[int]
+    lookback_seconds: float = 900.0  # the scored window
+    budget_window_seconds: float = 900.0  # what the window sums (and the alert gate) cover
 
 
 def row_details(t: DetailsTable, row: int) -> dict[str, Any]:
@@ -54,6 +56,7 @@ def row_details(t: DetailsTable, row: int) -> dict[str, Any]:
         "step_seconds": t.step_seconds, "budget": t.budget, "null": t.null, "false_alarm_days": t.false_alarm_days,
         "derived": t.derived[row],
         "thresholds": dict(zip(t.sizes, hs)),
+        "lookback_seconds": t.lookback_seconds, "budget_window_seconds": t.budget_window_seconds,
     }
     # "input": what a replica of an older version reads to draw no recovery line on counters (a
     # shared journal during a rolling upgrade); the journaled details stay as they were.
