@@ -270,13 +270,16 @@ class _Texts:
     promise: str
     staleness: str
     sizes: tuple[str, ...]
+    window: str  # what the window sums cover: the lookback, or its recent part once it has grown
 
     @classmethod
     def of(cls, test: Test) -> "_Texts":
         what = "requests" if test.evidence == "histogram" else "requests' worth of latency"
         promise = f"one false alarm per {test.promise_days:g} days at {test.design.null:.3%}"
+        window = ("the lookback" if test.recent_seconds >= test.lookback_seconds
+                  else f"the last {test.recent_seconds:g} s")
         return cls(_fmt(test.line), what, promise, f"{test.max_staleness_seconds:g}",
-                   tuple(_size(s) for s in test.sizes))
+                   tuple(_size(s) for s in test.sizes), window)
 
 
 def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, str]],
@@ -392,7 +395,7 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
     else:
         share = f.window_units[row] / f.window_requests[row] if f.window_requests[row] > 0 else 0.0
         if f.episode_start[row] < 0 and not f.fired[row]:
-            reason = (f"no excess: {share:.3%} of requests above {line} over the lookback "
+            reason = (f"no excess: {share:.3%} of requests above {line} over {texts.window} "
                       f"({f.window_units[row]:.1f} {texts.what} in {f.window_requests[row]:.0f}); no member "
                       f"above zero ({at})")
         else:

@@ -24,6 +24,7 @@ def test_the_next_cycle_scores_the_grown_lookback_and_the_budget_window_stays_re
     assert second.details["scored_steps"] == 4000  # all the data there is, under the grown lookback
     assert second.details["window_requests"] == first.details["window_requests"] == 900
     assert second.budget is not None and second.budget.requests == 900
+    assert "over the lookback" in first.reason and "over the last 900 s" in second.reason, second.reason
     # What the test assumed says both windows (`tailguard status` shows it).
     assert (first.details["assumed"]["lookback_seconds"], first.details["assumed"]["budget_window_seconds"]) == (900, 900)
     assert (second.details["assumed"]["lookback_seconds"], second.details["assumed"]["budget_window_seconds"]) == (7200, 900)
