@@ -123,6 +123,17 @@ def test_no_count_is_a_reason():
     assert "companionQuery" in DET.detect(bucket, bucket.timestamps[-1], None).reason
 
 
+def _first_fire(det: TailExcessDetector, bucket: Series, count: Series) -> float | None:
+    """The first second (from START) at which `det`, evaluated every second on the histogram as
+    Prometheus would hold it by then, fires; None: never."""
+    for end in range(2, len(bucket.timestamps) + 1):
+        b = Series(bucket.labels, bucket.timestamps[:end], bucket.values[:end])
+        c = Series(count.labels, count.timestamps[:end], count.values[:end])
+        if det.detect(b, b.timestamps[-1], c).fired:
+            return b.timestamps[-1] - START
+    return None
+
+
 @pytest.mark.parametrize("seed", [3, 11])
 def test_the_live_detector_decides_as_the_benchmark_core_does_on_a_shared_trace(seed: int):
     """The rig's seeded arrivals (0.5% at 900 ms, 40 req/s): the first second the live detector
@@ -137,13 +148,7 @@ def test_the_live_detector_decides_as_the_benchmark_core_does_on_a_shared_trace(
     det = TailExcessDetector(params)
     det.detect(bucket, bucket.timestamps[-1], count)
     assert STORE.wait()
-    live = None
-    for end in range(2, len(bucket.timestamps) + 1):
-        b = Series(bucket.labels, bucket.timestamps[:end], bucket.values[:end])
-        c = Series(count.labels, count.timestamps[:end], count.values[:end])
-        if det.detect(b, b.timestamps[-1], c).fired:
-            live = b.timestamps[-1] - START
-            break
+    live = _first_fire(det, bucket, count)
     assert live is not None and bench.first[0] == live
 
 
@@ -160,13 +165,7 @@ def test_at_4_req_s_the_live_detector_decides_over_its_grown_window_as_the_core_
     det = TailExcessDetector(params)
     det.detect(bucket, bucket.timestamps[-1], count)
     assert STORE.wait() and det.lookback_seconds == 7200.0
-    live = None
-    for end in range(2, len(bucket.timestamps) + 1):
-        b = Series(bucket.labels, bucket.timestamps[:end], bucket.values[:end])
-        c = Series(count.labels, count.timestamps[:end], count.values[:end])
-        if det.detect(b, b.timestamps[-1], c).fired:
-            live = b.timestamps[-1] - START
-            break
+    live = _first_fire(det, bucket, count)
     assert bench.first[0] > 900 and live == bench.first[0], (live, bench.first[0])
 
 
