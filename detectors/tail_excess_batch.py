@@ -270,14 +270,13 @@ class _Texts:
     promise: str
     staleness: str
     sizes: tuple[str, ...]
-    window: str  # what the window sums cover: the lookback, or its recent part once it has grown
+    window: str  # what the window sums cover: the lookback, or its recent part when they leave steps out
 
     @classmethod
-    def of(cls, test: Test) -> "_Texts":
+    def of(cls, test: Test, cut: bool = False) -> "_Texts":
         what = "requests" if test.evidence == "histogram" else "requests' worth of latency"
         promise = f"one false alarm per {test.promise_days:g} days at {test.design.null:.3%}"
-        window = ("the lookback" if test.recent_seconds >= test.lookback_seconds
-                  else f"the last {test.recent_seconds:g} s")
+        window = f"the last {test.recent_seconds:g} s" if cut else "the lookback"
         return cls(_fmt(test.line), what, promise, f"{test.max_staleness_seconds:g}",
                    tuple(_size(s) for s in test.sizes), window)
 
@@ -293,7 +292,7 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
     fires, each says so, and nothing is rolled back on the detector's word. "Shown above" and not
     only "fires too": the busier version fires first, and the quieter one's evidence that it is
     just as slow comes before its own alarm."""
-    texts = _Texts.of(b.test)
+    texts = _Texts.of(b.test, b.recent_from > 0)  # the window sums left older scored steps out
     table = details_table(b, labels, version_label, texts.sizes)
     out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
     firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
