@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from core.detection import Detection
+from core.detection import BudgetEvidence
 from detectors.sequential.acceptance import accept_null, shown_above
 
 STALE_INTERVALS = 3.0
@@ -18,22 +18,21 @@ class GateVerdict:
     reason: str
 
 
-def gate_verdict(verdicts: Sequence[tuple[Mapping[str, str], Detection]] | None, at: float | None,
+def gate_verdict(budgets: Sequence[tuple[Mapping[str, str], BudgetEvidence]] | None, at: float | None,
                  interval: float, now: float, error: float, version_label: str = "version") -> GateVerdict:
     """Veto when every series of the target with evidence is shown within its budget at `error`,
     or when two or more versions are each shown above it (a shared slowdown: rolling one back
     is no remedy, and the canary would be rolled back for a cause it shares with its stable); act
     when any is not shown within it otherwise, or when there is no fresh evidence to weigh."""
-    if verdicts is None or at is None:
+    if budgets is None or at is None:
         return GateVerdict(False, "gate: the detector has not evaluated the target yet; the alert acts")
     if now - at > STALE_INTERVALS * interval:
         return GateVerdict(False, f"gate: the detector's evidence is {now - at:.0f} s old; the alert acts")
-    weighed = [(labels, d.budget) for labels, d in verdicts if d.budget is not None]
+    weighed = list(budgets)
     if not weighed:
         return GateVerdict(False, "gate: no series of the target with evidence to weigh; the alert acts")
     above: dict[str, list[float]] = {}
     for labels, budget in weighed:
-        assert budget is not None
         version = labels.get(version_label)
         if version is not None and budget.allowed is not None:
             sums = above.setdefault(version, [0.0, 0.0, budget.allowed])
@@ -48,7 +47,6 @@ def gate_verdict(verdicts: Sequence[tuple[Mapping[str, str], Detection]] | None,
     shown: list[str] = []
     not_shown: list[str] = []
     for labels, budget in weighed:
-        assert budget is not None
         name = labels.get(version_label) or ",".join(f"{k}={v}" for k, v in sorted(labels.items())
                                                      if k != "__name__") or "the series"
         verdict = accept_null(budget.above, budget.requests, budget.null, budget.alternative, error)

@@ -268,7 +268,7 @@ def _gate(policy: LoadedPolicy, poller: Poller, signal: Signal, at: float) -> Ga
         steps = [g.interval for g in poller.groups.values() for w in g.watches
                  if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
         interval = max([latest.interval, *steps]) if latest else 0.0
-        return gate_verdict(latest.verdicts if latest else None, latest.at if latest else None,
+        return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
                             interval, at, alert.gate.error, label)
     return None
 

@@ -146,9 +146,9 @@ async def test_one_unreachable_replica_leaves_the_others_watched(
         assert poller is not None
         await wait_for(lambda: poller.latest("ranker-tail", 0) is not None, timeout=60)
         latest = poller.latest("ranker-tail", 0)
-        assert latest is not None and latest.verdicts
+        assert latest is not None and latest.series
         live = server.metrics_url.split("//", 1)[-1].split("/", 1)[0]
-        assert {labels["instance"] for labels, _ in latest.verdicts} == {live}
+        assert {labels["instance"] for labels in latest.series} == {live}
         (partial,) = poller.stale_queries()
         assert partial["partial"] is True and dead in partial["error"], partial
         assert _sample(svc, "tailguard_query_up", group=partial["group"], source="triton") == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.detection import BudgetEvidence, Detection
+from core.detection import BudgetEvidence
 from daemon.wiring.registries import action_registry, detector_registry
 from policies.gate import gate_verdict
 from policies.loader import GATE_NEEDS, PolicyLoadError, load_policies_text
@@ -46,27 +46,27 @@ def test_a_gate_nothing_can_feed_fails_to_load_in_one_line(detectors: str, gate:
     assert GATE_NEEDS in str(caught.value) and "alert.gate" in str(caught.value)
 
 
-def _detection(above: float, requests: float) -> Detection:
-    return Detection("tail_excess", False, "quiet", budget=BudgetEvidence(above, requests, NULL, ALT))
+def _budget(above: float, requests: float) -> BudgetEvidence:
+    return BudgetEvidence(above, requests, NULL, ALT)
 
 
 def test_every_version_within_budget_vetoes_and_says_so():
-    verdicts = [({"version": "1"}, _detection(0, 40_000)), ({"version": "2"}, _detection(1, 36_000))]
+    verdicts = [({"version": "1"}, _budget(0, 40_000)), ({"version": "2"}, _budget(1, 36_000))]
     v = gate_verdict(verdicts, at=100.0, interval=1.0, now=101.0, error=0.01)
     assert v.veto and "1: within budget" in v.reason and "2: within budget" in v.reason
 
 
 def test_one_version_not_shown_within_budget_lets_the_alert_act():
     # A new version 2 minutes old at 0.2%: too little evidence to accept the null: the backstop acts.
-    verdicts = [({"version": "1"}, _detection(0, 40_000)), ({"version": "2"}, _detection(10, 4_800))]
+    verdicts = [({"version": "1"}, _budget(0, 40_000)), ({"version": "2"}, _budget(10, 4_800))]
     v = gate_verdict(verdicts, at=100.0, interval=1.0, now=101.0, error=0.01)
     assert not v.veto and "2: not shown within budget" in v.reason
 
 
 @pytest.mark.parametrize("verdicts, at, now, why", [
     (None, None, 10.0, "not evaluated"),
-    ([({"version": "2"}, _detection(0, 40_000))], 100.0, 110.0, "old"),
-    ([({"version": "2"}, Detection("tail_excess", False, "stale"))], 100.0, 101.0, "no series"),
+    ([({"version": "2"}, _budget(0, 40_000))], 100.0, 110.0, "old"),
+    ([], 100.0, 101.0, "no series"),
 ])
 def test_no_fresh_evidence_lets_the_alert_act(verdicts, at, now, why):
     v = gate_verdict(verdicts, at=at, interval=1.0, now=now, error=0.01)
@@ -78,6 +78,6 @@ def test_the_error_bounds_a_wrong_veto():
     import numpy as np
     rng = np.random.default_rng(1)
     requests = 36_000
-    vetoes = sum(gate_verdict([({"version": "2"}, _detection(float(k), requests))], 1.0, 1.0, 1.0, 0.01).veto
+    vetoes = sum(gate_verdict([({"version": "2"}, _budget(float(k), requests))], 1.0, 1.0, 1.0, 0.01).veto
                  for k in rng.poisson(ALT * requests, 20_000))
     assert vetoes / 20_000 <= 0.01
