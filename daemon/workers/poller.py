@@ -6,8 +6,9 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 import structlog
@@ -49,14 +50,15 @@ class Watch:
     no_data_since: float | None = None  # when its answers stopped holding a series of its model
 
 
+_BUDGET_FIELDS = attrgetter(*(f.name for f in fields(BudgetEvidence)))  # in the order BudgetEvidence(*...) takes
+
+
 @dataclass(frozen=True)
 class Latest:
     """What one watch's last cycle leaves for the next: the series it judged, the budget evidence
-    the alert gates weigh, and the most telling verdict `tailguard status` shows. Not every
-    Detection: kept a cycle long, 10,000 of them (with their details and budgets) made each full
-    collection of the next cycle walk them (~37 ms each, 2-3 a cycle at 10,000 series). A budget
-    row is an exact tuple of numbers, which the collector stops tracking once it has seen it (one
-    holding a dict, the labels, it tracks for good)."""
+    the alert gates weigh, and the most telling verdict `tailguard status` shows; not every
+    Detection, which each full collection of the next cycle would walk. A budget row is an exact
+    tuple of numbers, which the collector stops tracking once it has seen it."""
 
     at: float
     interval: float
@@ -70,8 +72,7 @@ class Latest:
         telling = None
         if detections:
             telling = max(zip(labels, detections), key=lambda v: (v[1].fired, v[1].score or 0.0))
-        rows = tuple((i, b.above, b.requests, b.null, b.alternative, b.allowed)
-                     for i, b in enumerate(d.budget for d in detections) if b is not None)
+        rows = tuple((i, *_BUDGET_FIELDS(b)) for i, b in enumerate(d.budget for d in detections) if b is not None)
         return cls(at, interval, tuple(labels), rows, telling)
 
     @property
