@@ -57,22 +57,30 @@ def mass_evidence(latency: NDArray[np.float64], requests: NDArray[np.float64], l
 
 
 def _pooled_means(latency: NDArray[np.float64], requests: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Per step, the per-request latency over the pool of steps ending there (NaN: no request)."""
+    """Per step, the per-request latency over the pool of steps ending there (NaN: no request).
+
+    A busy row's pool is its own step (most of a fleet at production traffic): its mean is read
+    directly, and only rows with wider pools pay for running sums."""
     rows, cols = latency.shape
     ok = np.isfinite(latency) & np.isfinite(requests) & (requests > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if cols == 0:
-            return np.full((rows, cols), np.nan)
-        counted = ok.sum(axis=1)
-        typical = np.where(ok, requests, 0.0).sum(axis=1) / np.maximum(counted, 1)
+    if cols == 0:
+        return np.full((rows, cols), np.nan)
+    lat = np.where(ok, latency, 0.0)
+    req = np.where(ok, requests, 0.0)
+    typical = req.sum(axis=1) / np.maximum(ok.sum(axis=1), 1)
     width = np.clip(np.ceil(POOL_REQUESTS / np.where(np.isfinite(typical) & (typical > 0), typical, 1.0)),
                     1, max(1, cols)).astype(np.int64)
-    lat = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(ok, latency, 0.0), axis=1)], axis=1)
-    req = np.concatenate([np.zeros((rows, 1)), np.cumsum(np.where(ok, requests, 0.0), axis=1)], axis=1)
-    pooled_lat, pooled_req = _pooled(lat, width), _pooled(req, width)
     with np.errstate(divide="ignore", invalid="ignore"):
-        means = pooled_lat / pooled_req
-    return np.where(ok & (pooled_req > 0), means, np.nan)
+        means = lat / req
+    wide = np.flatnonzero(width > 1)
+    if wide.size:
+        zero = np.zeros((wide.size, 1))
+        cum_lat = np.concatenate([zero, np.cumsum(lat[wide], axis=1)], axis=1)
+        cum_req = np.concatenate([zero, np.cumsum(req[wide], axis=1)], axis=1)
+        pooled_req = _pooled(cum_req, width[wide])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            means[wide] = np.where(pooled_req > 0, _pooled(cum_lat, width[wide]) / pooled_req, np.nan)
+    return np.where(ok, means, np.nan)
 
 
 def _pooled(cum: NDArray[np.float64], width: NDArray[np.int64]) -> NDArray[np.float64]:

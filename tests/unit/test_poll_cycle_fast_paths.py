@@ -23,7 +23,7 @@ from daemon.workers.series_pairing import LabelMemo, PairingMemo, pair_companion
 from detectors._counter_steps import counter_steps
 from detectors.sequential.bank import NONE, run_bank
 from detectors.sequential.design import BankDesign
-from detectors.sequential.evidence import _pooled
+from detectors.sequential.evidence import POOL_REQUESTS, _pooled, _pooled_means
 from detectors.sequential.thresholds import NO_CELL, STORE, TRAFFIC_GRID, rounded_traffic, traffic_cells
 from detectors.tail_excess import TailExcessDetector
 from detectors.tail_excess_batch import row_thresholds, sum_since
@@ -126,6 +126,39 @@ def test_pools_by_width_equal_the_gather(seed: int, rows: int, cols: int) -> Non
         width[:] = width[0]  # one width for every row: the whole array at once
     got, want = _pooled(cum, width), reference_pooled(cum, width)
     assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def reference_pooled_means(latency: np.ndarray, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's pool summed element by element over the row's `width` steps ending there, and
+    each row's width."""
+    rows, cols = latency.shape
+    ok = np.isfinite(latency) & np.isfinite(requests) & (requests > 0)
+    lat, req = np.where(ok, latency, 0.0), np.where(ok, requests, 0.0)
+    width = np.ones(rows, dtype=np.int64)
+    out = np.full((rows, cols), np.nan)
+    for r in range(rows):
+        typical = req[r].sum() / max(int(ok[r].sum()), 1)
+        width[r] = min(max(int(np.ceil(POOL_REQUESTS / typical)) if typical > 0 else int(POOL_REQUESTS), 1), cols)
+        for j in np.flatnonzero(ok[r]):
+            lo = max(0, j + 1 - width[r])
+            out[r, j] = lat[r, lo:j + 1].sum() / req[r, lo:j + 1].sum()
+    return out, width
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(0, 12), cols=st.integers(1, 30))
+def test_pooled_means_read_busy_rows_directly_and_pool_the_rest(seed: int, rows: int, cols: int) -> None:
+    rng = np.random.default_rng(seed)
+    traffic = rng.choice([0.5, 5.0, 39.0, 40.0, 400.0], rows)[:, None]
+    requests = rng.poisson(traffic * np.ones((rows, cols))).astype(float)
+    latency = requests * rng.random((rows, cols)) * 300.0
+    latency[rng.random((rows, cols)) < 0.1] = np.nan
+    got, (want, width) = _pooled_means(latency, requests), reference_pooled_means(latency, requests)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    busy = width == 1
+    # A one-step pool is the step's own mean, bit for bit; wider pools agree to rounding.
+    assert got[busy].tobytes() == want[busy].tobytes()
+    np.testing.assert_allclose(got[~busy], want[~busy], rtol=1e-12)
 
 
 def test_traffic_cells_are_the_scalar_rule_also_at_the_edges() -> None:
