@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import structlog
 
+from core.collector import collector_paused
 from core.detection import BudgetEvidence, Detection
 from core.promql import render_query
 from core.query import Series, series_key
@@ -324,27 +325,33 @@ class Poller:
         except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
             self._metrics.faults.labels("detector_prepare").inc()
             log.error("detector prepare failed", policy=policy.name, error=repr(exc))
-        detections = self._detect_all(watch, mine, companions, now)
-        watch.latest = Latest.of(now, trigger.interval, [s.labels for s in mine], detections)
-        watch.keys.next_cycle()
-        watch.gauges.next_cycle()
-        keys = list(watch.keys.many(s.labels for s in mine))  # once per series: the journal row and the log
-        count_verdicts(self._metrics, watch, detections)
-        self._metrics.detector.observe_many(policy.name, watch.bound.index, watch.gauges.many(s.labels for s in mine),
-                                            detections, now)
-        if not has_data:  # only old points (the series vanished, the range still holds them): not shown as fresh
-            self._metrics.detector.forget(policy.name, watch.bound.index)
-        if _debug_enabled():  # structlog's level check costs a logger per call: asked once per cycle
-            for key, detection in zip(keys, detections):
-                log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
-                          value=detection.value, baseline=detection.baseline, reason=detection.reason)
+        # The cycle's verdicts are built, counted and turned into journal rows with the collector
+        # paused, and dropped before anything is awaited: they hold no cycles, and left alive across
+        # the journal's write they would be promoted into the old generation, which every full
+        # collection of the next cycles walks.
+        with collector_paused():
+            detections = self._detect_all(watch, mine, companions, now)
+            watch.latest = Latest.of(now, trigger.interval, [s.labels for s in mine], detections)
+            watch.keys.next_cycle()
+            watch.gauges.next_cycle()
+            keys = list(watch.keys.many(s.labels for s in mine))  # once per series: the journal row and the log
+            count_verdicts(self._metrics, watch, detections)
+            self._metrics.detector.observe_many(policy.name, watch.bound.index,
+                                                watch.gauges.many(s.labels for s in mine), detections, now)
+            if not has_data:  # only old points (the series vanished, the range still holds them): not shown as fresh
+                self._metrics.detector.forget(policy.name, watch.bound.index)
+            if _debug_enabled():  # structlog's level check costs a logger per call: asked once per cycle
+                for key, detection in zip(keys, detections):
+                    log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
+                              value=detection.value, baseline=detection.baseline, reason=detection.reason)
+            rows = [(policy.name, watch.bound.index, key, d.fired, d.reason) for key, d in zip(keys, detections)]
+            fired = [(series, d) for series, d in zip(mine, detections) if d.fired]
+            del detections
         # Signals first: acting is what matters, and an evaluation journaled as fired then always
         # has its signal journaled already (a reader of evaluations never sees one without it).
-        for series, detection in zip(mine, detections):
-            if detection.fired:
-                await self._emit(detection_signal(watch, series, detection, now))
-        await self._journal.evaluations.record_many.in_thread([(policy.name, watch.bound.index, key, d.fired, d.reason)
-                                                               for key, d in zip(keys, detections)])
+        for series, detection in fired:
+            await self._emit(detection_signal(watch, series, detection, now))
+        await self._journal.evaluations.record_many.in_thread(rows)
 
     def _mark_data(self, watch: Watch, has_data: bool, now: float) -> None:
         """Whether this cycle's answer held a fresh series of the watch's model; a change is logged."""

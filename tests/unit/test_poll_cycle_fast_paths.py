@@ -158,7 +158,7 @@ def test_pooled_means_read_busy_rows_directly_and_pool_the_rest(seed: int, rows:
     busy = width == 1
     # A one-step pool is the step's own mean, bit for bit; wider pools agree to rounding.
     assert got[busy].tobytes() == want[busy].tobytes()
-    np.testing.assert_allclose(got[~busy], want[~busy], rtol=1e-12)
+    np.testing.assert_allclose(got[~busy], want[~busy], rtol=1e-9)  # running sums round at their own size
 
 
 def test_traffic_cells_are_the_scalar_rule_also_at_the_edges() -> None:

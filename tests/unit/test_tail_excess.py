@@ -137,8 +137,8 @@ def test_episode_start_is_stable_across_cycles() -> None:
 def test_streaming_matches_one_evaluation() -> None:
     """Deciding at every second sees exactly what one evaluation at the end says about each second."""
     lat, req = counters(200, fault_rate=0.01, onset=100, seed=3)
+    once = first_fire(DET, lat, req, after=100)  # first: it waits for the thresholds of this traffic
     streamed = next((t for t in range(101, 201) if DET.detect(upto(lat, t), START + t, upto(req, t)).fired), None)
-    once = first_fire(DET, lat, req, after=100)
     assert streamed is not None and once is not None and streamed - 100 == once
 
 
