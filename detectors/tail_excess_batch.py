@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from core.collector import collector_paused
 from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
 from detectors.base import DetectorStatus
@@ -295,8 +294,7 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
     just as slow comes before its own alarm."""
     texts = _Texts.of(b.test, b.recent_from > 0)  # the window sums left older scored steps out
     table = details_table(b, labels, version_label, texts.sizes)
-    with collector_paused():  # 10,000 Detections hold no cycles: walked once after, not dozens of times while built
-        out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
+    out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
     firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
     if not firing:
         return out

@@ -28,11 +28,10 @@ def gate_verdict(budgets: Sequence[tuple[Mapping[str, str], BudgetEvidence]] | N
         return GateVerdict(False, "gate: the detector has not evaluated the target yet; the alert acts")
     if now - at > STALE_INTERVALS * interval:
         return GateVerdict(False, f"gate: the detector's evidence is {now - at:.0f} s old; the alert acts")
-    weighed = list(budgets)
-    if not weighed:
+    if not budgets:
         return GateVerdict(False, "gate: no series of the target with evidence to weigh; the alert acts")
     above: dict[str, list[float]] = {}
-    for labels, budget in weighed:
+    for labels, budget in budgets:
         version = labels.get(version_label)
         if version is not None and budget.allowed is not None:
             sums = above.setdefault(version, [0.0, 0.0, budget.allowed])
@@ -46,7 +45,7 @@ def gate_verdict(budgets: Sequence[tuple[Mapping[str, str], BudgetEvidence]] | N
                            f"({shares}), so it is not one version's defect; the alert is not acted on")
     shown: list[str] = []
     not_shown: list[str] = []
-    for labels, budget in weighed:
+    for labels, budget in budgets:
         name = labels.get(version_label) or ",".join(f"{k}={v}" for k, v in sorted(labels.items())
                                                      if k != "__name__") or "the series"
         verdict = accept_null(budget.above, budget.requests, budget.null, budget.alternative, error)

@@ -331,13 +331,14 @@ class Poller:
         # collection of the next cycles walks.
         with collector_paused():
             detections = self._detect_all(watch, mine, companions, now)
-            watch.latest = Latest.of(now, trigger.interval, [s.labels for s in mine], detections)
+            labels = [s.labels for s in mine]
+            watch.latest = Latest.of(now, trigger.interval, labels, detections)
             watch.keys.next_cycle()
             watch.gauges.next_cycle()
-            keys = list(watch.keys.many(s.labels for s in mine))  # once per series: the journal row and the log
+            keys = list(watch.keys.many(labels))  # once per series: the journal row and the log
             count_verdicts(self._metrics, watch, detections)
-            self._metrics.detector.observe_many(policy.name, watch.bound.index,
-                                                watch.gauges.many(s.labels for s in mine), detections, now)
+            self._metrics.detector.observe_many(policy.name, watch.bound.index, watch.gauges.many(labels),
+                                                detections, now)
             if not has_data:  # only old points (the series vanished, the range still holds them): not shown as fresh
                 self._metrics.detector.forget(policy.name, watch.bound.index)
             if _debug_enabled():  # structlog's level check costs a logger per call: asked once per cycle
