@@ -8,10 +8,6 @@ from typing import Mapping, Sequence
 from core.detection import BudgetEvidence
 from detectors.sequential.acceptance import accept_null, shown_above
 
-STALE_INTERVALS = 3.0
-"""Evidence older than this many of its trigger's intervals is not weighed: the alert acts."""
-
-
 @dataclass(frozen=True)
 class GateVerdict:
     veto: bool
@@ -19,15 +15,20 @@ class GateVerdict:
 
 
 def gate_verdict(budgets: Sequence[tuple[Mapping[str, str], BudgetEvidence]] | None, at: float | None,
-                 interval: float, now: float, error: float, version_label: str = "version") -> GateVerdict:
+                 stale_after: float, now: float, error: float, version_label: str = "version") -> GateVerdict:
     """Veto when every series of the target with evidence is shown within its budget at `error`,
     or when two or more versions are each shown above it (a shared slowdown: rolling one back
     is no remedy, and the canary would be rolled back for a cause it shares with its stable); act
-    when any is not shown within it otherwise, or when there is no fresh evidence to weigh."""
+    when any is not shown within it otherwise, or when there is no fresh evidence to weigh.
+
+    `stale_after` is the detector's own staleness horizon (the age of data it still judges on):
+    evidence that old says the detector stopped evaluating. A few intervals would be too tight:
+    a slow cycle on a loaded node is no outage, and the evidence spans minutes of the lookback."""
     if budgets is None or at is None:
         return GateVerdict(False, "gate: the detector has not evaluated the target yet; the alert acts")
-    if now - at > STALE_INTERVALS * interval:
-        return GateVerdict(False, f"gate: the detector's evidence is {now - at:.0f} s old; the alert acts")
+    if now - at > stale_after:
+        return GateVerdict(False, f"gate: the detector's evidence is {now - at:.0f} s old (older than its "
+                           f"{stale_after:g} s horizon); the alert acts")
     if not budgets:
         return GateVerdict(False, "gate: no series of the target with evidence to weigh; the alert acts")
     above: dict[str, list[float]] = {}

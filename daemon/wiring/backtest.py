@@ -267,9 +267,9 @@ def _gate(policy: LoadedPolicy, poller: Poller, signal: Signal, at: float) -> Ga
         # A triton trigger replayed on the scrape interval: its evidence is as fresh as one step.
         steps = [g.interval for g in poller.groups.values() for w in g.watches
                  if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
-        interval = max([latest.interval, *steps]) if latest else 0.0
+        stale_after = max([latest.stale_after, *(3.0 * s for s in steps)]) if latest else 0.0
         return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
-                            interval, at, alert.gate.error, label)
+                            stale_after, at, alert.gate.error, label)
     return None
 
 

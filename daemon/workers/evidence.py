@@ -111,7 +111,7 @@ class EvidenceReader:
             latest = self._latest(policy.name, bound.index) if self._latest is not None and bound else None
             label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
             verdict = gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
-                                   latest.interval if latest else 0.0, self._clock(), alert.gate.error, label)
+                                   latest.stale_after if latest else 0.0, self._clock(), alert.gate.error, label)
             log.info("alert gate", veto=verdict.veto, reason=verdict.reason)
             return verdict
         return None

@@ -62,19 +62,19 @@ class Latest:
     tuple of numbers, which the collector stops tracking once it has seen it."""
 
     at: float
-    interval: float
+    stale_after: float  # the watch's staleness horizon: the gates weigh evidence no older than this
     series: tuple[Mapping[str, str], ...]  # every series' labels, in the answer's order
     budget_rows: tuple[tuple[Any, ...], ...]  # (index in `series`, *BudgetEvidence's fields) where there is one
     telling: tuple[Mapping[str, str], Detection] | None  # fired first, then the highest score
 
     @classmethod
-    def of(cls, at: float, interval: float, labels: Sequence[Mapping[str, str]],
+    def of(cls, at: float, stale_after: float, labels: Sequence[Mapping[str, str]],
            detections: Sequence[Detection]) -> "Latest":
         telling = None
         if detections:
             telling = max(zip(labels, detections), key=lambda v: (v[1].fired, v[1].score or 0.0))
         rows = tuple((i, *_BUDGET_FIELDS(b)) for i, b in enumerate(d.budget for d in detections) if b is not None)
-        return cls(at, interval, tuple(labels), rows, telling)
+        return cls(at, stale_after, tuple(labels), rows, telling)
 
     @property
     def budgets(self) -> list[tuple[Mapping[str, str], BudgetEvidence]]:
@@ -311,7 +311,8 @@ class Poller:
                         now: float) -> None:
         policy, trigger = watch.policy, watch.bound.trigger
         mine = routed(watch, result.series)
-        has_data = bool(mine) and fresh(mine, now, staleness_horizon(watch))
+        horizon = staleness_horizon(watch)
+        has_data = bool(mine) and fresh(mine, now, horizon)
         self._mark_data(watch, has_data, now)
         if not mine:
             await self._journal.evaluations.record_many.in_thread([(
@@ -332,7 +333,7 @@ class Poller:
         with collector_paused():
             detections = self._detect_all(watch, mine, companions, now)
             labels = [s.labels for s in mine]
-            watch.latest = Latest.of(now, trigger.interval, labels, detections)
+            watch.latest = Latest.of(now, horizon, labels, detections)
             watch.keys.next_cycle()
             watch.gauges.next_cycle()
             keys = list(watch.keys.many(labels))  # once per series: the journal row and the log

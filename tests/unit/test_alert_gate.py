@@ -52,25 +52,37 @@ def _budget(above: float, requests: float) -> BudgetEvidence:
 
 def test_every_version_within_budget_vetoes_and_says_so():
     verdicts = [({"version": "1"}, _budget(0, 40_000)), ({"version": "2"}, _budget(1, 36_000))]
-    v = gate_verdict(verdicts, at=100.0, interval=1.0, now=101.0, error=0.01)
+    v = gate_verdict(verdicts, at=100.0, stale_after=30.0, now=101.0, error=0.01)
     assert v.veto and "1: within budget" in v.reason and "2: within budget" in v.reason
 
 
 def test_one_version_not_shown_within_budget_lets_the_alert_act():
     # A new version 2 minutes old at 0.2%: too little evidence to accept the null: the backstop acts.
     verdicts = [({"version": "1"}, _budget(0, 40_000)), ({"version": "2"}, _budget(10, 4_800))]
-    v = gate_verdict(verdicts, at=100.0, interval=1.0, now=101.0, error=0.01)
+    v = gate_verdict(verdicts, at=100.0, stale_after=30.0, now=101.0, error=0.01)
     assert not v.veto and "2: not shown within budget" in v.reason
 
 
 @pytest.mark.parametrize("verdicts, at, now, why", [
     (None, None, 10.0, "not evaluated"),
-    ([({"version": "2"}, _budget(0, 40_000))], 100.0, 110.0, "old"),
+    ([({"version": "2"}, _budget(0, 40_000))], 100.0, 131.0, "older than its 30 s horizon"),
     ([], 100.0, 101.0, "no series"),
 ])
 def test_no_fresh_evidence_lets_the_alert_act(verdicts, at, now, why):
-    v = gate_verdict(verdicts, at=at, interval=1.0, now=now, error=0.01)
+    v = gate_verdict(verdicts, at=at, stale_after=30.0, now=now, error=0.01)
     assert not v.veto and why in v.reason
+
+
+def test_evidence_a_few_slow_cycles_old_is_still_weighed():
+    """A loaded node runs a 1 s detector's cycles late (4 s on two cores with three labs): its
+    evidence, minutes of lookback, still says what the versions are; only the detector's own
+    horizon (the age of data it still judges on) makes it stale."""
+    slow = [({"version": v}, BudgetEvidence(above, requests, NULL, ALT, allowed=0.001))
+            for v, above, requests in (("1", 500, 40_000), ("2", 60, 4_000))]
+    late = gate_verdict(slow, at=100.0, stale_after=30.0, now=104.0, error=0.01)
+    assert late.veto and "shared slowdown" in late.reason
+    gone = gate_verdict(slow, at=100.0, stale_after=30.0, now=131.0, error=0.01)
+    assert not gone.veto and "31 s old" in gone.reason
 
 
 def test_the_error_bounds_a_wrong_veto():
