@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 from core.detection import BudgetEvidence
 from detectors.sequential.acceptance import accept_null, shown_above
 
+
 @dataclass(frozen=True)
 class GateVerdict:
     veto: bool

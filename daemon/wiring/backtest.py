@@ -264,7 +264,8 @@ def _gate(policy: LoadedPolicy, poller: Poller, signal: Signal, at: float) -> Ga
         bound = policy.gate_for(index)
         latest = poller.latest(policy.name, bound.index) if bound is not None else None
         label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
-        # A triton trigger replayed on the scrape interval: its evidence is as fresh as one step.
+        # A triton trigger replayed on the scrape interval: its evidence is as old as a replayed step,
+        # so three of those steps are the floor of its staleness horizon.
         steps = [g.interval for g in poller.groups.values() for w in g.watches
                  if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
         stale_after = max([latest.stale_after, *(3.0 * s for s in steps)]) if latest else 0.0
