@@ -40,8 +40,8 @@ from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.thresholds import STORE, Promise, rounded_traffic
-from detectors.tail_excess import SLOWEST_COUNTED, TailExcessDetector, TailExcessParams, lookback_at
-from detectors.tail_excess_batch import OK, Front, front_end
+from detectors.tail_excess import TailExcessDetector, TailExcessParams, lookback_at
+from detectors.tail_excess_batch import OK, SLOWEST_COUNTED, Front, front_end
 
 ISTIO = ("networking.istio.io", "v1")
 REFERENCE_GRID = 1.1

@@ -29,7 +29,7 @@ from detectors._grid import align
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
-from detectors.tail_excess_batch import OK, ExcessBatch, Test, batch_detections, evaluate_excess_batch
+from detectors.tail_excess_batch import OK, SLOWEST_COUNTED, ExcessBatch, Test, batch_detections, evaluate_excess_batch
 
 VALUES_MOVED = ("tail_excess: `input: values` moved to its own detector: use `type: value_cusum` with the "
                 "`values:` parameters at the top level")
@@ -47,8 +47,6 @@ REPLACED = ("tail_excess: rate_ratio and decision_threshold were replaced by fal
 LOOKBACK_DELAYS = 3.0
 """The lookback grows to this many times the smallest regression's expected detection delay at the
 slowest series' traffic: a run of evidence older than the lookback is not seen."""
-SLOWEST_COUNTED = 0.1
-"""Series below this many requests per second do not grow the lookback (an idle old version)."""
 
 
 class TailExcessParams(DetectorParams):
@@ -87,6 +85,11 @@ class TailExcessParams(DetectorParams):
     that slows down by less than this (3x traffic, a slightly slower version) is not a tail."""
     max_staleness_seconds: float = Field(30.0, gt=0)
     """Newest sample older than this: stale data, never read as healthy or as firing."""
+    shared_hold_seconds: float = Field(300.0, ge=0)
+    """A version that fires while another serving version's evidence since the episode began is
+    too thin to say whether it is slow too (shared cause) or not waits up to this long into its
+    episode before its alarm stands alone (0: never). The busier version fires first in a shared
+    slowdown; a version serving a tenth of the traffic needs minutes to show it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -153,7 +156,7 @@ class TailExcessParams(DetectorParams):
         return Test(BankDesign.for_budget(self.budget, self.null_share, self.sizes, lump), self.budget,
                     self.false_alarm_days, self.line, self.evidence, self.lookback_seconds_,
                     self.bulk_window_seconds, self.bulk_slack, self.max_staleness_seconds, self.sizes,
-                    recent_seconds=self.lookback_seconds_)
+                    recent_seconds=self.lookback_seconds_, shared_hold_seconds=self.shared_hold_seconds)
 
 
 class TailExcessDetector:

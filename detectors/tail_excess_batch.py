@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
 from detectors.base import DetectorStatus
-from detectors.sequential.acceptance import shown_above
+from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.bank import NONE, BankRun, run_bank
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import count_evidence, mass_evidence
@@ -29,6 +29,10 @@ from detectors.tail_excess_details import DetailsTable, RowDetails, bucket_bound
 OK, NO_DATA, STALE, SHORT_HISTORY, NO_COUNTS, INCONSISTENT = (
     DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.STALE, DetectorStatus.SHORT_HISTORY,
     DetectorStatus.NO_COUNTS, DetectorStatus.INCONSISTENT)
+
+SLOWEST_COUNTED = 0.1
+"""Series below this many requests per second do not grow the lookback, nor hold another version's
+alarm (an idle old version)."""
 
 Thresholds = Callable[[float, float], tuple[tuple[float, ...], bool]]
 """(requests per step, step seconds) -> (each member's threshold, derived: False while the Wald
@@ -53,6 +57,9 @@ class Test:
     """What a row's budget evidence (the window sums, the alert gate's input) covers: the least
     lookback, however far the scored lookback has grown, so hours of healthy history do not dilute
     a breach that began minutes ago."""
+    shared_hold_seconds: float = 0.0
+    """How long into a firing version's episode its alarm waits while another serving version's
+    evidence is too thin to tell a shared slowdown from this version's defect (0: never)."""
 
     def promise(self, step_seconds: float) -> Promise:
         return Promise(self.promise_days, step_seconds)
@@ -287,55 +294,94 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
     either way, what the test assumed, and attribution details.
 
     When a version fires while another version of the answer fires too, or is shown above its
-    budget over the lookback (`shared_versions`: a canary and its stable, both serving), the breach
-    is not a version's defect but a shared cause (a slow node, a shared dependency): none of them
-    fires, each says so, and nothing is rolled back on the detector's word. "Shown above" and not
-    only "fires too": the busier version fires first, and the quieter one's evidence that it is
-    just as slow comes before its own alarm."""
+    budget (`judge_others`: a canary and its stable, both serving), the breach is not a version's
+    defect but a shared cause (a slow node, a shared dependency): none of them fires, each says so,
+    and nothing is rolled back on the detector's word. "Shown above" and not only "fires too": the
+    busier version fires first, and the quieter one's evidence that it is just as slow comes before
+    its own alarm. Until that evidence can come, the firing is held (`Test.shared_hold_seconds`)."""
     texts = _Texts.of(b.test, b.recent_from > 0)  # the window sums left older scored steps out
     table = details_table(b, labels, version_label, texts.sizes)
     out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
     firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
     if not firing:
         return out
-    shared = shared_versions(b, labels, version_label, firing)
-    if len(shared) < 2:
+    others = judge_others(b, labels, version_label, firing)
+    if len(others.shared) >= 2:
+        why = (f"shared slowdown: versions {', '.join(others.shared)} of this model are above budget at once "
+               f"(firing: {', '.join(firing)}), so it is not one version's defect")
+        extra: dict[str, Any] = {"shared_slowdown": others.shared}
+    elif others.undecided and others.age_seconds < b.test.shared_hold_seconds:
+        why = (f"held: {'; '.join(others.undecided)}: neither above its budget nor shown below the "
+               f"{others.firing_share:.3%} of version {', '.join(firing)}, so a shared slowdown cannot yet be "
+               f"told from a defect of this version (held for up to {b.test.shared_hold_seconds:g} s of the "
+               f"episode, {others.age_seconds:.0f} s so far)")
+        extra = {"shared_hold": {"versions": others.undecided_versions, "age_seconds": others.age_seconds,
+                                 "hold_seconds": b.test.shared_hold_seconds}}
+    else:
         return out
-    why = (f"shared slowdown: versions {', '.join(shared)} of this model are above budget at once (firing: "
-           f"{', '.join(firing)}), so it is not one version's defect")
     return [replace(d, fired=False, reason=f"{why}; {d.reason}", episode_start=None, evidence=(),
-                    details={**d.details, "shared_slowdown": shared})
+                    details={**d.details, **extra})
             if d.fired and lab.get(version_label) in firing else d for lab, d in zip(labels, out)]
 
 
-def shared_versions(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
-                    firing: Sequence[str]) -> list[str]:
-    """The versions that fire, and every other version whose rows together show a share above the
-    budget (95% lower bound; acceptance.shown_above) over the recent window, or, when the firing
-    versions' episode began before it (a grown lookback), over that episode from its earliest
-    onset, sorted: the other version is judged over the time the firing one has been slow, not
-    only over its last minutes nor over hours of its healthy history."""
+HOLD_ERROR = 0.05
+"""How sure the evidence must be that another version is less slow than the firing one before
+the firing one's alarm stands alone (Wald's acceptance; as `shown_above` is 95% the other way)."""
+
+
+@dataclass(frozen=True)
+class OthersVerdict:
+    """What the other serving versions show while some version fires (`judge_others`)."""
+
+    shared: list[str]  # the firing versions and every other shown above its budget, sorted
+    undecided: list[str]  # "version v: u above the line in n requests since the episode began (share)"
+    undecided_versions: list[str]
+    firing_share: float  # the firing versions' share above the line since their episodes began
+    age_seconds: float  # how long ago the firing versions' earliest episode began
+
+
+def judge_others(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,
+                 firing: Sequence[str]) -> OthersVerdict:
+    """Each other version (its rows together) against the firing ones: shown above the budget
+    (95% lower bound; acceptance.shown_above) over the recent window or over the firing versions'
+    episode from its earliest onset (the time the firing one has been slow, not only its last
+    minutes nor hours of its healthy history), and so a shared cause; or shown below the firing
+    share over that episode (Wald's acceptance at HOLD_ERROR), and so not slow with it; or neither
+    yet (undecided). A version below SLOWEST_COUNTED requests per second over the episode is not
+    serving (a drained old version) and holds nothing."""
     f = b.facts
-    since = min((max(f.episode_start[row], 0) for row, lab in enumerate(labels)
-                 if f.fired[row] and lab.get(version_label) in firing), default=b.recent_from)
-    scored = np.isfinite(b.units)
-    recent: dict[str, list[float]] = {}
-    episode: dict[str, list[float]] = {}
-    for row, lab in enumerate(labels):
-        version = lab.get(version_label)
-        if version is None or version in firing or f.status[row] != OK:
-            continue
-        sums = recent.setdefault(version, [0.0, 0.0])
-        sums[0] += f.window_units[row]
-        sums[1] += f.window_requests[row]
-        if since < b.recent_from:
-            ep = episode.setdefault(version, [0.0, 0.0])
-            ep[0] += float(np.nansum(b.units[row, since:]))
-            ep[1] += float(np.where(scored[row, since:], b.requests[row, since:], 0.0).sum())
+    fire_rows = [row for row, lab in enumerate(labels) if f.fired[row] and lab.get(version_label) in firing]
+    since = min(max(f.episode_start[row], 0) for row in fire_rows)
+    fire_units = sum(f.episode_units[row] for row in fire_rows)
+    fire_requests = sum(f.episode_requests[row] for row in fire_rows)
+    firing_share = fire_units / fire_requests if fire_requests > 0 else 0.0
+    rows = [row for row, lab in enumerate(labels)
+            if lab.get(version_label) is not None and lab.get(version_label) not in firing and f.status[row] == OK]
+    versions: dict[str, list[float]] = {}  # recent units, recent requests, episode units, episode requests
+    if rows:
+        start = np.full(len(rows), since)
+        units = sum_since(np.nan_to_num(b.units[rows]), start)
+        requests = sum_since(np.where(np.isfinite(b.units[rows]), b.requests[rows], 0.0), start)
+        for i, row in enumerate(rows):
+            sums = versions.setdefault(labels[row][version_label], [0.0, 0.0, 0.0, 0.0])
+            sums[0] += f.window_units[row]
+            sums[1] += f.window_requests[row]
+            sums[2] += float(units[i])
+            sums[3] += float(requests[i])
     allowed = b.test.budget * b.test.design.lump
-    above = {v for v, (units, requests) in recent.items() if shown_above(units, requests, allowed)}
-    above |= {v for v, (units, requests) in episode.items() if shown_above(units, requests, allowed)}
-    return sorted({*firing, *above})
+    null = b.test.design.null
+    age = f.timestamps[-1] - f.timestamps[since]
+    above: set[str] = set()
+    undecided: dict[str, str] = {}
+    for version, (w_units, w_requests, e_units, e_requests) in versions.items():
+        if shown_above(w_units, w_requests, allowed) or shown_above(e_units, e_requests, allowed):
+            above.add(version)
+        elif (e_requests > 0 and e_requests >= SLOWEST_COUNTED * age and firing_share > null
+              and not accept_null(e_units, e_requests, null, firing_share, HOLD_ERROR).accepted):
+            undecided[version] = (f"version {version}: {e_units:.1f} above the line in {e_requests:.0f} requests "
+                                  f"since the episode began ({e_units / e_requests:.3%})")
+    return OthersVerdict(sorted({*firing, *above}), [undecided[v] for v in sorted(undecided)], sorted(undecided),
+                         firing_share, age)
 
 
 def details_table(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_label: str,

@@ -189,9 +189,12 @@ class CanaryScenario(Scenario):
             applied = await applied_steps(run)
             weights = route_weights(run.emulator.get("virtualservices", NAMESPACE, MODEL) or {})
             decisions = await run.service.journal.decisions.all.in_thread()
+            signals = await run.service.journal.signals.all.in_thread()
             self.journal = {"applied": len(applied), "decisions": [
                 {"policy": d.policy, "state": str(d.state), "executed": d.executed, "reason": d.reason}
-                for d in decisions]}
+                for d in decisions], "detector_signals": sorted(
+                {str(sig.get("payload", {}).get("name")) for sig in signals
+                 if sig.get("payload", {}).get("source") == "detector"})}
             run.say(f"{watch:.0f}s of canary: {len(applied)} change(s) applied; the weights stay {weights}")
             for d in decisions:
                 run.say(f"journal: {d.policy}: {d.reason[:200]}")

@@ -7,7 +7,8 @@ examples/policies/canary.yaml run as it is:
   the timeout is retuned, and verify says recovered;
 - canary-healthy: a good canary serves the whole short watch and nothing is applied;
 - canary-shared: both versions slow down together, with the tail rollback policy on the same
-  target too: nothing is applied, the weights stay at 90/10, and the journal says "shared slowdown".
+  target too: nothing is applied, the weights stay at 90/10, the journal says "shared slowdown", and
+  no detector signal was raised.
 
 The three run side by side as subprocesses (each its own servers on free ports); each is stopped
 by its PID if it overstays its bound. The full 600 s healthy run is a one-off (docs/canary.md).
@@ -74,3 +75,7 @@ def test_shared_slowdown_shifts_and_rolls_back_nothing_and_the_journal_says_why(
     assert decisions, "the page alert fired on the shared slowdown: the tail rollback must journal why it held"
     assert all(not d["executed"] for d in decisions)
     assert any(d["policy"] == "ranker-tail" and "shared slowdown" in d["reason"] for d in decisions), decisions
+    # Neither detector fired: the judge saw the stable as slow, and tail_excess held the busier
+    # version's alarm until the quieter one showed its share (a shared slowdown), not only the
+    # attribution guard stopping the rollback of v1.
+    assert final["journal"]["detector_signals"] == [], final["journal"]
