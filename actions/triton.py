@@ -28,7 +28,7 @@ from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from actions.base import ActionDeps, ActionParams, PinCheck, Replicas, Step
-from core.outcome import ActionError, Outcome, PermanentError
+from core.outcome import ActionError, Declined, Outcome, PermanentError
 from core.signal import Signal, SignalSource
 from core.target import Target
 
@@ -146,7 +146,7 @@ def plan_rollback(
     pinned = list(next(iter(pins))) if len(pins) == 1 and next(iter(pins)) else None
     refusal = attribution_refusal(params, served, signal_labels)
     if refusal is not None:
-        raise PermanentError(f"{target.model}: {refusal}")
+        raise Declined(f"{target.model}: {refusal}")
     version, why = choose_version(params.to, served, listed, pinned, known_bad)
     if version is None:
         raise PermanentError(f"{target.model}: {why}")

@@ -54,6 +54,12 @@ class PermanentError(ActionError):
         super().__init__(message, retryable=False)
 
 
+class Declined(PermanentError):
+    """The action declines this signal by a rule the policy set (triton.rollback's
+    `requireAttribution`: the anomaly is not on the newest version): nothing is wrong, so the
+    decision is blocked with the reason, not failed (no failure event, metric or announcement)."""
+
+
 class TemporaryError(ActionError):
     def __init__(self, message: str, delay_seconds: float = 1.0) -> None:
         super().__init__(message, retryable=True)

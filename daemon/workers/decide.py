@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from actions.base import Step
-from core.outcome import ActionError
+from core.outcome import ActionError, Declined
 from core.signal import Signal
 from daemon.storage.records import Approval
 from daemon.workers.approvals import awaiting_reason
@@ -83,6 +83,8 @@ async def decide(policy: LoadedPolicy, signal: Signal, mode: Mode, evidence: Evi
             return Blocked(blocked_plan(policy, signal, GuardDecision(False, gate.reason)), gate.reason, note=note)
     try:
         steps = await evidence.steps(policy, signal)
+    except Declined as exc:  # the policy's own rule said no: a block, not a failure
+        return Blocked(blocked_plan(policy, signal, GuardDecision(False, str(exc))), str(exc), note=note)
     except ActionError as exc:
         return Unplanned(unplanned(policy, signal, exc), exc, note)
     plan = build_plan(policy, signal, steps)

@@ -11,7 +11,7 @@ import pytest
 
 from actions.base import Step
 from core.decision import DecisionState
-from core.outcome import ActionError
+from core.outcome import ActionError, Declined
 from core.signal import Signal, SignalSource
 from daemon.http.api import approval_status
 from daemon.storage.records import Approval
@@ -161,6 +161,15 @@ async def test_planning_that_fails_is_unplanned():
     verdict = await decide(_policy(), _signal(), Mode.LIVE, FakeEvidence(planned=error))
     assert isinstance(verdict, Unplanned) and verdict.error is error
     assert verdict.reason == verdict.plan.blocked == "planning failed: notify.observe: no route"
+
+
+async def test_an_action_declining_the_signal_blocks_and_does_not_fail():
+    """requireAttribution's refusal (the anomaly is on an older version) is the policy's own no: a
+    blocked decision with the reason, not a failed one (no RemediationFailed, no failure page)."""
+    error = Declined("ranker: requireAttribution: the anomaly is on version 1, not on the newest served version 2")
+    verdict = await decide(_policy(), _signal(SignalSource.DETECTOR), Mode.LIVE, FakeEvidence(planned=error))
+    assert isinstance(verdict, Blocked) and not verdict.escalates
+    assert verdict.reason == verdict.plan.blocked == str(error) and not verdict.plan.steps
 
 
 @pytest.mark.parametrize(("guards", "extra", "steps", "kind"), [

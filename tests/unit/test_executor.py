@@ -18,7 +18,7 @@ import pytest
 import structlog
 
 from actions.base import ActionDeps, ActionParams, Step
-from core.outcome import Outcome, PermanentError, TemporaryError
+from core.outcome import Declined, Outcome, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.signal import Signal, SignalSource
 from core.target import Target
@@ -47,7 +47,7 @@ class ScriptParams(ActionParams):
     """What a test action does, written in the policy next to its `type`."""
 
     observe: str = "ok"  # ok | raise
-    plan: str = "change"  # change | noop | raise
+    plan: str = "change"  # change | noop | raise | decline
     # per attempt, the last one repeats: ok|retry|fail|temporary|permanent|raise, or a crash of the
     # process between the call and its record: crash (the change landed) | crash_before (it did not)
     apply: tuple[str, ...] = ("ok",)
@@ -94,6 +94,8 @@ class ScriptedAction:
         self.calls.append(Call("plan", self.kind))
         if params.plan == "raise":
             raise RuntimeError("plan boom")
+        if params.plan == "decline":
+            raise Declined(f"{target.key}: requireAttribution: the anomaly is on version 1")
         return Step(self.kind, target.key, f"{self.kind}: old -> new", before=dict(observed),
                     after={"value": "new"}, noop=params.plan == "noop")
 
@@ -543,6 +545,20 @@ async def test_planning_raising_becomes_a_failed_decision(h: Harness, phase: str
     assert await h.steps(decision.id) == []
     (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
+
+
+async def test_an_action_declining_is_a_blocked_decision_not_a_failure(h: Harness):
+    """An action's own rule saying no (requireAttribution) journals `blocked` with its reason: no
+    failure announced, nothing applied."""
+    ex = h.executor(_policy(f"{{type: {A}, plan: decline}}"))
+
+    await h.fire(ex)
+
+    assert h.trace_of("apply", "verify", "revert") == []
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "blocked" and not decision.executed
+    assert decision.reason.endswith("requireAttribution: the anomaly is on version 1")
+    assert [e["event"] for e in h.events] == []
 
 
 # ---- 5. noop steps -----------------------------------------------------------------------------

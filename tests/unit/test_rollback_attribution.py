@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.outcome import PermanentError
+from core.outcome import Declined
 from actions.triton import TritonRollbackParams, plan_rollback
 from core.target import Target
 
@@ -25,7 +25,7 @@ def test_attributed_to_the_served_version_rolls_back() -> None:
     ({"model": "ranker"}, "names no model version"),
 ])
 def test_unattributed_or_old_version_is_refused(labels: dict[str, str], why: str) -> None:
-    with pytest.raises(PermanentError, match=why):
+    with pytest.raises(Declined, match=why):
         plan_rollback(TARGET, STRICT, OBSERVED, signal_labels=labels)
 
 
