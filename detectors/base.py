@@ -106,8 +106,11 @@ class Detector(Protocol):
     def lookback_seconds(self) -> float:
         """How much history `detect` needs; the poller range-queries this much."""
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """Refresh cached models for series that are due. A no-op for stateless detectors."""
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
+        """Refresh cached models for series that are due. A no-op for stateless detectors.
+        `companions[i]` is `batch[i]`'s series of the trigger's companion query, as `detect` gets
+        it (the forecaster reads a request rate there)."""
 
     def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
         """Decide on one series. Never raises for bad data: returns fired=False with a reason.

@@ -271,7 +271,8 @@ class TailAnomalyDetector:
     def lookback_seconds(self) -> float:
         return self.params.baseline_window_seconds + self.params.evaluation_window_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
         """Nothing to prepare: the baseline comes from the range query itself."""
         return None
 

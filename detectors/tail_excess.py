@@ -180,7 +180,8 @@ class TailExcessDetector:
     def lookback_seconds(self) -> float:
         return self._lookback
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
         """Nothing to prepare: everything comes from the queried range (thresholds are derived in
         the background as traffic cells first appear)."""
         return None

@@ -139,7 +139,8 @@ class ThresholdDetector:
     def lookback_seconds(self) -> float:
         return self.params.window_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
         """Nothing to prepare."""
         return None
 

@@ -290,7 +290,8 @@ class ValueCusumDetector:
     def lookback_seconds(self) -> float:
         return self.params.lookback_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
         """Nothing to prepare: everything comes from the queried range."""
         return None
 

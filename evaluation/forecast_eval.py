@@ -40,9 +40,11 @@ from numpy.typing import NDArray
 from detectors.forecast.calibration import centered_level, first_passage_batch, level_points, recency_weights
 from detectors.forecast.holt_paths import HoltParams
 from detectors.forecast.arrays import clean_history, infer_step
+from detectors.forecast.params import ForecastBreachParams
 from evaluation import forecast_library
-from evaluation.forecast_models import (Setup, holt_model_paths, holt_params, naive_paths,
-                                        predict_linear_rule, prophet_curve, prophet_model_paths)
+from evaluation.forecast_models import (Setup, holt_load_model_paths, holt_load_params, holt_model_paths,
+                                        holt_params, naive_paths, predict_linear_rule, prophet_curve,
+                                        prophet_model_paths)
 from evaluation.nab_data import NabSeries, load_series
 
 FLOAT = NDArray[np.float64]
@@ -73,11 +75,16 @@ def setup_for(dataset: str, step: float) -> Setup:
     return dataclasses.replace(base, **over)
 
 
+LEVEL_WINDOW_SECONDS = float(ForecastBreachParams.model_fields["level_window_seconds"].default)
+"""The detector's default level window: the breach the probability is about."""
+
+
 def _setup_for(dataset: str, step: float) -> Setup:
     if dataset == "nab":  # 5-30 min steps: a horizon of 3 steps (15 min at 5 min), the raw value
-        return Setup(step, 3, level_points(150.0, step), 360, relative=True, half_life_paths=1e9,
+        return Setup(step, 3, level_points(LEVEL_WINDOW_SECONDS, step), 360, relative=True, half_life_paths=1e9,
                      holt_refit_steps=1, prophet_refit_steps=96, prophet_lookback_seconds=7 * 86400.0)
-    return Setup(step, int(900.0 / step), level_points(150.0, step), 360, relative=True, half_life_paths=1e9,
+    return Setup(step, int(900.0 / step), level_points(LEVEL_WINDOW_SECONDS, step), 360, relative=True,
+                 half_life_paths=1e9,
                  holt_refit_steps=int(300.0 / step), prophet_refit_steps=int(7200.0 / step),
                  prophet_lookback_seconds=6 * 3600.0)
 
@@ -102,6 +109,7 @@ class Stream:
     vs: FLOAT
     incident: int | None = None  # library rise: first index of the incident
     crossing: int | None = None  # library rise: first index with the level at the line
+    rate: FLOAT | None = None  # the request rate on the grid where the series has one (Holt's knee reads it)
 
 
 def _segments(observed: NDArray[np.bool_], max_gap_steps: int) -> NDArray[np.intp]:
@@ -130,8 +138,11 @@ def stream_library(s: forecast_library.LibrarySeries, setup: Setup) -> Stream:
     t = s.timestamps
     incident = None if s.incident_start is None else int(np.searchsorted(t, s.incident_start))
     crossing = None if s.crossing_time is None else int(np.searchsorted(t, s.crossing_time))
+    rate = None
+    if s.rate is not None:  # scraped with the latency: missed where it is, interpolated the same way
+        rate = np.interp(idx, idx[observed], np.asarray(s.rate, dtype=np.float64)[observed])
     return Stream(s.name, "library", s.shape, s.kind, setup.step_seconds, y, seen_level, LINE_MS, decide, start,
-                  seg, t, t[observed], s.values[observed], incident, crossing)
+                  seg, t, t[observed], s.values[observed], incident, crossing, rate)
 
 
 def stream_nab(s: NabSeries) -> tuple[Stream, Setup]:
@@ -243,6 +254,8 @@ def evaluate_stream(st: Stream, setup: Setup, models: Sequence[str]) -> StreamRe
                 o = origins[lo : lo + CHUNK]
                 w = windows_at(st.y, o, starts[lo : lo + CHUNK], setup.window_points)
                 prob[o], med[o] = probability_of(*naive_paths(w, setup))
+        elif model == "holt" and st.rate is not None:
+            _holt_load_stream(st, setup, origins, prob, med, probability_of)
         elif model == "holt":
             refit = _refit_origins(origins, st.segment, setup.holt_refit_steps)
             uniq, inverse = np.unique(refit, return_inverse=True)
@@ -264,6 +277,32 @@ def evaluate_stream(st: Stream, setup: Setup, models: Sequence[str]) -> StreamRe
         res.median_step[model] = med.astype(np.float32)
     res.seconds = time.process_time() - t0
     return res
+
+
+def _holt_load_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: FLOAT, med: FLOAT,
+                      probability_of: Any) -> None:
+    """Holt beside the request rate, as the detector runs it with a companion rate: the primary and
+    rate parameters refitted on the same slots, the knee read at every decision."""
+    assert st.rate is not None
+    refit = _refit_origins(origins, st.segment, setup.holt_refit_steps)
+    uniq, inverse = np.unique(refit, return_inverse=True)
+    prim: list[HoltParams] = []
+    rate: list[HoltParams] = []
+    for lo in range(0, uniq.size, CHUNK):
+        u = uniq[lo : lo + CHUNK]
+        p, r = holt_load_params(windows_at(st.y, u, st.start[u], setup.window_points),
+                                windows_at(st.rate, u, st.start[u], setup.window_points), setup)
+        prim.append(p)
+        nan = np.full(u.size, np.nan)
+        rate.append(r if r is not None else HoltParams(nan, nan, nan))
+    params, rate_params = HoltParams.stack(prim), HoltParams.stack(rate)
+    for lo in range(0, origins.size, CHUNK):
+        o = origins[lo : lo + CHUNK]
+        w = windows_at(st.y, o, st.start[o], setup.window_points)
+        rw = windows_at(st.rate, o, st.start[o], setup.window_points)
+        sel = inverse[lo : lo + CHUNK]
+        prob[o], med[o] = probability_of(*holt_load_model_paths(w, rw, params.take(sel), rate_params.take(sel),
+                                                                setup, st.threshold))
 
 
 def _refit_origins(origins: NDArray[np.intp], segment: NDArray[np.intp], every: int) -> NDArray[np.intp]:
@@ -603,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--library-models", default=None, help="models for the library (default: --models)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seeds", type=int, default=forecast_library.SEEDS, help="library seeds per shape")
+    ap.add_argument("--fresh-seeds", default="", metavar="FROM:TO",
+                    help="score library seeds FROM..TO-1 generated in memory instead of the committed ones "
+                         "(a check that nothing is tuned to the committed seeds)")
     ap.add_argument("--shapes", default="", help="comma-separated library shapes (default: all)")
     ap.add_argument("--only", default="", help="substring filter on NAB series names")
     ap.add_argument("--save", type=Path, default=None, help="pickle the per-series results here")
@@ -615,7 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [(_run_nab, s, models) for s in nab]
     if "library" in args.datasets:
         shapes = set(args.shapes.split(",")) if args.shapes else None
-        lib = [s for s in forecast_library.load(shapes=shapes) if int(s.name.split("/")[1]) < args.seeds]
+        if args.fresh_seeds:
+            lo, hi = (int(x) for x in args.fresh_seeds.split(":"))
+            lib = [forecast_library.generate(shape, seed) for shape in forecast_library.SHAPES
+                   if shapes is None or shape in shapes for seed in range(lo, hi)]
+        else:
+            lib = [s for s in forecast_library.load(shapes=shapes) if int(s.name.split("/")[1]) < args.seeds]
         jobs += [(_run_library, s, lib_models) for s in lib]
     wall = time.perf_counter()
     with ProcessPoolExecutor(args.workers) as pool:

@@ -15,7 +15,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
 from detectors.forecast.calibration import BURN_IN_POINTS, anchored_paths, error_paths
-from detectors.forecast.holt_paths import HoltParams, holt_batch, holt_fit_params, holt_paths
+from detectors.forecast.holt_paths import (HoltParams, holt_batch, holt_fit_params, holt_load_fit_params,
+                                           holt_load_paths, holt_paths)
 from detectors.forecast.prophet_fit import fit_prophet_forecast
 
 FLOAT = NDArray[np.float64]
@@ -79,6 +80,20 @@ def holt_model_paths(windows: FLOAT, params: HoltParams, setup: Setup) -> tuple[
 
 def holt_params(windows: FLOAT, setup: Setup) -> HoltParams:
     return holt_fit_params(windows, setup.step_seconds, setup.holt_select_steps)
+
+
+def holt_load_params(windows: FLOAT, rates: FLOAT, setup: Setup) -> tuple[HoltParams, HoltParams | None]:
+    """Holt's parameters with the request rate beside the latency (the capacity knee): the primary
+    rows' and the log rates', as the detector fits them."""
+    return holt_load_fit_params(windows, rates, setup.step_seconds)
+
+
+def holt_load_model_paths(windows: FLOAT, rates: FLOAT, params: HoltParams, rate_params: HoltParams | None,
+                          setup: Setup, line: float) -> tuple[FLOAT, FLOAT]:
+    """Holt with the capacity knee where the rate explains the latency (plain Holt elsewhere)."""
+    point, errors, _ = holt_load_paths(windows, rates, params, rate_params, setup.step_seconds,
+                                       setup.horizon_steps, setup.level_points, setup.relative, line)
+    return point, errors
 
 
 def prophet_curve(ts: FLOAT, vs: FLOAT, grid: FLOAT, fit_index: int, setup: Setup,

@@ -321,8 +321,9 @@ class Poller:
             return
         if isinstance(watch.detector, ReadsCluster) and self._cluster is not None:
             await watch.detector.observe_cluster(self._cluster)
+        pairs = watch.pairing.pair(mine, companions) if companions is not None else None
         try:
-            await watch.detector.prepare(mine, now, self._offload)
+            await watch.detector.prepare(mine, now, self._offload, pairs)
         except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
             self._metrics.faults.labels("detector_prepare").inc()
             log.error("detector prepare failed", policy=policy.name, error=repr(exc))
@@ -331,7 +332,7 @@ class Poller:
         # the journal's write they would be promoted into the old generation, which every full
         # collection of the next cycles walks.
         with collector_paused():
-            detections = self._detect_all(watch, mine, companions, now)
+            detections = self._detect_all(watch, mine, pairs, now)
             labels = [s.labels for s in mine]
             watch.latest = Latest.of(now, horizon, labels, detections)
             watch.keys.next_cycle()
@@ -370,13 +371,13 @@ class Poller:
             self._metrics.detector.forget(policy, index)
         self._metrics.no_data.labels(policy, str(index)).set(int(not has_data))
 
-    def _detect_all(self, watch: Watch, mine: list[Series], companions: RangeResult | None,
+    def _detect_all(self, watch: Watch, mine: list[Series], pairs: list[Series | None] | None,
                     now: float) -> list[Detection]:
-        """One Detection per series: the detector's batch path when the batch is big enough to pay
-        for it (a vectorized detector aligns the series on one grid) or when the detector judges its
-        series together (`judges_together`: a canary beside its stable), else one call per series."""
+        """One Detection per series (`pairs[i]`: its companion): the detector's batch path when the
+        batch is big enough to pay for it (a vectorized detector aligns the series on one grid) or
+        when the detector judges its series together (`judges_together`: a canary beside its
+        stable), else one call per series."""
         detector, kind = watch.detector, watch.bound.trigger.type
-        pairs = watch.pairing.pair(mine, companions) if companions is not None else None
         if len(mine) >= BATCH_MIN_SERIES or judges_together(detector):
             try:
                 batch = detector.detect_many(mine, now, pairs)

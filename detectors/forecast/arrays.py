@@ -82,3 +82,16 @@ def regular_grid(timestamps: NDArray[np.float64], step: float, max_gap: float) -
     n = int(math.floor((timestamps[-1] - start) / step + 1e-9)) + 1
     grid: NDArray[np.float64] = timestamps[-1] - step * np.arange(n - 1, -1, -1, dtype=np.float64)
     return grid
+
+
+def aligned(grid: NDArray[np.float64], history: History) -> NDArray[np.float64]:
+    """Another series (a companion: the request rate beside a latency) on this grid, linearly
+    interpolated; NaN at grid points its own history does not cover (before its first point after
+    its last long gap, or after its last point)."""
+    ts, vs = history.timestamps, history.values
+    if ts.size < 2:
+        return np.full(grid.shape, np.nan)
+    start = regular_grid(ts, history.step, history.max_gap)[0]
+    keep = ts >= start
+    out = np.interp(grid, ts[keep], vs[keep], left=np.nan, right=np.nan)
+    return np.asarray(out, dtype=np.float64)

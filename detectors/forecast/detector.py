@@ -10,6 +10,7 @@ import numpy as np
 from core.detection import Detection, threshold_or_baseline
 from core.query import Series
 from detectors.base import DetectorParams, Offload, detect_each
+from detectors.forecast.arrays import History
 from detectors.forecast.breach import Episodes
 from detectors.forecast.calibration import MIN_PATHS, level_points
 from detectors.forecast.history_memo import CycleHistories
@@ -55,16 +56,19 @@ class ForecastBreachDetector:
     def lookback_seconds(self) -> float:
         return self.params.lookback_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      companions: Sequence[Series | None] | None = None) -> None:
         """The only place heavy work starts, always through offload: Holt refits the due series'
-        parameters and filters all of them in one batch, Prophet refits the series whose slot is due."""
-        await self._forecaster.prepare(batch, now, offload)
+        parameters and filters all of them in one batch, Prophet refits the series whose slot is due.
+        A companion is the series' request rate (the capacity knee)."""
+        await self._forecaster.prepare(batch, now, offload, companions)
 
     def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
-        """Decide on one series (a companion plays no part). Never raises for bad data: returns
-        fired=False with a reason."""
+        """Decide on one series; a companion is its request rate, which Holt reads for a capacity
+        knee (detectors/forecast/load_knee.py). Never raises for bad data: returns fired=False with a
+        reason."""
         try:
-            return self._detect(series, now)
+            return self._detect(series, now, companion)
         except Exception as exc:  # odd data or a bug here must not stop the poller
             return self._quiet(f"forecast failed: {type(exc).__name__}: {exc}")
 
@@ -74,6 +78,16 @@ class ForecastBreachDetector:
         """One `detect` per series: the fits that batch well already ran in `prepare`."""
         return detect_each(self.detect, series, now, companions)
 
+    def _load(self, companion: Series | None, now: float) -> History | None:
+        """The request rate's history beside a series, or None (none, or unreadable: the latency is
+        then forecast alone)."""
+        if companion is None:
+            return None
+        try:
+            return self._histories.read(companion, now)
+        except ValueError:
+            return None
+
     def _quiet(self, reason: str, value: float | None = None, **details: Any) -> Detection:
         return Detection(detector=KIND, fired=False, reason=reason, value=value,
                          threshold=self.params.threshold, details=details)
@@ -82,7 +96,7 @@ class ForecastBreachDetector:
         p = self.params
         return v >= p.threshold if p.direction == "above" else v <= p.threshold
 
-    def _detect(self, series: Series, now: float) -> Detection:
+    def _detect(self, series: Series, now: float, companion: Series | None) -> Detection:
         p = self.params
         key = self._histories.key(series, now)
         history = self._histories.read(series, now)
@@ -108,7 +122,7 @@ class ForecastBreachDetector:
                              reason=f"already breaching (level {level:g} vs {p.threshold:g}): "
                                     "the tail detector's case, not a forecast",
                              evidence=evidence)
-        forecast = self._forecaster.forecast(key, history, now)
+        forecast = self._forecaster.forecast(key, history, now, self._load(companion, now))
         if isinstance(forecast, str):
             self._episodes.close(key, now)
             return self._quiet(forecast, current)

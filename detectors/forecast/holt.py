@@ -13,11 +13,13 @@ from numpy.typing import NDArray
 
 from core.query import Series
 from detectors.base import Offload
-from detectors.forecast.arrays import History
+from detectors.forecast.arrays import History, aligned
 from detectors.forecast.calibration import PathForecast, level_points
-from detectors.forecast.holt_cycle import ERROR_HALF_LIFE_PATHS, CycleRows, HoltCycle, Question, holt_cycle
+from detectors.forecast.holt_cycle import (ERROR_HALF_LIFE_PATHS, CycleRows, HoltCycle, Question, Rates, holt_cycle,
+                                           knee_info)
 from detectors.forecast.history_memo import CycleHistories
-from detectors.forecast.holt_paths import HoltParams, holt_batch, holt_fit_params, holt_paths
+from detectors.forecast.holt_paths import (HoltParams, holt_batch, holt_fit_params, holt_load_fit_params,
+                                           holt_load_paths, holt_paths)
 from detectors.forecast.outlook import Outlook, outlook_of
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.refit_schedule import refit_due, refit_phase_seconds
@@ -34,6 +36,7 @@ class _Fitted:
     fitted_at: float
     phase: float
     last_seen: float
+    rate_params: HoltParams | None = None  # the log rate's, for a series with a rate beside it
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class _Prepared:
     size: int
     step: float
     outlook: Outlook
+    with_rate: bool = False  # read with a rate beside the series
 
 
 class HoltForecaster:
@@ -71,21 +75,41 @@ class HoltForecaster:
         f = self._fitted.get(key)
         return f is None or refit_due(f.fitted_at, f.phase, self.params.holt_refit_seconds, now)
 
-    def _remember(self, key: str, params: HoltParams, refitted: bool, now: float) -> None:
+    def _remember(self, key: str, params: HoltParams, refitted: bool, now: float,
+                  rate_params: HoltParams | None = None) -> None:
         f = self._fitted.get(key)
         if f is None:
-            self._fitted[key] = _Fitted(params, now, refit_phase_seconds(key, self.params.holt_refit_seconds), now)
+            self._fitted[key] = _Fitted(params, now, refit_phase_seconds(key, self.params.holt_refit_seconds), now,
+                                        rate_params)
             return
         f.last_seen = now
         if refitted:
             f.params, f.fitted_at = params, now
+        if rate_params is not None:
+            f.rate_params = rate_params
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
+    def _rate(self, grid: NDArray[np.float64], load: Series | History | None, now: float
+              ) -> NDArray[np.float64] | None:
+        """The request rate beside a series on its window's grid (NaN where its history does not
+        cover it), or None without one (or when it cannot be read)."""
+        if load is None:
+            return None
+        if isinstance(load, History):
+            return aligned(grid, load)
+        try:
+            return aligned(grid, self._histories.read(load, now))
+        except ValueError:  # a malformed rate: the latency is forecast alone
+            return None
+
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      loads: Sequence[Series | None] | None = None) -> None:
         """One pool job for the cycle: refit the due series' parameters, filter every series and
-        read its outlook (what `forecast` would compute per series, for all of them at once)."""
+        read its outlook (what `forecast` would compute per series, for all of them at once).
+        `loads[i]` is the request rate beside `batch[i]` (the capacity knee), None for none."""
         self._prepared = {}
         items: list[tuple[str, float, float, NDArray[np.float64]]] = []
-        for s in batch:
+        rates: list[NDArray[np.float64] | None] = []
+        for i, s in enumerate(batch):
             try:
                 history = self._histories.read(s, now)
             except ValueError:  # malformed series: detect reports it
@@ -95,6 +119,7 @@ class HoltForecaster:
             window = self._window(history)
             if not isinstance(window, str):
                 items.append((self._histories.key(s, now), float(window[0][-1]), history.step, window[1]))
+                rates.append(self._rate(window[0], loads[i] if loads is not None else None, now))
         self._forget(now)
         if len(items) < _BATCH_MIN:
             return  # forecast filters these inline
@@ -102,6 +127,15 @@ class HoltForecaster:
         windows = np.full((len(items), width), np.nan)
         for i, (*_, w) in enumerate(items):
             windows[i, width - w.size :] = w
+        beside = None
+        if any(r is not None for r in rates):
+            values = np.full(windows.shape, np.nan)
+            for i, r in enumerate(rates):
+                if r is not None:
+                    values[i, width - r.size :] = r
+            kept_rates = [self._fitted[k].rate_params if k in self._fitted else None for k, *_ in items]
+            beside = Rates(values, HoltParams(*(np.array([np.nan if c is None else float(getattr(c, f)[0])
+                                                          for c in kept_rates]) for f in ("alpha", "beta", "phi"))))
         refit = np.array([self._due(k, now) for k, *_ in items])
         kept = [self._fitted[k].params if not r else None for (k, *_), r in zip(items, refit)]
         alpha, beta, phi = (np.array([np.nan if c is None else float(getattr(c, f)[0]) for c in kept])
@@ -116,12 +150,15 @@ class HoltForecaster:
         )
         question = Question(p.threshold, p.direction, p.errors == "relative")
         try:
-            result: HoltCycle = await offload(holt_cycle, windows, refit, alpha, beta, phi, rows, question)
+            result: HoltCycle = await offload(holt_cycle, windows, refit, alpha, beta, phi, rows, question, beside)
         except Exception:  # a pool failure only costs speed: forecast filters inline instead
             return
         for i, (key, last_t, step, w) in enumerate(items):
-            self._remember(key, result.params.row(i), bool(refit[i]), now)
-            self._prepared[key] = _Prepared(now, last_t, w.size, step, result.outlooks[i])
+            rate_params = result.rate_params.row(i) if result.rate_params is not None else None
+            if rate_params is not None and not np.isfinite(rate_params.alpha[0]):
+                rate_params = None
+            self._remember(key, result.params.row(i), bool(refit[i]), now, rate_params)
+            self._prepared[key] = _Prepared(now, last_t, w.size, step, result.outlooks[i], rates[i] is not None)
 
     def _horizon_steps(self, now: float, last_t: float, step: float) -> int:
         """Grid steps from the window's last point to now + horizon (at least one)."""
@@ -131,7 +168,7 @@ class HoltForecaster:
         for key in [k for k, f in self._fitted.items() if now - f.last_seen > self.params.lookback_seconds]:
             del self._fitted[key]  # series gone for a whole lookback: forget its parameters
 
-    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
+    def forecast(self, key: str, history: History, now: float, load: History | None = None) -> Outlook | str:
         p = self.params
         window = self._window(history)
         if isinstance(window, str):
@@ -140,9 +177,12 @@ class HoltForecaster:
         last_t = float(grid[-1])
         step = history.step
         prepared = self._prepared.get(key)
-        if prepared and (prepared.at, prepared.last_time, prepared.size, prepared.step) == (now, last_t, values.size,
-                                                                                             step):
+        if prepared and (prepared.at, prepared.last_time, prepared.size, prepared.step, prepared.with_rate) == (
+                now, last_t, values.size, step, load is not None):
             return prepared.outlook
+        rate = self._rate(grid, load, now)
+        if rate is not None:
+            return self._forecast_with_rate(key, values, rate, last_t, step, now)
         due = self._due(key, now)
         params = holt_fit_params(values[None], step) if due else self._fitted[key].params
         self._remember(key, params, due, now)
@@ -153,5 +193,31 @@ class HoltForecaster:
         point, errors = holt_paths(batch, values[None], steps, points, relative)
         info = {"model": "holt", "alpha": float(batch.params.alpha[0]), "beta": float(batch.params.beta[0]),
                 "phi": float(batch.params.phi[0]), "step_seconds": step, "level_points": points}
+        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
+        return outlook_of(forecast, p.threshold, p.direction)
+
+    def _forecast_with_rate(self, key: str, values: NDArray[np.float64], rate: NDArray[np.float64], last_t: float,
+                            step: float, now: float) -> Outlook:
+        """`forecast` of one series with its request rate beside it: through the knee where the
+        rate explains the latency (detectors/forecast/load_knee.py), as plain Holt elsewhere."""
+        p = self.params
+        due = self._due(key, now)
+        kept = self._fitted.get(key)
+        if due or kept is None:
+            params, rate_params = holt_load_fit_params(values[None], rate[None], step)
+        else:
+            params, rate_params = kept.params, kept.rate_params
+            if rate_params is None:
+                _, rate_params = holt_load_fit_params(values[None], rate[None], step)
+        self._remember(key, params, due or kept is None, now, rate_params)
+        steps = self._horizon_steps(now, last_t, step)
+        points = level_points(p.level_window_seconds, step)
+        relative = p.errors == "relative"
+        point, errors, knee = holt_load_paths(values[None], rate[None], params, rate_params, step, steps, points,
+                                              relative, p.threshold)
+        used = bool(knee.usable[0]) and rate_params is not None and bool(np.isfinite(rate_params.alpha[0]))
+        info = {"model": "holt", "alpha": float(params.alpha[0]), "beta": float(params.beta[0]),
+                "phi": float(params.phi[0]), "step_seconds": step, "level_points": points,
+                "knee": knee_info(knee, 0, used)}
         forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
         return outlook_of(forecast, p.threshold, p.direction)

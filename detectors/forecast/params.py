@@ -36,9 +36,12 @@ class ForecastBreachParams(DetectorParams):
     already under way, the tail detector's case."""
     horizon_seconds: float = Field(900.0, gt=0)
     """How far ahead a crossing counts."""
-    level_window_seconds: float = Field(150.0, ge=0)
+    level_window_seconds: float = Field(300.0, ge=0)
     """The breach is the series' level, its mean over this window, reaching the threshold: a lone
-    scrape over the line is noise, not a breach. At a step longer than the window it is the value."""
+    scrape over the line is noise, not a breach. Five minutes is the window the field reads P99.9
+    over (``histogram_quantile(0.999, rate(..._bucket[5m]))``); a shorter one makes a noisy level
+    that hovers under the line a breach the forecast must predict. At a step longer than the window
+    it is the value."""
     errors: Literal["relative", "absolute"] = "relative"
     """How past forecast errors carry over to now: as a share of the level (latency's noise grows
     with it), or in the series' unit."""
@@ -88,6 +91,19 @@ class ForecastBreachParams(DetectorParams):
         if self.min_lead_seconds >= self.horizon_seconds:
             raise ValueError("min_lead_seconds must be shorter than horizon_seconds")
         return self
+
+    def query_problem(self, query: str, companion_query: str | None) -> str | None:
+        """A companion query is the request rate beside the latency (the capacity knee): Holt reads
+        it, for a latency that breaches upwards."""
+        if companion_query is None:
+            return None
+        if self.model != "holt":
+            return ("forecast_breach: companionQuery (the request rate beside the latency, for a capacity "
+                    "knee) is read by model: holt only")
+        if self.direction != "above":
+            return ("forecast_breach: companionQuery (the request rate, for a capacity knee) needs direction: "
+                    "above (a latency that rises as the rate nears capacity)")
+        return None
 
     @property
     def recovery_rule(self) -> RecoveryRule:

@@ -49,8 +49,10 @@ class ProphetForecaster:
         self.params = params
         self._states: dict[str, _SeriesState] = {}
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """Refit the series whose slot is due, at most `max_fits_per_cycle` of them."""
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      loads: Sequence[Series | None] | None = None) -> None:
+        """Refit the series whose slot is due, at most `max_fits_per_cycle` of them (`loads` are not
+        read: the capacity knee is Holt's, and a Prophet policy with a rate beside it fails to load)."""
         p = self.params
         seen = set()
         due: list[tuple[int, float, str, History]] = []
@@ -111,7 +113,7 @@ class ProphetForecaster:
         )
         return offload(fn, history.timestamps, history.values)
 
-    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
+    def forecast(self, key: str, history: History, now: float, load: History | None = None) -> Outlook | str:
         p = self.params
         st = self._states.get(key)
         f = st.forecast if st else None

@@ -14,9 +14,12 @@ from detectors.forecast.outlook import Outlook
 class Forecaster(Protocol):
     """A forecasting backend. Heavy fits happen only in `prepare`, through `offload`."""
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload) -> None:
-        """Refresh cached fits for this cycle's series; a failure only costs freshness or speed."""
+    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
+                      loads: Sequence[Series | None] | None = None) -> None:
+        """Refresh cached fits for this cycle's series; a failure only costs freshness or speed.
+        `loads[i]` is the request rate beside `batch[i]` (None: none), for a backend that reads it."""
 
-    def forecast(self, key: str, history: History, now: float) -> Outlook | str:
+    def forecast(self, key: str, history: History, now: float, load: History | None = None) -> Outlook | str:
         """The outlook of the series' level from the end of ``history`` to ``now`` plus the
-        horizon (its distribution calibrated on its own recent errors), or why there is none."""
+        horizon (its distribution calibrated on its own recent errors), or why there is none.
+        `load` is the request rate beside the series, for a backend that reads it (Holt's knee)."""
