@@ -45,23 +45,37 @@ async def inline_offload(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def bench_holt(n: int) -> dict[str, float]:
+def make_rates(batch: list[Series], seed: int = 3) -> list[Series]:
+    """A request rate beside each series: for half of them the rate that explains its latency
+    through a knee (``1 / latency`` falling in a line with the rate), for the rest a rate of its own."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, s in enumerate(batch):
+        v = np.asarray(s.values)
+        rate = (200.0 * (1.0 - 100.0 / v) if i % 2 == 0 else 100.0 * np.exp(rng.normal(0, 0.05, v.size)))
+        out.append(Series(s.labels, s.timestamps, rate * np.exp(rng.normal(0, 0.01, v.size))))
+    return out
+
+
+def bench_holt(n: int, rates: bool = False) -> dict[str, float]:
     batch = make_batch(n, 6 * 3600)
+    loads = make_rates(batch) if rates else [None] * n
     now = float(batch[0].timestamps[-1])
     det = ForecastBreachDetector({"threshold": 500})
     c0 = cpu()
-    for s in batch:
-        det.detect(s, now)
+    for s, r in zip(batch, loads):
+        det.detect(s, now, r)
     inline = cpu() - c0
     # A poll cycle hands the detector new Series objects: the cycle reads every history afresh
     # (the detector keeps this cycle's histories by object, so reusing `batch` would skip that).
     cycle = [Series(s.labels, s.timestamps, s.values) for s in batch]
+    beside = [None if r is None else Series(r.labels, r.timestamps, r.values) for r in loads]
     c0 = cpu()
-    asyncio.run(det.prepare(cycle, now, inline_offload))
+    asyncio.run(det.prepare(cycle, now, inline_offload, beside if rates else None))
     prep = cpu() - c0
     c0 = cpu()
-    for s in cycle:
-        det.detect(s, now)
+    for s, r in zip(cycle, beside):
+        det.detect(s, now, r)
     det_cached = cpu() - c0
     return {"detect_inline_s": inline, "prepare_batched_s": prep, "detect_after_prepare_s": det_cached,
             "cycle_batched_s": prep + det_cached}
@@ -118,9 +132,10 @@ def main() -> None:
     print("| series | detect inline (fit per series) | prepare (one batched fit) | "
           "detect after prepare | cycle total, batched |")
     print("|---|---|---|---|---|")
-    for n in (1, 100, 1000):
-        r = bench_holt(n)
-        print(f"| {n} | {r['detect_inline_s']:.3f} s | {r['prepare_batched_s']:.3f} s | "
+    for n, rates in ((1, False), (100, False), (1000, False), (100, True), (1000, True)):
+        r = bench_holt(n, rates)
+        name = f"{n}, each with its request rate (the knee)" if rates else f"{n}"
+        print(f"| {name} | {r['detect_inline_s']:.3f} s | {r['prepare_batched_s']:.3f} s | "
               f"{r['detect_after_prepare_s']:.3f} s | {r['cycle_batched_s']:.3f} s |")
     print(f"\npeak RSS self/children: {maxrss_mib()[0]:.0f} / {maxrss_mib()[1]:.0f} MiB\n")
 

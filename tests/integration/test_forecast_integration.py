@@ -5,6 +5,7 @@ The daemon's clock is set one hour back so the backfilled history (which promtoo
 blocks) ends at the daemon's "now"."""
 from __future__ import annotations
 
+import math
 import random
 import time
 from pathlib import Path
@@ -121,3 +122,80 @@ async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometh
         assert signal["payload"]["name"] == "forecast_breach"
         assert details["lead_seconds"] > 0
         assert sink.received[0]["signal"]["labels"]["model"] == "ranker"
+
+
+KNEE_POLICY = """
+name: {model}-knee
+target:
+  model: {model}
+triggers:
+  - detector:
+      type: forecast_breach
+      query: nv_inference_request_summary_us{{model="$model", quantile="0.999"}}
+      companionQuery: sum by (model) (rate(nv_inference_request_success{{model="$model"}}[1m]))
+      interval: 15s
+      params: {{threshold: 500000, horizon_seconds: 15m, lookback_seconds: 3h}}
+actions:
+  - type: notify
+    url: {url}
+"""
+
+
+def _knee_history(now: float, seed: int, grows: bool) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """3h at half of a 200 req/s capacity (the load wobbling 2% per scrape and 5% over an hour),
+    then (grows) the request rate grows 1% a minute from 37 minutes before `now`: the P99.9 in
+    microseconds ``100 ms / (1 - load)`` with 5% noise crosses 500 ms 5-10 minutes after `now`.
+    Returns the summary's samples and the success counter's (cumulative)."""
+    rng = random.Random(seed)
+    latency, counter = [], []
+    total = 0.0
+    t = now - 3 * 3600.0
+    while t <= now:
+        growth = 1.01 ** (max(t - (now - 37 * 60.0), 0.0) / 60.0) if grows else 1.0
+        load = min(0.5 * growth * (1 + 0.05 * math.sin(2 * math.pi * (t - now) / 3600.0))
+                   * math.exp(rng.gauss(0, 0.02)), 0.99)
+        if grows:
+            latency.append((t, 100_000.0 / (1.0 - load) * math.exp(rng.gauss(0, 0.05))))
+        else:  # traffic that grows far from any knee: the latency does not move
+            latency.append((t, 200_000.0 * math.exp(rng.gauss(0, 0.05))))
+        total += load * 200.0 * STEP
+        counter.append((t, total))
+        t += STEP
+    return latency, counter
+
+
+async def test_a_load_nearing_capacity_is_forecast_through_the_request_rate(tmp_path: Path, prometheus_factory):
+    """The capacity knee end to end: the request rate (a success counter's rate, the trigger's
+    companionQuery) and Triton's summary P99.9 backfilled into a real Prometheus; the daemon reads
+    both through range queries, fits the knee, and acts minutes before the breach, its signal saying
+    the capacity it fitted; traffic that grows without moving the latency gives nothing."""
+    now0 = time.time() - OFFSET_SECONDS
+    series = []
+    for model, seed, grows in (("ranker", 1, True), ("scorer", 2, False)):
+        latency, counter = _knee_history(now0, seed, grows)
+        series += [BackfillSeries("nv_inference_request_summary_us", latency, {"model": model, "quantile": "0.999"}),
+                   BackfillSeries("nv_inference_request_success", counter, {"model": model, "version": "1"})]
+    data = tmp_path / "tsdb"
+    backfill_openmetrics(data, series)
+    prom = await prometheus_factory(scrape_targets={}, data_dir=data)
+    async with NotifySink() as sink:
+        pol = tmp_path / "policies"
+        pol.mkdir()
+        for model in ("ranker", "scorer"):
+            (pol / f"{model}.yaml").write_text(KNEE_POLICY.format(model=model, url=sink.url))
+        settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
+        async with Service(settings, action_registry(), detector_registry(),
+                           clock=lambda: time.time() - OFFSET_SECONDS) as svc:
+            await wait_for(lambda: len(sink.received) == 1, timeout=60)
+            await wait_for(lambda: {e["policy"] for e in svc.journal.evaluations.all()} >= {"ranker-knee",
+                                                                                            "scorer-knee"},
+                           timeout=30)
+            await svc.drain()
+            (signal,) = await svc.journal.signals.all.in_thread()
+            evaluations = {e["policy"]: e for e in await svc.journal.evaluations.all.in_thread()}
+    details = signal["payload"]["details"]
+    assert signal["policy"] == "ranker-knee"
+    assert details["knee"]["used"] is True and 150.0 < details["knee"]["capacity_rate"] < 250.0, details["knee"]
+    assert details["lead_seconds"] >= 180, details
+    assert sink.received[0]["signal"]["labels"]["model"] == "ranker"
+    assert not evaluations["scorer-knee"]["fired"]

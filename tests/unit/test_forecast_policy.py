@@ -28,6 +28,9 @@ def test_the_forecast_policy_reads_triton_and_states_probability_and_lead() -> N
     assert isinstance(params, ForecastBreachParams)
     assert (params.threshold, params.min_probability, params.min_lead_seconds) == (500000, 0.9, 60)
     assert {a.kind for a in policy.actions} == {"triton.rollback"}
+    # The request rate beside it, from Triton's own success counter, for the capacity knee.
+    assert bound.trigger.companion_query is not None
+    assert "rate(nv_inference_request_success" in bound.trigger.companion_query
 
 
 def test_a_policy_still_saying_bound_fails_to_load_in_one_line() -> None:
