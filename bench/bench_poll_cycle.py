@@ -358,6 +358,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         setattr(poller, "_detect_all", sw.timed("detect_all", poller._detect_all))
         for watch in group.watches:
             setattr(watch.detector, "detect_many", sw.timed("detect", watch.detector.detect_many))
+            setattr(watch.pairing, "pair", sw.timed("pairing", watch.pairing.pair))
         record_many = journal.evaluations.record_many  # the bound call the poller awaits in a thread
         setattr(record_many, "in_thread", sw.timed_async("journal", record_many.in_thread))
 
@@ -402,8 +403,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                     d.setdefault(k, 0.0)
                 d.setdefault("ranges", d["fetch"])
                 d["cache"] = d["ranges"] - d["fetch"]
-                d["pairing"] = d["detect_all"] - d["detect"]
-                d["rest"] = d["cycle"] - d["ranges"] - d["detect_all"] - d["journal"] - d["emit"]
+                d.setdefault("pairing", 0.0)  # the poller pairs companions before prepare and detection
+                d["rest"] = d["cycle"] - d["ranges"] - d["pairing"] - d["detect_all"] - d["journal"] - d["emit"]
         verdicts = journal.evaluations.all()
         fired = sum(v["fired"] for v in verdicts)
         unpaired = sum(v["reason"].startswith("no request count") for v in verdicts)
