@@ -25,6 +25,7 @@ class Steps:
     requests: NDArray[np.float64]
     resets: NDArray[np.bool_]
     first_valid: NDArray[np.int_]  # (S,) first column with both counters, -1 if none
+    last_valid: NDArray[np.int_]  # (S,) last column with both counters, -1 if none
 
 
 def counter_steps(latency: NDArray[np.float64], requests: NDArray[np.float64]) -> Steps:
@@ -50,8 +51,11 @@ def counter_steps(latency: NDArray[np.float64], requests: NDArray[np.float64]) -
         d_lat, d_req, resets = _dense_steps(latency, requests)
         if gaps.size:
             d_lat[gaps], d_req[gaps], resets[gaps] = _sparse_steps(latency[gaps], requests[gaps], valid[gaps])
-    first = np.where(valid.any(axis=1), np.argmax(valid, axis=1), -1)
-    return Steps(d_lat, d_req, resets, first)
+    cols = valid.shape[1]
+    seen = valid.any(axis=1)
+    first = np.where(seen, np.argmax(valid, axis=1), -1)
+    last = np.where(seen, cols - 1 - np.argmax(valid[:, ::-1], axis=1), -1) if cols else first
+    return Steps(d_lat, d_req, resets, first, last)
 
 
 Increments = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]]
@@ -61,16 +65,19 @@ def _dense_steps(latency: NDArray[np.float64], requests: NDArray[np.float64]) ->
     """Increments (latency, requests, resets) of rows with a sample of both counters at every
     column: column j minus column j - 1; the first column has none."""
     rows, cols = latency.shape
-    d_lat, d_req = np.full((rows, cols), np.nan), np.full((rows, cols), np.nan)
+    d_lat, d_req = np.empty((rows, cols)), np.empty((rows, cols))
+    d_lat[:, :1] = np.nan
+    d_req[:, :1] = np.nan
     resets = np.zeros((rows, cols), dtype=bool)
     if cols > 1:
-        now_lat, now_req = latency[:, 1:], requests[:, 1:]
         with np.errstate(invalid="ignore"):  # inf - inf: only in rows with a gap, which are taken anew
-            step_lat, step_req = now_lat - latency[:, :-1], now_req - requests[:, :-1]
-        went_down = (step_lat < 0) | (step_req < 0)
-        d_lat[:, 1:] = np.where(went_down, now_lat, step_lat)
-        d_req[:, 1:] = np.where(went_down, now_req, step_req)
+            np.subtract(latency[:, 1:], latency[:, :-1], out=d_lat[:, 1:])
+            np.subtract(requests[:, 1:], requests[:, :-1], out=d_req[:, 1:])
+        went_down = (d_lat[:, 1:] < 0) | (d_req[:, 1:] < 0)
         resets[:, 1:] = went_down
+        # Restarts are rare: the new value is the increment at a handful of places, not a pass.
+        r, c = np.nonzero(resets)
+        d_lat[r, c], d_req[r, c] = latency[r, c], requests[r, c]
     return d_lat, d_req, resets
 
 

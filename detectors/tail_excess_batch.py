@@ -18,7 +18,7 @@ from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
 from detectors.base import DetectorStatus
 from detectors.sequential.acceptance import accept_null, shown_above
-from detectors.sequential.bank import NONE, BankRun, run_bank
+from detectors.sequential.bank import NONE, BankRun, Scored, run_bank, scored_steps
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import count_evidence, mass_evidence
 from detectors.sequential.thresholds import Promise, traffic_cells
@@ -113,13 +113,15 @@ class ExcessBatch:
     resets: NDArray[np.int_]
     inconsistent: NDArray[np.int_]
     recent_from: int = 0  # the first column of the recent window (0: the whole scored lookback)
+    scored: Scored | None = None  # `scored_steps(units, requests)`, when the evaluation made it
 
     @cached_property
     def facts(self) -> RowFacts:
         """The per-row numbers every Detection reads, computed once for all rows."""
         run, rows = self.run, self.status.shape[0]
-        scored = np.isfinite(self.units)
-        counted = np.where(scored, self.requests, 0.0)  # the requests of scored steps, read twice
+        sc = self.scored if self.scored is not None else scored_steps(self.units, self.requests)
+        scored = sc.ok
+        counted = sc.requests  # the requests of scored steps, read twice
         recent = self.recent_from
         start = run.episode_start - (run.state.column - self.timestamps.size)  # absolute -> this grid
         start = np.where(run.episode_start >= 0, start, -1)
@@ -128,9 +130,9 @@ class ExcessBatch:
             latest=self.latest.tolist(), first_seen=self.first_seen.tolist(), score=run.score.tolist(),
             leader=run.leader.tolist(), statistic=run.state.statistic.T.ravel().tolist(),
             thresholds=self.thresholds.T.ravel().tolist(), derived=self.derived.tolist(), traffic=self.traffic.tolist(),
-            window_units=np.nansum(self.units[:, recent:], axis=1).tolist(),
+            window_units=sc.units[:, recent:].sum(axis=1).tolist(),
             window_requests=counted[:, recent:].sum(axis=1).tolist(), episode_start=start.tolist(),
-            episode_units=sum_since(np.nan_to_num(self.units), start).tolist(),
+            episode_units=sum_since(sc.units, start).tolist(),
             episode_requests=sum_since(counted, start).tolist(),
             last_allowance=(_last_where(self.allowance, scored) if self.allowance is not None
                             else np.full(rows, np.nan)).tolist(),
@@ -189,6 +191,7 @@ class Front:
     first_seen: NDArray[np.int_]
     resets: NDArray[np.int_]
     inconsistent: NDArray[np.int_]
+    scored: Scored  # units and requests at zero where a step is not scored, and where it is
 
 
 def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
@@ -202,9 +205,12 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
     steps = counter_steps(primary, totals)
     step = step_seconds(grid)
     # A counter that went down (a restart, or one pod of a sum restarting) says nothing about its
-    # step: the step is left out, never read as the whole count since zero.
-    d_primary = np.where(steps.resets, np.nan, steps.latency)
-    d_total = np.where(steps.resets, np.nan, steps.requests)
+    # step: the step is left out, never read as the whole count since zero (the increments are
+    # this call's own arrays; restarts are a handful of places).
+    d_primary, d_total = steps.latency, steps.requests
+    at_reset = np.nonzero(steps.resets)
+    d_primary[at_reset] = np.nan
+    d_total[at_reset] = np.nan
     allowance: NDArray[np.float64] | None = None
     if test.evidence == "histogram":
         ev = count_evidence(d_primary, d_total)
@@ -216,12 +222,12 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
         ev, allowance = mass, mass.allowance
         inconsistent = np.zeros(primary.shape[0], dtype=np.int_)
     rows = primary.shape[0]
-    scored = np.isfinite(ev.units)
+    # Evidence leaves units and requests NaN at the same steps: scored where the units are finite.
+    sc = scored_steps(ev.units, ev.requests)
+    scored = sc.ok
     counted = scored.sum(axis=1)
-    traffic = np.where(counted > 0, np.where(scored, ev.requests, 0.0).sum(axis=1) / np.maximum(counted, 1), 0.0)
-    valid = np.isfinite(primary) & np.isfinite(totals)
-    cols = np.arange(grid.size)
-    latest = np.where(valid.any(axis=1), np.max(np.where(valid, cols, -1), axis=1), -1)
+    traffic = np.where(counted > 0, sc.requests.sum(axis=1) / np.maximum(counted, 1), 0.0)
+    latest = steps.last_valid  # the last column with a sample of both counters
     status = np.full(rows, OK, dtype=np.int8)
     status[~scored.any(axis=1)] = SHORT_HISTORY
     status[(inconsistent > 0) & ~scored.any(axis=1)] = INCONSISTENT
@@ -229,7 +235,7 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
     status[~np.isfinite(totals).any(axis=1)] = NO_COUNTS
     status[latest < 0] = NO_DATA
     return Front(grid, step, ev.units, ev.requests, allowance, traffic, status, latest, steps.first_valid,
-                 steps.resets.sum(axis=1), inconsistent)
+                 steps.resets.sum(axis=1), inconsistent, sc)
 
 
 def row_thresholds(test: Test, traffic: NDArray[np.float64], step: float, thresholds: Thresholds
@@ -251,13 +257,13 @@ def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArra
     null the test's rate is stated at."""
     f = front_end(test, grid, primary, totals, now)
     h, derived = row_thresholds(test, f.traffic, f.step_seconds, thresholds)
-    run = run_bank(test.design, f.units, f.requests, h)
+    run = run_bank(test.design, f.units, f.requests, h, scored=f.scored)
     fired = (f.status == OK) & run.fired
     # The steps that end after now - recent_seconds: those the least lookback would have scored.
     recent_from = (0 if test.recent_seconds >= test.lookback_seconds
                    else int(np.searchsorted(f.grid, now - test.recent_seconds, side="right")))
     return ExcessBatch(test, f.grid, f.step_seconds, f.units, f.requests, f.allowance, run, h, derived, f.traffic,
-                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent, recent_from)
+                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent, recent_from, f.scored)
 
 
 def _fmt(v: float) -> str:

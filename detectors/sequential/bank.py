@@ -54,16 +54,36 @@ class BankRun:
     scored: NDArray[np.int64]  # steps that entered the test (both numbers finite)
 
 
+@dataclass(frozen=True)
+class Scored:
+    """[S x P] steps as the bank reads them: units and requests with the steps that are not scored
+    (a NaN in either) at zero, and which steps are scored. A caller that needs them too (sums over
+    the scored steps) makes them once with `scored_steps` and hands them to `run_bank`."""
+
+    units: NDArray[np.float64]
+    requests: NDArray[np.float64]
+    ok: NDArray[np.bool_]
+
+
+def scored_steps(units: NDArray[np.float64], requests: NDArray[np.float64]) -> Scored:
+    if units.shape != requests.shape:
+        raise ValueError(f"units {units.shape} and requests {requests.shape} differ")
+    ok = np.isfinite(units) & np.isfinite(requests)
+    return Scored(np.where(ok, units, 0.0), np.where(ok, requests, 0.0), ok)
+
+
 def run_bank(design: BankDesign, units: NDArray[np.float64], requests: NDArray[np.float64],
-             thresholds: NDArray[np.float64], state: BankState | None = None) -> BankRun:
+             thresholds: NDArray[np.float64], state: BankState | None = None,
+             scored: Scored | None = None) -> BankRun:
     """Run every member of `design` over [S x P] steps (a NaN in either array: the step is not
     scored) and say where each row stands after the last one.
 
     Args:
         thresholds: [K] or [K x S]: each member's h (per row where traffic differs).
         state: where a previous call ended (a long array run in chunks); None starts at zero.
+        scored: `scored_steps(units, requests)`, when the caller has made it already.
     """
-    u, n, ok = _scored(units, requests)
+    u, n, ok = _scored(units, requests) if scored is None else (scored.units, scored.requests, scored.ok)
     h = _per_row(thresholds, design, u.shape[0])
     st = state if state is not None else BankState.empty(len(design.ratios), u.shape[0])
     final, start = _advance(design, u, n, st)
@@ -147,10 +167,8 @@ def page(increments: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[
 
 def _scored(units: NDArray[np.float64], requests: NDArray[np.float64]
             ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]]:
-    if units.shape != requests.shape:
-        raise ValueError(f"units {units.shape} and requests {requests.shape} differ")
-    ok = np.isfinite(units) & np.isfinite(requests)
-    return np.where(ok, units, 0.0), np.where(ok, requests, 0.0), ok
+    s = scored_steps(units, requests)
+    return s.units, s.requests, s.ok
 
 
 def _per_row(thresholds: NDArray[np.float64], design: BankDesign, rows: int) -> NDArray[np.float64]:

@@ -62,25 +62,27 @@ def _pooled_means(latency: NDArray[np.float64], requests: NDArray[np.float64]) -
     A busy row's pool is its own step (most of a fleet at production traffic): its mean is read
     directly, and only rows with wider pools pay for running sums."""
     rows, cols = latency.shape
-    ok = np.isfinite(latency) & np.isfinite(requests) & (requests > 0)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(latency) & np.isfinite(requests) & (requests > 0)
     if cols == 0:
         return np.full((rows, cols), np.nan)
-    lat = np.where(ok, latency, 0.0)
     req = np.where(ok, requests, 0.0)
     typical = req.sum(axis=1) / np.maximum(ok.sum(axis=1), 1)
     width = np.clip(np.ceil(POOL_REQUESTS / np.where(np.isfinite(typical) & (typical > 0), typical, 1.0)),
                     1, max(1, cols)).astype(np.int64)
+    # Where a step counts, its mean is latency / requests; elsewhere NaN, set below (a few places).
     with np.errstate(divide="ignore", invalid="ignore"):
-        means = lat / req
+        means = latency / requests
     wide = np.flatnonzero(width > 1)
     if wide.size:
         zero = np.zeros((wide.size, 1))
-        cum_lat = np.concatenate([zero, np.cumsum(lat[wide], axis=1)], axis=1)
+        cum_lat = np.concatenate([zero, np.cumsum(np.where(ok[wide], latency[wide], 0.0), axis=1)], axis=1)
         cum_req = np.concatenate([zero, np.cumsum(req[wide], axis=1)], axis=1)
         pooled_req = _pooled(cum_req, width[wide])
         with np.errstate(divide="ignore", invalid="ignore"):
             means[wide] = np.where(pooled_req > 0, _pooled(cum_lat, width[wide]) / pooled_req, np.nan)
-    return np.where(ok, means, np.nan)
+    means[~ok] = np.nan
+    return means
 
 
 def _pooled(cum: NDArray[np.float64], width: NDArray[np.int64]) -> NDArray[np.float64]:
@@ -112,23 +114,24 @@ def count_evidence(at_or_below: NDArray[np.float64], requests: NDArray[np.float6
 
 def trailing_min(x: NDArray[np.float64], window: int) -> NDArray[np.float64]:
     """Min of the `window` columns before each column (the column itself excluded), NaN-skipping;
-    NaN where none of them has a value.
+    NaN where none of them has a value (the values are finite or NaN, as pooled means are).
 
     A sliding minimum by doubling: minima of 2, 4, 8 ... adjacent columns, then two overlapping
     spans cover the window (a minimum does not mind counting a column twice): about log2(window)
     passes over the array instead of one per column of the window, and no [S x P x window]
-    temporary. The window is padded with infinity on the left, so the first columns take the
-    minimum of what they have."""
+    temporary. The window is padded with NaN on the left, so the first columns take the minimum of
+    what they have."""
     rows, cols = x.shape
     width = min(window, cols)
     if width < 1:
         return np.full((rows, cols), np.nan)
-    padded = np.full((rows, width + cols), np.inf)
-    padded[:, width:] = np.where(np.isnan(x), np.inf, x)
+    padded = np.full((rows, width + cols), np.nan)
+    padded[:, width:] = x
+    # np.fmin skips NaN (the minimum of a value and NaN is the value; of two NaN, NaN), so the
+    # window's NaN need no stand-in and a window of nothing but NaN is NaN as it stands.
     span, spans = 1, padded  # spans[:, k]: the min of padded[:, k : k + span]
     while 2 * span <= width:
-        spans = np.minimum(spans[:, :-span], spans[:, span:])
+        spans = np.fmin(spans[:, :-span], spans[:, span:])
         span *= 2
     # Column j's window is padded[:, j : j + width]: the spans starting at j and at j + width - span.
-    out = np.minimum(spans[:, :cols], spans[:, width - span:width - span + cols])
-    return np.where(np.isinf(out), np.nan, out)
+    return np.fmin(spans[:, :cols], spans[:, width - span:width - span + cols])
