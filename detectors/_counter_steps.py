@@ -75,9 +75,9 @@ def _dense_steps(latency: NDArray[np.float64], requests: NDArray[np.float64]) ->
             np.subtract(requests[:, 1:], requests[:, :-1], out=d_req[:, 1:])
         went_down = (d_lat[:, 1:] < 0) | (d_req[:, 1:] < 0)
         resets[:, 1:] = went_down
-        # Restarts are rare: the new value is the increment at a handful of places, not a pass.
-        r, c = np.nonzero(resets)
-        d_lat[r, c], d_req[r, c] = latency[r, c], requests[r, c]
+        if went_down.any():  # restarts are rare: where one is, the new value is the increment
+            np.copyto(d_lat[:, 1:], latency[:, 1:], where=went_down)
+            np.copyto(d_req[:, 1:], requests[:, 1:], where=went_down)
     return d_lat, d_req, resets
 
 

@@ -208,9 +208,9 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
     # step: the step is left out, never read as the whole count since zero (the increments are
     # this call's own arrays; restarts are a handful of places).
     d_primary, d_total = steps.latency, steps.requests
-    at_reset = np.nonzero(steps.resets)
-    d_primary[at_reset] = np.nan
-    d_total[at_reset] = np.nan
+    if steps.resets.any():
+        np.copyto(d_primary, np.nan, where=steps.resets)
+        np.copyto(d_total, np.nan, where=steps.resets)
     allowance: NDArray[np.float64] | None = None
     if test.evidence == "histogram":
         ev = count_evidence(d_primary, d_total)
@@ -276,7 +276,8 @@ def _size(size: float) -> str:
 
 @dataclass(frozen=True)
 class _Texts:
-    """The parts of the reason lines that are the same for every row of a batch, formatted once."""
+    """The parts of the reason lines (and of the budget evidence) that are the same for every row
+    of a batch, made once."""
 
     line: str
     what: str  # what a unit is: "requests" or "requests' worth of latency"
@@ -284,14 +285,17 @@ class _Texts:
     staleness: str
     sizes: tuple[str, ...]
     window: str  # what the window sums cover: the lookback, or its recent part when they leave steps out
+    budget_rates: tuple[float, float, float]  # a row's BudgetEvidence after its counts: null, alternative, allowed
 
     @classmethod
     def of(cls, test: Test, cut: bool = False) -> "_Texts":
         what = "requests" if test.evidence == "histogram" else "requests' worth of latency"
         promise = f"one false alarm per {test.promise_days:g} days at {test.design.null:.3%}"
         window = f"the last {test.recent_seconds:g} s" if cut else "the lookback"
+        design = test.design
         return cls(_fmt(test.line), what, promise, f"{test.max_staleness_seconds:g}",
-                   tuple(_size(s) for s in test.sizes), window)
+                   tuple(_size(s) for s in test.sizes), window,
+                   (design.null, design.null * design.ratios[0], test.budget * design.lump))
 
 
 def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, str]],
@@ -461,8 +465,7 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
                 onset, evidence = _fired_evidence(b, row, details)
     budget = None
     if status == OK and bucket is not None and bucket >= test.line:
-        budget = BudgetEvidence(f.window_units[row], f.window_requests[row], test.design.null,
-                                test.design.null * test.design.ratios[0], test.budget * test.design.lump)
+        budget = BudgetEvidence(f.window_units[row], f.window_requests[row], *texts.budget_rates)
     return Detection(detector=kind, fired=fired, reason=reason, value=stat,
                      baseline=bulk if math.isfinite(bulk) else None, threshold=h, score=f.score[row],
                      episode_start=onset, evidence=evidence, details=details, budget=budget)

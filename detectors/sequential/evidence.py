@@ -81,7 +81,7 @@ def _pooled_means(latency: NDArray[np.float64], requests: NDArray[np.float64]) -
         pooled_req = _pooled(cum_req, width[wide])
         with np.errstate(divide="ignore", invalid="ignore"):
             means[wide] = np.where(pooled_req > 0, _pooled(cum_lat, width[wide]) / pooled_req, np.nan)
-    means[~ok] = np.nan
+    np.copyto(means, np.nan, where=~ok)
     return means
 
 
