@@ -51,6 +51,14 @@ class _Prepared:
     with_rate: bool = False  # read with a rate beside the series
 
 
+def _columns(kept: Sequence[HoltParams | None]) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Kept one-row parameters as (alpha, beta, phi) arrays, NaN where none is kept (refitted)."""
+    def column(field: str) -> NDArray[np.float64]:
+        return np.array([np.nan if c is None else float(getattr(c, field)[0]) for c in kept])
+
+    return column("alpha"), column("beta"), column("phi")
+
+
 class HoltForecaster:
     """Parameters change slowly and are refitted once per `holt_refit_seconds` (a restart refits
     them from the range at once); states and the distribution are recomputed every cycle."""
@@ -134,12 +142,10 @@ class HoltForecaster:
                 if r is not None:
                     values[i, width - r.size :] = r
             kept_rates = [self._fitted[k].rate_params if k in self._fitted else None for k, *_ in items]
-            beside = Rates(values, HoltParams(*(np.array([np.nan if c is None else float(getattr(c, f)[0])
-                                                          for c in kept_rates]) for f in ("alpha", "beta", "phi"))))
+            beside = Rates(values, HoltParams(*_columns(kept_rates)))
         refit = np.array([self._due(k, now) for k, *_ in items])
         kept = [self._fitted[k].params if not r else None for (k, *_), r in zip(items, refit)]
-        alpha, beta, phi = (np.array([np.nan if c is None else float(getattr(c, f)[0]) for c in kept])
-                            for f in ("alpha", "beta", "phi"))
+        alpha, beta, phi = _columns(kept)
         p = self.params
         rows = CycleRows(
             sizes=np.array([w.size for *_, w in items], dtype=np.intp),
