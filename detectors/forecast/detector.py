@@ -85,7 +85,7 @@ class ForecastBreachDetector:
             return None
         try:
             return self._histories.read(companion, now)
-        except ValueError:
+        except ValueError:  # a malformed rate series: the latency is forecast alone, not refused
             return None
 
     def _quiet(self, reason: str, value: float | None = None, **details: Any) -> Detection:
