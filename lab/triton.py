@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tritonclient.http.aio import InferenceServerClient
 
-from lab.ports import LOOPBACK, free_port
+from lab.ports import LOOPBACK, free_ports
 from lab.process import DEFAULT_READY_TIMEOUT_SECONDS, LocalServer, environ_with
 
 # Quantile:allowed-error pairs for Triton's summaries; 0.999 is the tail tailguard watches.
@@ -244,8 +244,7 @@ class TritonServer(LocalServer):
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tailguard-triton-"))
         self.ready_timeout_seconds = ready_timeout_seconds
         self.extra_args = tuple(extra_args)
-        self.http_port = free_port()
-        self.metrics_port = free_port()
+        self.http_port, self.metrics_port = free_ports(2)
 
     @property
     def http_url(self) -> str:

@@ -12,7 +12,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from lab.ports import free_port
 
 TEMPLATE = "journal_template"
 _names = itertools.count()
@@ -37,12 +38,6 @@ def postgres_bin() -> Path | None:
         return tuple(int(x) for x in d.parent.name.split(".") if x.isdigit())
 
     return max(found, key=version)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -120,7 +115,7 @@ def start_postgres(root: Path, attempts: int = 3) -> PostgresServer:
     subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                     "--locale=C", "--no-sync"], check=True, capture_output=True, cwd=root, **user_args)  # type: ignore[call-overload]
     for attempt in range(attempts):
-        port = _free_port()
+        port = free_port()
         with open(log, "ab") as out:
             # fsync off: tests never cut the power, and it keeps CREATE DATABASE fast.
             process = subprocess.Popen(
