@@ -2,12 +2,15 @@
 through the real query API and acts minutes before the breach; a flat series gives no signal.
 
 The daemon's clock is set one hour back so the backfilled history (which promtool writes as past
-blocks) ends at the daemon's "now"."""
+blocks) ends at the daemon's "now": its clock reads the history's end at the moment the service
+starts, however long promtool and Prometheus took (on a loaded machine the history otherwise ends
+seconds before the first poll, and the stale repeats of its last sample flatten the forecast)."""
 from __future__ import annotations
 
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,20 +45,30 @@ actions:
 """
 
 
+def _grid(end: float) -> list[float]:
+    """3h of scrape times on STEP ending exactly at `end` (a float sum drops the last one at random)."""
+    steps = int(3 * 3600.0 / STEP)
+    return [end - (steps - k) * STEP for k in range(steps + 1)]
+
+
 def _history(now: float, ramp: bool, seed: int) -> list[tuple[float, float]]:
     """3h of noisy ~200 ms, then (ramp) a climb that reaches 500 ms BREACH_IN_SECONDS after `now`."""
     rng = random.Random(seed)
     ramp_start = now - 1200.0
     slope = (THRESHOLD - 0.2) / (1200.0 + BREACH_IN_SECONDS)
     out = []
-    t = now - 3 * 3600.0
-    while t <= now:
+    for t in _grid(now):
         v = 0.2 + rng.gauss(0, 0.004)
         if ramp and t > ramp_start:
             v += slope * (t - ramp_start)
         out.append((t, v))
-        t += STEP
     return out
+
+
+def _clock_from(history_end: float) -> Callable[[], float]:
+    """A clock that reads `history_end` now and runs on at real speed from there."""
+    offset = time.time() - history_end
+    return lambda: time.time() - offset
 
 
 async def _prometheus(tmp_path: Path, now: float, prometheus_factory) -> PrometheusServer:
@@ -81,8 +94,7 @@ async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, promet
             model=model, url=triton_server.base_url, metric=METRIC, forecaster="holt",
             threshold=THRESHOLD, action="triton.rollback"))
     settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
-    clock = lambda: time.time() - OFFSET_SECONDS  # noqa: E731
-    async with Service(settings, action_registry(), detector_registry(), clock=clock) as svc:
+    async with Service(settings, action_registry(), detector_registry(), clock=_clock_from(now0)) as svc:
         await wait_for(lambda: len(svc.journal.evaluations.all()) >= 2, timeout=30)
         await svc.drain()
         decisions = await svc.journal.decisions.all.in_thread()
@@ -114,7 +126,7 @@ async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometh
                 "  - type: notify\n", f"  - type: notify\n    url: {sink.url}\n"))
         settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
         async with Service(settings, action_registry(), detector_registry(),
-                           clock=lambda: time.time() - OFFSET_SECONDS) as svc:
+                           clock=_clock_from(now0)) as svc:
             await wait_for(lambda: len(sink.received) == 1, timeout=120)
             await svc.drain()
             (signal,) = await svc.journal.signals.all.in_thread()
@@ -149,8 +161,7 @@ def _knee_history(now: float, seed: int, grows: bool) -> tuple[list[tuple[float,
     rng = random.Random(seed)
     latency, counter = [], []
     total = 0.0
-    t = now - 3 * 3600.0
-    while t <= now:
+    for t in _grid(now):
         growth = 1.01 ** (max(t - (now - 37 * 60.0), 0.0) / 60.0) if grows else 1.0
         load = min(0.5 * growth * (1 + 0.05 * math.sin(2 * math.pi * (t - now) / 3600.0))
                    * math.exp(rng.gauss(0, 0.02)), 0.99)
@@ -160,7 +171,6 @@ def _knee_history(now: float, seed: int, grows: bool) -> tuple[list[tuple[float,
             latency.append((t, 200_000.0 * math.exp(rng.gauss(0, 0.05))))
         total += load * 200.0 * STEP
         counter.append((t, total))
-        t += STEP
     return latency, counter
 
 
@@ -185,7 +195,7 @@ async def test_a_load_nearing_capacity_is_forecast_through_the_request_rate(tmp_
             (pol / f"{model}.yaml").write_text(KNEE_POLICY.format(model=model, url=sink.url))
         settings = local_settings(tmp_path, pol, prometheus={"url": prom.url})
         async with Service(settings, action_registry(), detector_registry(),
-                           clock=lambda: time.time() - OFFSET_SECONDS) as svc:
+                           clock=_clock_from(now0)) as svc:
             await wait_for(lambda: len(sink.received) == 1, timeout=60)
             await wait_for(lambda: {e["policy"] for e in svc.journal.evaluations.all()} >= {"ranker-knee",
                                                                                             "scorer-knee"},
