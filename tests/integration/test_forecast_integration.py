@@ -84,8 +84,7 @@ async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, promet
                                                           triton_server: TritonServer):
     """Holt path: the ramp's breach is predicted ~5 min ahead and ranker is rolled back; the flat
     scorer series produces no signal."""
-    start_real = time.time()
-    now0 = start_real - OFFSET_SECONDS
+    now0 = time.time() - OFFSET_SECONDS
     prom = await _prometheus(tmp_path, now0, prometheus_factory)
     pol = tmp_path / "policies"
     pol.mkdir()
@@ -114,8 +113,7 @@ async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, promet
 async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometheus_factory):
     """Prophet path: the fit runs in the daemon's process pool, the cached forecast predicts the
     breach, and the policy's notify action fires once."""
-    start_real = time.time()
-    now0 = start_real - OFFSET_SECONDS
+    now0 = time.time() - OFFSET_SECONDS
     prom = await _prometheus(tmp_path, now0, prometheus_factory)
     async with NotifySink() as sink:
         pol = tmp_path / "policies"
