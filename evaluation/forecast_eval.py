@@ -37,7 +37,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from detectors.forecast.calibration import centered_level, first_passage_batch, level_points, recency_weights
+from detectors.forecast.calibration import (centered_level, first_passage_batch, level_points, level_weights,
+                                            recency_weights)
 from detectors.forecast.holt_paths import HoltParams
 from detectors.forecast.arrays import clean_history, infer_step
 from detectors.forecast.params import ForecastBreachParams
@@ -232,9 +233,15 @@ def evaluate_stream(st: Stream, setup: Setup, models: Sequence[str]) -> StreamRe
     starts = st.start[origins]
     weights_cache: dict[int, FLOAT] = {}
 
-    def probability_of(point: FLOAT, errors: FLOAT) -> tuple[FLOAT, FLOAT]:
+    def probability_of(point: FLOAT, errors: FLOAT, windows: FLOAT | None = None,
+                       local: FLOAT | None = None) -> tuple[FLOAT, FLOAT]:
+        """The detector's probability: recency weights times each row's level weights (measured on
+        `windows`, the paths' series, unless given)."""
         k = errors.shape[1]
-        w = weights_cache.setdefault(k, recency_weights(k, setup.half_life_paths))
+        if local is None:
+            assert windows is not None
+            local = level_weights(windows, k, h, pts)
+        w = weights_cache.setdefault(k, recency_weights(k, setup.half_life_paths))[None, :] * local
         p, med, _ = first_passage_batch(point, errors, setup.relative, st.threshold, "above", h, w)
         return p, med
 
@@ -253,7 +260,7 @@ def evaluate_stream(st: Stream, setup: Setup, models: Sequence[str]) -> StreamRe
             for lo in range(0, origins.size, CHUNK):
                 o = origins[lo : lo + CHUNK]
                 w = windows_at(st.y, o, starts[lo : lo + CHUNK], setup.window_points)
-                prob[o], med[o] = probability_of(*naive_paths(w, setup))
+                prob[o], med[o] = probability_of(*naive_paths(w, setup), w)
         elif model == "holt" and st.rate is not None:
             _holt_load_stream(st, setup, origins, prob, med, probability_of)
         elif model == "holt":
@@ -268,7 +275,7 @@ def evaluate_stream(st: Stream, setup: Setup, models: Sequence[str]) -> StreamRe
                 assert params is not None
                 sel = inverse[lo : lo + CHUNK]
                 p = HoltParams(params.alpha[sel], params.beta[sel], params.phi[sel])
-                prob[o], med[o] = probability_of(*holt_model_paths(w, p, setup))
+                prob[o], med[o] = probability_of(*holt_model_paths(w, p, setup), w)
         elif model == "prophet":
             _prophet_stream(st, setup, origins, prob, med, probability_of)
         else:
@@ -302,7 +309,7 @@ def _holt_load_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob:
         rw = windows_at(st.rate, o, st.start[o], setup.window_points)
         sel = inverse[lo : lo + CHUNK]
         prob[o], med[o] = probability_of(*holt_load_model_paths(w, rw, params.take(sel), rate_params.take(sel),
-                                                                setup, st.threshold))
+                                                                setup, st.threshold), w)
 
 
 def _refit_origins(origins: NDArray[np.intp], segment: NDArray[np.intp], every: int) -> NDArray[np.intp]:
@@ -332,6 +339,7 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
     fit_at = -10**9
     points: list[FLOAT] = []
     errors: list[FLOAT] = []
+    locals_: list[FLOAT] = []
     where: list[int] = []
 
     def flush() -> None:
@@ -339,11 +347,15 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
             return
         k = max(e.shape[0] for e in errors)
         stacked = np.full((len(errors), k, h), np.nan)
+        local = np.ones((len(errors), k))
         for i, e in enumerate(errors):
             stacked[i, k - e.shape[0] :] = e  # newest paths last, as the weights assume
-        p, m = probability_of(np.stack(points), stacked)
+            local[i, k - e.shape[0] :] = locals_[i]
+        p, m = probability_of(np.stack(points), stacked, local=local)
         prob[where], med[where] = p, m
-        points.clear(), errors.clear(), where.clear()
+        for kept in (points, errors, locals_):
+            kept.clear()
+        where.clear()
 
     for o in origins:
         if curve is None or o - fit_at >= setup.prophet_refit_steps or st.segment[o] > fit_at:
@@ -357,9 +369,10 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
         seg = curve[s : o + 1 + h]
         if seg.size < o + 1 + h - s or not np.isfinite(seg[-h:]).all():
             continue
-        point, err = prophet_model_paths(st.y[s : o + 1], seg, setup)
+        point, err, weight = prophet_model_paths(st.y[s : o + 1], seg, setup)
         points.append(point)
         errors.append(err)
+        locals_.append(weight)
         where.append(int(o))
         if len(where) >= CHUNK:
             flush()

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from detectors.forecast.calibration import BURN_IN_POINTS, anchored_paths, error_paths
+from detectors.forecast.calibration import BURN_IN_POINTS, anchored_paths, error_paths, level_weights
 from detectors.forecast.holt_paths import (HoltParams, holt_batch, holt_fit_params, holt_load_fit_params,
                                            holt_load_paths, holt_paths)
 from detectors.forecast.prophet_fit import fit_prophet_forecast
@@ -109,10 +109,11 @@ def prophet_curve(ts: FLOAT, vs: FLOAT, grid: FLOAT, fit_index: int, setup: Setu
     return curve, f.init
 
 
-def prophet_model_paths(window: FLOAT, curve: FLOAT, setup: Setup) -> tuple[FLOAT, FLOAT]:
-    """One origin: the anchored Prophet curve (window plus horizon) and its past error paths."""
+def prophet_model_paths(window: FLOAT, curve: FLOAT, setup: Setup) -> tuple[FLOAT, FLOAT, FLOAT]:
+    """One origin: the anchored Prophet curve (window plus horizon), its past error paths and their
+    level weights, as the detector reads them."""
     ok = np.isfinite(curve)
     first = int(np.argmax(ok)) if ok.any() else curve.size
     point, errors = anchored_paths(window[first:], curve[first:], setup.horizon_steps, setup.level_points,
                                    setup.relative)
-    return point, errors
+    return point, errors, level_weights(window[first:], errors.shape[0], setup.horizon_steps, setup.level_points)

@@ -15,6 +15,7 @@ noise, not a breach. With one point the level is the value itself.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -92,6 +93,48 @@ def error_paths(values: FLOAT, backcasts: FLOAT, first_origin: int, points: int,
     return err[0] if single else err
 
 
+LEVEL_BANDWIDTH = 0.5
+"""The level kernel's width, in robust spreads (IQR / 1.349) of the window's log level."""
+LEVEL_FLOOR = 0.02
+"""What every path keeps of the kernel: a far level is a weaker guide, not none, and a level the
+window never saw before keeps every path."""
+
+
+def level_weights(values: FLOAT, paths: int, horizon: int, points: int) -> FLOAT:
+    """How much each past error path says about now, by how near the series' level at its origin
+    was to now's (localized conformal): a series turns back where it turned back before, and
+    runs on where it ran on, more than its average past says.
+
+    The level is the trailing mean over `points` scrapes, as known at each origin; nearness is a
+    Gaussian kernel on the log levels' difference, `LEVEL_BANDWIDTH` robust spreads wide, plus
+    `LEVEL_FLOOR`.
+
+    Args:
+        values: the windows the paths were measured on, shape ``(n,)`` or ``(B, n)``.
+        paths, horizon: the error paths' shape ``(K, H)``: their origins are the K latest whose
+            whole path is known (`error_paths`' rows), the last at ``n - 1 - H - points // 2``.
+
+    Returns:
+        Shape ``(K,)`` (or ``(B, K)``), multiplying the recency weights; NaN levels get the floor.
+    """
+    single = np.ndim(values) == 1
+    y = np.atleast_2d(values)
+    b_count, n = y.shape
+    last = n - 1 - horizon - points // 2
+    if paths <= 0 or last < paths - 1:
+        out = np.ones((b_count, max(paths, 0)))
+        return out[0] if single else out
+    c = np.cumsum(np.pad(y, ((0, 0), (points, 0)), mode="edge"), axis=1)
+    level = np.log(np.maximum((c[:, points:] - c[:, :-points]) / points, 1e-12))
+    with warnings.catch_warnings():  # a row with no level at all: NaN spread, every path the floor
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q75, q25 = np.nanpercentile(level, [75, 25], axis=1)
+    spread = np.maximum((q75 - q25) / 1.349, 1e-3)[:, None]
+    d = (level[:, last - paths + 1 : last + 1] - level[:, -1:]) / (LEVEL_BANDWIDTH * spread)
+    out = np.asarray(np.nan_to_num(np.exp(-0.5 * d * d), nan=0.0) + LEVEL_FLOOR, dtype=np.float64)
+    return out[0] if single else out
+
+
 def recency_weights(paths: int, half_life: float) -> FLOAT:
     """Weights of error paths (oldest first) halving every `half_life` origins into the past: the
     recent past is the better guide to now (weighted conformal, for a series that drifts)."""
@@ -108,7 +151,7 @@ def first_passage_batch(point: FLOAT, errors: FLOAT, relative: bool, threshold: 
         point: ``(B, H)`` point paths.
         errors: ``(B, K, H)`` error paths (relative ones are scaled by each row's first step); a
             path with a NaN (before a shorter row's history) does not count.
-        weights: ``(K,)`` path weights (oldest first), equal when None.
+        weights: ``(K,)`` path weights (oldest first), or ``(B, K)`` per row; equal when None.
 
     Returns:
         ``probability`` (B,), smoothed like a Jeffreys estimate: ``(w_hit + w/2) / (w_all + w)``
@@ -151,7 +194,7 @@ def passage_of_hits(hit: NDArray[np.bool_], valid: NDArray[np.bool_], weights: F
     # The first hit's index (0 for a path with none), and whether it is a hit: `any` without its pass.
     at = np.argmax(hit, axis=2)
     crossed = np.take_along_axis(hit, at[:, :, None], axis=2)[:, :, 0]
-    w = weights[None, :] * valid
+    w = (weights if weights.ndim == 2 else weights[None, :]) * valid
     total = w.sum(axis=1)
     count = valid.sum(axis=1)
     unit = np.where(count > 0, total / np.maximum(count, 1), 1.0)
@@ -168,6 +211,26 @@ def passage_of_hits(hit: NDArray[np.bool_], valid: NDArray[np.bool_], weights: F
 def scale_of(first_step: FLOAT) -> FLOAT:
     """The first step's size that relative errors are shares of (never zero)."""
     return np.maximum(np.abs(first_step), 1e-12)
+
+
+def ascending(values: FLOAT) -> tuple[NDArray[np.intp], FLOAT]:
+    """The order that sorts `values` along the last axis (ties by index), and the sorted values.
+
+    Positive finite floats order as their bits do, so each value's bits, with its index in the
+    lowest bits, sort as one integer array: a vectorized sort, about 3x cheaper than an argsort.
+    Values apart only in those bits could come out of order: checked, and then argsort decides."""
+    k = values.shape[-1]
+    if k > 1 and values.size and values.min() > 0 and np.isfinite(values).all():  # NaN fails `> 0`
+        bits = (k - 1).bit_length()
+        keys = np.ascontiguousarray(values).view(np.int64) >> bits << bits
+        keys |= np.arange(k, dtype=np.int64)
+        keys.sort(axis=-1)
+        order = (keys & ((1 << bits) - 1)).astype(np.intp)
+        ranked = np.take_along_axis(values, order, axis=-1)
+        if (ranked[..., 1:] >= ranked[..., :-1]).all():
+            return order, ranked
+    order = np.argsort(values, axis=-1)
+    return order, np.take_along_axis(values, order, axis=-1)
 
 
 @dataclass(frozen=True)
@@ -193,11 +256,13 @@ class PathForecast:
 
     @classmethod
     def from_errors(cls, start: float, step: float, point: FLOAT, errors: FLOAT, relative: bool,
-                    half_life: float, info: Mapping[str, Any]) -> "PathForecast":
+                    half_life: float, info: Mapping[str, Any], local: FLOAT | None = None) -> "PathForecast":
         """Now's point path with past error paths (relative ones scaled by now's first step),
-        weighted by recency."""
+        weighted by recency and by `local` (``(K,)``, `level_weights`) when given."""
         scaled = errors * scale_of(point[:1]) if relative else errors
         weights = recency_weights(errors.shape[0], half_life)
+        if local is not None:
+            weights = weights * local
         keep = np.isfinite(scaled).all(axis=1)
         return cls(start, step, point, scaled[keep], weights[keep], info)
 
@@ -217,11 +282,10 @@ class PathForecast:
         paths = point[None, :] + (self.errors if steps is None else self.errors[:, steps])
         if not paths.shape[0]:
             return np.repeat(point[None, :], len(quantiles), axis=0)
-        order = np.argsort(paths, axis=0)
-        ranked = np.take_along_axis(paths, order, axis=0)
-        cum = np.cumsum(self.weights[order], axis=0) / self.weights.sum()
+        order, ranked = ascending(np.ascontiguousarray(paths.T))  # (H, K): the paths at each step
+        cum = np.cumsum(self.weights[order], axis=-1) / self.weights.sum()
         cols = np.arange(paths.shape[1])
-        rows = [ranked[np.argmax(cum >= q, axis=0), cols] for q in quantiles]
+        rows = [ranked[cols, np.argmax(cum >= q, axis=-1)] for q in quantiles]
         return np.asarray(rows, dtype=np.float64)
 
     def first_passage(self, threshold: float, direction: str, steps: int) -> FirstPassage:

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from core.query import Series
 from detectors.base import Offload
 from detectors.forecast.arrays import History, aligned
-from detectors.forecast.calibration import PathForecast, level_points
+from detectors.forecast.calibration import PathForecast, level_points, level_weights
 from detectors.forecast.holt_cycle import (ERROR_HALF_LIFE_PATHS, CycleRows, HoltCycle, Question, Rates, holt_cycle,
                                            knee_info)
 from detectors.forecast.history_memo import CycleHistories
@@ -199,7 +199,9 @@ class HoltForecaster:
         point, errors = holt_paths(batch, values[None], steps, points, relative)
         info = {"model": "holt", "alpha": float(batch.params.alpha[0]), "beta": float(batch.params.beta[0]),
                 "phi": float(batch.params.phi[0]), "step_seconds": step, "level_points": points}
-        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
+        local = level_weights(values, errors.shape[1], steps, points)
+        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info,
+                                            local)
         return outlook_of(forecast, p.threshold, p.direction)
 
     def _forecast_with_rate(self, key: str, values: NDArray[np.float64], rate: NDArray[np.float64], last_t: float,
@@ -225,5 +227,7 @@ class HoltForecaster:
         info = {"model": "holt", "alpha": float(params.alpha[0]), "beta": float(params.beta[0]),
                 "phi": float(params.phi[0]), "step_seconds": step, "level_points": points,
                 "knee": knee_info(knee, 0, used)}
-        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info)
+        local = level_weights(values, errors.shape[1], steps, points)
+        forecast = PathForecast.from_errors(last_t, step, point[0], errors[0], relative, ERROR_HALF_LIFE_PATHS, info,
+                                            local)
         return outlook_of(forecast, p.threshold, p.direction)

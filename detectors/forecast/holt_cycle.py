@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from detectors.forecast.calibration import level_weights
 from detectors.forecast.holt_paths import HoltBatch, HoltParams, holt_knee_paths, holt_paths, holt_prepare
 from detectors.forecast.load_knee import KneeFit, knee_rows
 from detectors.forecast.outlook import Outlook, outlook_batch
@@ -97,8 +98,10 @@ def holt_cycle(windows: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLO
                 point, errors = holt_paths(sub, values, horizon, points, question.relative, scratch)
             infos = [_info(sub.params, j, float(rows.steps[i]), points, knee, int(i), rates is not None
                            and bool(np.isfinite(log_r[i]).any()), bool(use[i])) for j, i in enumerate(idx)]
+            local = level_weights(values, errors.shape[1], horizon, points)
             got = outlook_batch(rows.starts[idx], rows.steps[idx], point, errors, question.relative,
-                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos, scratch)
+                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos, scratch,
+                                local)
             found.update(zip(idx.tolist(), got))
     return HoltCycle(batch.params, [found[i] for i in range(windows.shape[0])], rate_params)
 

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from detectors.forecast.calibration import (
     MIN_PATHS,
     FirstPassage,
+    ascending,
     PathForecast,
     first_passage_paths,
     recency_weights,
@@ -64,7 +65,7 @@ def outlook_of(forecast: PathForecast, threshold: float, direction: str) -> Outl
 
 def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, relative: bool, half_life: float,
                   threshold: float, direction: str, infos: Sequence[Mapping[str, Any]],
-                  scratch: Scratch | None = None) -> list[Outlook]:
+                  scratch: Scratch | None = None, local: FLOAT | None = None) -> list[Outlook]:
     """The outlook of each of a batch of series with equally long paths, as `outlook_of` would read
     it from `PathForecast.from_errors(starts[i], steps[i], point[i], errors[i], ...)`.
 
@@ -73,6 +74,7 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
         point: ``(B, H)`` point paths; errors: ``(B, K, H)`` error paths as `holt_paths` gives them
             (left as they are).
         scratch: where the work arrays go (the cycle's chunks reuse them), fresh ones if None.
+        local: ``(B, K)`` each row's `level_weights`, multiplying the recency weights (None: 1).
     """
     b_count, k, horizon = errors.shape
     work = scratch if scratch is not None else Scratch()
@@ -86,7 +88,7 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
     out: list[Outlook | None] = [None] * b_count
     for i in np.flatnonzero(~whole):
         f = PathForecast.from_errors(float(starts[i]), float(steps[i]), point[i], errors[i], relative,
-                                     half_life, infos[i])
+                                     half_life, infos[i], None if local is None else local[i])
         out[i] = outlook_of(f, threshold, direction)
     good = np.flatnonzero(whole)
     if k < MIN_PATHS:
@@ -95,6 +97,8 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
     elif good.size:
         weights = recency_weights(k, half_life)
         everyone = good.size == b_count
+        if local is not None:  # one row of weights per series
+            weights = weights[None, :] * (local if everyone else local[good])
         pt = point if everyone else point[good]
         paths = scaled if everyone else scaled[good]
         idx = detail_steps(horizon)
@@ -111,7 +115,7 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
 
 def _rows_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, idx: NDArray[np.intp],
                 weights: FLOAT) -> list[list[list[float]]]:
-    """`forecast_rows` of each row of a batch sharing its path weights, shape ``(B, rows, 5)``;
+    """`forecast_rows` of each row of a batch, its path weights shared ``(K,)`` or its own ``(B, K)``, shape ``(B, rows, 5)``;
     `errors` are the error paths at the journal's steps `idx` only (overwritten: the paths)."""
     horizon = point.shape[1]
     times = starts[:, None] + steps[:, None] * np.arange(1, horizon + 1)
@@ -146,8 +150,15 @@ def sure_rank(weights: FLOAT, q: float) -> int | None:
 
 
 def _band_batch(paths: FLOAT, weights: FLOAT, overwrite: bool = False) -> list[FLOAT]:
-    """`PathForecast.band` of each row of ``(B, K, S)`` paths sharing `weights`, one ``(B, S)``
-    per quantile of `BAND` (`paths` reordered along K in place if `overwrite`)."""
+    """`PathForecast.band` of each row of ``(B, K, S)`` paths, with `weights` shared ``(K,)`` or
+    per row ``(B, K)``, one ``(B, S)`` per quantile of `BAND` (`paths` reordered along K in place
+    if `overwrite`)."""
+    if weights.ndim == 2:  # per row: PathForecast.band's sort and cumulative sum, row by row at once
+        order, ranked = ascending(np.ascontiguousarray(paths.transpose(0, 2, 1)))  # (B, S, K)
+        cum = np.cumsum(weights[np.arange(paths.shape[0])[:, None, None], order], axis=-1)
+        cum /= weights.sum(axis=1)[:, None, None]
+        return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=-1)[:, :, None], axis=-1)[:, :, 0]
+                for q in BAND]
     ranks = [sure_rank(weights, q) for q in BAND]
     if all(r is not None for r in ranks):
         sure = [int(r) for r in ranks if r is not None]

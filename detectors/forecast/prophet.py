@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 from core.query import Series, series_key
 from detectors.base import Offload
 from detectors.forecast.arrays import History, read_history, window_of
-from detectors.forecast.calibration import PathForecast, anchored_paths, level_points
+from detectors.forecast.calibration import PathForecast, anchored_paths, level_points, level_weights
 from detectors.forecast.outlook import Outlook, outlook_of
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.prophet_fit import ProphetForecast, fit_prophet_forecast
@@ -140,5 +140,6 @@ class ProphetForecaster:
         info = {"model": "prophet", "fitted_at": f.fitted_at, "fit_points": f.n_points,
                 "warm_started": f.warm_started, "anchor_offset": offset, "step_seconds": step,
                 "level_points": points}
-        forecast = PathForecast.from_errors(float(grid[-1]), step, point, errors, relative, 1e9, info)
+        local = level_weights(values[first:], errors.shape[0], steps, points)
+        forecast = PathForecast.from_errors(float(grid[-1]), step, point, errors, relative, 1e9, info, local)
         return outlook_of(forecast, p.threshold, p.direction)

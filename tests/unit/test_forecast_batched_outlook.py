@@ -82,7 +82,8 @@ def test_prepared_outlooks_equal_the_one_series_path(config: dict[str, Any], see
 
 @pytest.mark.parametrize("k", [30, 31, 137, 275, 280, 300, 301])
 @pytest.mark.parametrize("half_life", [1e9, 50.0])
-def test_batched_band_and_passage_equal_the_one_series_functions(k: int, half_life: float) -> None:
+@pytest.mark.parametrize("per_row", [False, True])
+def test_batched_band_and_passage_equal_the_one_series_functions(k: int, half_life: float, per_row: bool) -> None:
     rng = np.random.default_rng(k)
     b, h = 5, 17
     point = 100.0 + np.cumsum(rng.normal(1, 1, (b, h)), axis=1)
@@ -91,9 +92,11 @@ def test_batched_band_and_passage_equal_the_one_series_functions(k: int, half_li
     errors[1, 3, 5] = np.inf  # a row that drops a path: the one-series path
     starts, steps = T0 + rng.uniform(0, 60, b), np.full(b, STEP)
     infos = [{"row": i} for i in range(b)]
-    got = outlook_batch(starts, steps, point, errors, True, half_life, 110.0, "above", infos)
+    local = rng.uniform(0.02, 1.0, (b, k)) if per_row else None  # each row's own level weights
+    got = outlook_batch(starts, steps, point, errors, True, half_life, 110.0, "above", infos, local=local)
     for i in range(b):
-        f = PathForecast.from_errors(float(starts[i]), STEP, point[i], errors[i], True, half_life, infos[i])
+        f = PathForecast.from_errors(float(starts[i]), STEP, point[i], errors[i], True, half_life, infos[i],
+                                     None if local is None else local[i])
         want = outlook_of(f, 110.0, "above")
         assert got[i].rows == want.rows and (want.passage is None or want.rows == forecast_rows(f))
         np.testing.assert_array_equal(got[i].point, want.point)
