@@ -14,8 +14,8 @@ from numpy.typing import NDArray
 from detectors.forecast.calibration import (
     MIN_PATHS,
     FirstPassage,
-    ascending,
     PathForecast,
+    ascending,
     first_passage_paths,
     recency_weights,
     scale_of,
@@ -115,8 +115,9 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
 
 def _rows_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, idx: NDArray[np.intp],
                 weights: FLOAT) -> list[list[list[float]]]:
-    """`forecast_rows` of each row of a batch, its path weights shared ``(K,)`` or its own ``(B, K)``, shape ``(B, rows, 5)``;
-    `errors` are the error paths at the journal's steps `idx` only (overwritten: the paths)."""
+    """`forecast_rows` of each row of a batch, shape ``(B, rows, 5)``, with path weights shared
+    ``(K,)`` or per row ``(B, K)``; `errors` are the error paths at the journal's steps `idx` only
+    (overwritten: the paths)."""
     horizon = point.shape[1]
     times = starts[:, None] + steps[:, None] * np.arange(1, horizon + 1)
     at = point[:, idx]
