@@ -100,8 +100,8 @@ def holt_cycle(windows: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLO
                            and bool(np.isfinite(log_r[i]).any()), bool(use[i])) for j, i in enumerate(idx)]
             local = level_weights(values, errors.shape[1], horizon, points)
             got = outlook_batch(rows.starts[idx], rows.steps[idx], point, errors, question.relative,
-                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos, scratch,
-                                local)
+                                ERROR_HALF_LIFE_PATHS, question.threshold, question.direction, infos, local,
+                                scratch)
             found.update(zip(idx.tolist(), got))
     return HoltCycle(batch.params, [found[i] for i in range(windows.shape[0])], rate_params)
 

@@ -64,17 +64,17 @@ def outlook_of(forecast: PathForecast, threshold: float, direction: str) -> Outl
 
 
 def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, relative: bool, half_life: float,
-                  threshold: float, direction: str, infos: Sequence[Mapping[str, Any]],
-                  scratch: Scratch | None = None, local: FLOAT | None = None) -> list[Outlook]:
+                  threshold: float, direction: str, infos: Sequence[Mapping[str, Any]], local: FLOAT,
+                  scratch: Scratch | None = None) -> list[Outlook]:
     """The outlook of each of a batch of series with equally long paths, as `outlook_of` would read
-    it from `PathForecast.from_errors(starts[i], steps[i], point[i], errors[i], ...)`.
+    it from `PathForecast.from_errors(starts[i], steps[i], point[i], errors[i], ..., local[i])`.
 
     Args:
         starts, steps: ``(B,)`` each row's origin time and step.
         point: ``(B, H)`` point paths; errors: ``(B, K, H)`` error paths as `holt_paths` gives them
             (left as they are).
+        local: ``(B, K)`` each row's `level_weights`, multiplying the recency weights.
         scratch: where the work arrays go (the cycle's chunks reuse them), fresh ones if None.
-        local: ``(B, K)`` each row's `level_weights`, multiplying the recency weights (None: 1).
     """
     b_count, k, horizon = errors.shape
     work = scratch if scratch is not None else Scratch()
@@ -88,17 +88,15 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
     out: list[Outlook | None] = [None] * b_count
     for i in np.flatnonzero(~whole):
         f = PathForecast.from_errors(float(starts[i]), float(steps[i]), point[i], errors[i], relative,
-                                     half_life, infos[i], None if local is None else local[i])
+                                     half_life, infos[i], local[i])
         out[i] = outlook_of(f, threshold, direction)
     good = np.flatnonzero(whole)
     if k < MIN_PATHS:
         for i in good:
             out[i] = Outlook(point[i], k, None, [], infos[i])
     elif good.size:
-        weights = recency_weights(k, half_life)
         everyone = good.size == b_count
-        if local is not None:  # one row of weights per series
-            weights = weights[None, :] * (local if everyone else local[good])
+        weights = recency_weights(k, half_life)[None, :] * (local if everyone else local[good])  # (B, K)
         pt = point if everyone else point[good]
         paths = scaled if everyone else scaled[good]
         idx = detail_steps(horizon)
@@ -115,71 +113,23 @@ def outlook_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, rela
 
 def _rows_batch(starts: FLOAT, steps: FLOAT, point: FLOAT, errors: FLOAT, idx: NDArray[np.intp],
                 weights: FLOAT) -> list[list[list[float]]]:
-    """`forecast_rows` of each row of a batch, shape ``(B, rows, 5)``, with path weights shared
-    ``(K,)`` or per row ``(B, K)``; `errors` are the error paths at the journal's steps `idx` only
-    (overwritten: the paths)."""
+    """`forecast_rows` of each row of a batch, shape ``(B, rows, 5)``, with each row's path weights
+    ``(B, K)``; `errors` are the error paths at the journal's steps `idx` only (overwritten: the
+    paths)."""
     horizon = point.shape[1]
     times = starts[:, None] + steps[:, None] * np.arange(1, horizon + 1)
     at = point[:, idx]
     paths = np.add(at[:, None, :], errors, out=errors)  # (B, K, S)
-    band = _band_batch(paths, weights, overwrite=True)
+    band = _band_batch(paths, weights)
     cols = np.stack([times[:, idx], at, *band], axis=1).round(6)  # (B, 5, S)
     rows: list[list[list[float]]] = cols.transpose(0, 2, 1).tolist()
     return rows
 
 
-_SUM_TOLERANCE = 1e-9
-"""Relative error bound of a float cumulative sum of positive weights (far above n * 2**-53 for
-any window a detector keeps)."""
-
-
-def sure_rank(weights: FLOAT, q: float) -> int | None:
-    """The index at which the cumulative share of `weights` first reaches `q`, whatever the order
-    the weights are summed in (the paths' order at a step), or None when the order or the
-    rounding could move it. With near-equal weights this is the plain order statistic, so a
-    partition finds the quantile a full sort would."""
-    k = weights.size
-    lo, hi, total = float(weights.min()), float(weights.max()), float(weights.sum())
-    if k == 0 or lo <= 0.0:
-        return None
-    j = max(0, int(np.ceil(q * total / (lo * (1.0 - 2 * _SUM_TOLERANCE)))) - 1)
-    while j < k and (j + 1) * lo * (1.0 - 2 * _SUM_TOLERANCE) / total < q:
-        j += 1
-    if j >= k or (j > 0 and j * hi * (1.0 + 2 * _SUM_TOLERANCE) / total >= q):
-        return None
-    return j
-
-
-def _band_batch(paths: FLOAT, weights: FLOAT, overwrite: bool = False) -> list[FLOAT]:
-    """`PathForecast.band` of each row of ``(B, K, S)`` paths, with `weights` shared ``(K,)`` or
-    per row ``(B, K)``, one ``(B, S)`` per quantile of `BAND` (`paths` reordered along K in place
-    if `overwrite`)."""
-    if weights.ndim == 2:  # per row: PathForecast.band's sort and cumulative sum, row by row at once
-        order, ranked = ascending(np.ascontiguousarray(paths.transpose(0, 2, 1)))  # (B, S, K)
-        cum = np.cumsum(weights[np.arange(paths.shape[0])[:, None, None], order], axis=-1)
-        cum /= weights.sum(axis=1)[:, None, None]
-        return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=-1)[:, :, None], axis=-1)[:, :, 0]
-                for q in BAND]
-    ranks = [sure_rank(weights, q) for q in BAND]
-    if all(r is not None for r in ranks):
-        sure = [int(r) for r in ranks if r is not None]
-        return order_statistics(paths, sure, overwrite)
-    # As `PathForecast.band`, per row: one sort along the paths, one gather per quantile.
-    order = np.argsort(paths, axis=1)
-    ranked = np.take_along_axis(paths, order, axis=1)
-    cum = np.cumsum(weights[order], axis=1) / weights.sum()
-    return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=1)[:, None, :], axis=1)[:, 0, :] for q in BAND]
-
-
-def order_statistics(paths: FLOAT, ranks: list[int], overwrite: bool = False) -> list[FLOAT]:
-    """The `ranks`-th smallest (0-based) along axis 1 of ``(B, K, S)`` paths, one ``(B, S)`` each,
-    as `np.partition` finds them (partitioning `paths` itself if `overwrite`: no copy). Positive
-    floats (latencies, rates: the usual case) order as their bits do, so they are partitioned as
-    integers, whose compare is cheaper than the float one that has to place NaN."""
-    kth = sorted(set(ranks))
-    part = paths if overwrite else paths.copy()
-    if part.size and part.min() > 0:  # not NaN, not zero (-0.0 and 0.0 differ in their bits)
-        part.view(np.int64).partition(kth, axis=1)
-    else:
-        part.partition(kth, axis=1)
-    return [part[:, r, :].copy() for r in ranks]
+def _band_batch(paths: FLOAT, weights: FLOAT) -> list[FLOAT]:
+    """`PathForecast.band` of each row of ``(B, K, S)`` paths with its own ``(B, K)`` weights, one
+    ``(B, S)`` per quantile of `BAND`: the same sort and cumulative sum, every row at once."""
+    order, ranked = ascending(np.ascontiguousarray(paths.transpose(0, 2, 1)))  # (B, S, K)
+    cum = np.cumsum(weights[np.arange(paths.shape[0])[:, None, None], order], axis=-1)
+    cum /= weights.sum(axis=1)[:, None, None]
+    return [np.take_along_axis(ranked, np.argmax(cum >= q, axis=-1)[:, :, None], axis=-1)[:, :, 0] for q in BAND]

@@ -1,6 +1,6 @@
 """The Holt cycle's shortcuts give what the plain functions give, exactly: a history read on a
-shared `Timeline` equals `read_history` and `window_of` of that series alone; the band's integer
-partition equals np.partition; the reused work arrays change no outlook."""
+shared `Timeline` equals `read_history` and `window_of` of that series alone; the reused work
+arrays change no outlook."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +12,7 @@ from core.query import Series
 from detectors.forecast.arrays import read_history, window_of
 from detectors.forecast.calibration import error_paths, first_passage_batch, first_passage_paths, recency_weights
 from detectors.forecast.history_memo import CycleHistories
-from detectors.forecast.outlook import outlook_batch, order_statistics
+from detectors.forecast.outlook import outlook_batch
 from detectors.forecast.params import ForecastBreachParams
 from detectors.forecast.scratch import Scratch
 
@@ -66,26 +66,6 @@ def test_histories_on_a_shared_timeline_equal_reading_each_alone(seed: int, step
                 np.testing.assert_array_equal(x, y)
 
 
-def test_order_statistics_equal_np_partition() -> None:
-    rng = np.random.default_rng(3)
-    ranks = [27, 137, 247]
-    cases = {
-        "positive": rng.lognormal(5, 1, (4, 275, 20)),
-        "ties": np.round(rng.lognormal(5, 0.1, (4, 275, 20))),
-        "mixed signs, zeros": np.round(rng.normal(0, 2, (4, 275, 20))),
-        "inf": np.where(rng.random((4, 275, 20)) < 0.1, np.inf, rng.lognormal(5, 1, (4, 275, 20))),
-    }
-    for name, x in cases.items():
-        want = np.partition(x, ranks, axis=1)
-        for overwrite in (False, True):
-            mine = x.copy()
-            got = order_statistics(mine, ranks, overwrite)
-            for r, g in zip(ranks, got):
-                np.testing.assert_array_equal(g, want[:, r, :], err_msg=name)
-            if not overwrite:
-                np.testing.assert_array_equal(mine, x)
-
-
 def test_first_passage_with_non_finite_paths_and_scratch() -> None:
     rng = np.random.default_rng(5)
     point = 100.0 + np.cumsum(rng.normal(1, 1, (6, 30)), axis=1)
@@ -122,9 +102,10 @@ def test_outlooks_with_reused_scratch_equal_fresh_ones() -> None:
         kept = errors.copy()
         starts, steps = T0 + rng.uniform(0, 60, b), np.full(b, 15.0)
         infos = [{"row": i} for i in range(b)]
+        local = rng.uniform(0.02, 1.0, (b, k))
         for relative in (True, False):
-            want = outlook_batch(starts, steps, point, errors, relative, 1e9, 110.0, "above", infos)
-            got = outlook_batch(starts, steps, point, errors, relative, 1e9, 110.0, "above", infos, scratch)
+            want = outlook_batch(starts, steps, point, errors, relative, 1e9, 110.0, "above", infos, local)
+            got = outlook_batch(starts, steps, point, errors, relative, 1e9, 110.0, "above", infos, local, scratch)
             np.testing.assert_array_equal(errors, kept)  # the errors are left as they are
             for g, w in zip(got, want):
                 assert (g.rows, g.passage, g.paths, g.info) == (w.rows, w.passage, w.paths, w.info)
