@@ -121,6 +121,16 @@ class Run:
             await asyncio.sleep(0.5)
         return False
 
+    async def first_decision_time(self, timeout_seconds: float) -> float | None:
+        """When the daemon made its first decision (the journal's time), polled (bounded); None if none."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            decisions = await self.service.journal.decisions.all.in_thread()
+            if decisions:
+                return min(d.at for d in decisions)
+            await asyncio.sleep(0.5)
+        return None
+
     async def first_apply_time(self, timeout_seconds: float) -> float | None:
         """When the first action was applied (its journal step's time), polled (bounded); None if none."""
         deadline = time.monotonic() + timeout_seconds

@@ -97,20 +97,20 @@ class TailScenario(Scenario):
         run.mark("deploy", f"ranker now serves v{','.join(versions)} "
                            f"({SLOW_FRACTION:.1%} of requests take {SLOW_MS} ms)")
         run.enter("watching")
-        acted_at = decided_at = None
-        if await run.wait_for_decision(DECISION_BOUND_SECONDS):
-            decided_at = time.time()
+        acted_at = None
+        decided_at = await run.first_decision_time(DECISION_BOUND_SECONDS)
+        if decided_at is not None:
             acted_at = await run.first_apply_time(DECISION_BOUND_SECONDS)
             run.enter("verifying")
         self.ttr_seconds = None if acted_at is None else acted_at - deployed_at
         run.clients.quantiles()  # reads the clients' latest answers
-        # The incident's window runs from v2 serving to the decision: requests sent while Triton
-        # loads a version (the deploy, v2's cold start, the rollback) are left out, because on a
-        # starved host a model load itself holds requests for seconds, which is the lab's way of
-        # deploying on one Triton, not the defect.
+        # The incident's window runs from v2 serving to the decision: requests sent or in flight
+        # while Triton loads a version (the deploy, v2's cold start, the rollback) are left out,
+        # because on a starved host a model load itself holds requests for seconds, which is the
+        # lab's way of deploying on one Triton, not the defect.
         before = span_quantiles(run.clients.samples, run.live_since, deploying_at)
         during = span_quantiles(run.clients.samples, deployed_at + COLD_START_SECONDS,
-                                decided_at if decided_at else time.time())
+                                decided_at if decided_at is not None else time.time())
         self.clients = {"before": before, "during": during}
         run.say(f"v2 loaded in {deployed_at - deploying_at:.1f} s; clients, before the deploy -> until the decision: " + ", ".join(
             f"{name} {before[name]:.0f} -> {during[name]:.0f} ms" for name in before)

@@ -39,8 +39,12 @@ def window_quantiles(samples: Sequence[RequestSample], now: float, window_second
 
 
 def span_quantiles(samples: Sequence[RequestSample], start: float, end: float) -> dict[str, float]:
-    """P50/P99/P99.9 in ms of requests sent within [start, end) and answered 200; NaN without any."""
-    latencies = [s.latency_seconds * 1000.0 for s in samples if s.status == 200 and start <= s.sent_at_unix < end]
+    """P50/P99/P99.9 in ms of requests sent and answered 200 within [start, end); NaN without any.
+
+    A request still in flight at `end` is left out: what happens there (a model load) holds the
+    requests it finds in flight for seconds, and they would read as the span's own latency."""
+    latencies = [s.latency_seconds * 1000.0 for s in samples
+                 if s.status == 200 and start <= s.sent_at_unix and answered_at(s) < end]
     return {name: nearest_rank(latencies, q) for name, q in QUANTILES}
 
 
