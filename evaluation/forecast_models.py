@@ -35,7 +35,7 @@ class Setup:
     holt_refit_steps: int  # Holt's parameters are refitted this often (states every step)
     prophet_refit_steps: int
     prophet_lookback_seconds: float
-    holt_select_steps: int | None = None  # Holt scored this many steps ahead (0: one; None: the detector's)
+    holt_select_steps: int = 0  # Holt's parameters scored by the error this many steps ahead (0: one)
 
 
 def naive_paths(windows: FLOAT, setup: Setup) -> tuple[FLOAT, FLOAT]:

@@ -36,20 +36,6 @@ phi / (1 - phi) steps ahead (9 steps: 2 min at 15 s, 4.5 min at 30 s), so at a 1
 breach came into view only steps before it. One-step SSE hardly tells the candidates apart."""
 DEFAULT_STEP_SECONDS = 30.0
 """The step `fit_holt` assumes when it is not told one."""
-SELECT_AHEAD_SECONDS = 150.0
-"""The candidates are scored by their forecast error this far ahead. The one-step error cannot see
-how long a trend persists (it hardly tells the dampings apart, and the choice flipped between
-cycles of one ramp); the error at the whole 15-minute horizon, over hours of quiet, favours the
-most damping, and a ramp's first minutes are read flat. Measured between the two in
-docs/forecasting.md ("Damping scored minutes ahead")."""
-
-
-def selection_points(step_seconds: NDArray[np.float64] | float) -> NDArray[np.intp]:
-    """Per row, `SELECT_AHEAD_SECONDS` in steps for `fit_holt`'s `horizon_points`; 0 (the one-step
-    innovations) where that is a single step or less."""
-    step = np.atleast_1d(np.asarray(step_seconds, dtype=np.float64))
-    ahead = np.rint(SELECT_AHEAD_SECONDS / np.maximum(step, 1e-9))
-    return np.where(ahead > 1, np.minimum(ahead, 10_000), 0).astype(np.intp)
 
 
 def phis_for(step_seconds: NDArray[np.float64] | float) -> NDArray[np.float64]:

@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors.forecast.calibration import BURN_IN_POINTS, error_paths
-from detectors.forecast.holt_fit import HoltFit, damped_sums, fit_holt, holt_states, row_starts, selection_points
+from detectors.forecast.holt_fit import HoltFit, damped_sums, fit_holt, holt_states, row_starts
 from detectors.forecast.load_knee import KneeFit, knee_latency, knee_rows
 from detectors.forecast.scratch import Scratch
 
@@ -59,27 +59,14 @@ class HoltBatch:
         return HoltBatch(self.params.take(rows), self.levels[rows], self.trends[rows])
 
 
-def holt_fit_params(windows: FLOAT, step_seconds: FLOAT | float, horizon_points: int | None = None) -> HoltParams:
-    """Fit each row's parameters (the costly grid search; the pool job), each row at its sampling
-    step (one for all or one each), scored by the error `horizon_points` ahead (one step when 0;
-    None: `SELECT_AHEAD_SECONDS` at each row's step, rows grouped by it)."""
-    if horizon_points is not None:
-        return HoltParams.of(fit_holt(windows, horizon_points=horizon_points, step_seconds=step_seconds))
-    y = np.atleast_2d(windows)
-    steps = np.broadcast_to(np.asarray(step_seconds, dtype=np.float64).reshape(-1), (y.shape[0],))
-    ahead = selection_points(steps)
-    if (ahead == ahead[0]).all():
-        return HoltParams.of(fit_holt(y, horizon_points=int(ahead[0]), step_seconds=step_seconds))
-    out = HoltParams(np.empty(y.shape[0]), np.empty(y.shape[0]), np.empty(y.shape[0]))
-    for h in np.unique(ahead):
-        rows = ahead == h
-        fit = fit_holt(y[rows], horizon_points=int(h), step_seconds=steps[rows])
-        out.alpha[rows], out.beta[rows], out.phi[rows] = fit.alpha, fit.beta, fit.phi
-    return out
+def holt_fit_params(windows: FLOAT, step_seconds: FLOAT | float, horizon_points: int = 0) -> HoltParams:
+    """Fit each row's parameters (the costly grid search; the pool job), scored by the error
+    `horizon_points` ahead (one step when 0), each row at its sampling step (one for all or one each)."""
+    return HoltParams.of(fit_holt(windows, horizon_points=horizon_points, step_seconds=step_seconds))
 
 
 def holt_batch(windows: FLOAT, step_seconds: FLOAT | float, params: HoltParams | None = None,
-               horizon_points: int | None = None) -> HoltBatch:
+               horizon_points: int = 0) -> HoltBatch:
     """Filter each row with its parameters (fitted here when None) for its states."""
     p = params if params is not None else holt_fit_params(windows, step_seconds, horizon_points)
     levels, trends = holt_states(windows, p.alpha, p.beta, p.phi)
@@ -87,7 +74,7 @@ def holt_batch(windows: FLOAT, step_seconds: FLOAT | float, params: HoltParams |
 
 
 def holt_prepare(windows: FLOAT, steps: FLOAT, refit: NDArray[np.bool_], alpha: FLOAT, beta: FLOAT, phi: FLOAT,
-                 horizon_points: int | None = None) -> HoltBatch:
+                 horizon_points: int = 0) -> HoltBatch:
     """The pool job of one cycle: refit the rows whose slot is due (NaN-padded rows are shorter
     histories), keep the given parameters for the others, and filter every row for its states."""
     params = HoltParams(alpha.astype(np.float64, copy=True), beta.astype(np.float64, copy=True),

@@ -76,28 +76,3 @@ def test_fit_accepts_left_padded_shorter_rows() -> None:
     batch, alone = fit_holt(padded), fit_holt(y[1, 50:])
     assert batch.alpha[1] == alone.alpha[0] and batch.phi[1] == alone.phi[0]
     assert batch.level[1] == pytest.approx(alone.level[0])
-
-
-def test_the_candidates_are_scored_150_s_ahead_at_each_rows_step() -> None:
-    """`SELECT_AHEAD_SECONDS` (150 s) in steps, rounded: 10 at 15 s, 5 at 30 s; where that is one
-    step or less (a step of 2 min or more), the one-step innovations (0)."""
-    from detectors.forecast.holt_fit import selection_points
-    assert selection_points(np.array([15.0, 30.0, 60.0, 100.0, 120.0, 300.0])).tolist() == [10, 5, 2, 2, 0, 0]
-
-
-def test_a_batch_of_mixed_steps_is_fitted_as_each_row_alone() -> None:
-    """Rows at different steps are scored at different leads: the batch groups them, and each row's
-    parameters equal those of its own fit."""
-    from detectors.forecast.holt_paths import holt_fit_params
-    rng = np.random.default_rng(7)
-    t = np.arange(240, dtype=np.float64)
-    y = np.stack([200.0 + 0.4 * t + rng.normal(0.0, 8.0, t.size) for _ in range(4)])
-    steps = np.array([15.0, 30.0, 15.0, 300.0])
-    batch = holt_fit_params(y, steps)
-    for i in range(4):
-        alone = holt_fit_params(y[i : i + 1], steps[i])
-        assert (batch.alpha[i], batch.beta[i], batch.phi[i]) == (alone.alpha[0], alone.beta[0], alone.phi[0])
-    # The lead changes what is chosen somewhere in this batch, or the grouping would be untested.
-    one_step = holt_fit_params(y, steps, horizon_points=0)
-    assert not np.array_equal(np.stack([batch.alpha, batch.beta, batch.phi]),
-                              np.stack([one_step.alpha, one_step.beta, one_step.phi]))
