@@ -4,7 +4,9 @@ filter that does not learn a trend from a jump.
 Every function takes a batch of equally long series (shape ``(B, n)``) so one call fits many;
 `fit_holt` is module-level, so the Holt backend can send a batch to the process pool.
 
-Jumps: an innovation beyond `JUMP_SIGMAS` robust noise scales is not evidence of a trend. The first
+Jumps: an innovation beyond `JUMP_SIGMAS` robust noise scales is not evidence of a trend. For a
+positive series the scale is a share of the current level (the robust scale of the log values),
+since latency noise grows with the level; elsewhere it is the window's, in the series' units. The first
 such innovation moves the level by a clipped amount only (it may be a lone outlier); a second one on
 the same side in a row is a level shift, and the level moves to the new value at once. In neither
 case does the trend learn from it, so a deploy that adds 80 ms, or a 2-minute burst, leaves the
@@ -104,6 +106,27 @@ def robust_scale(y: NDArray[np.float64]) -> NDArray[np.float64]:
         top = np.abs(y).max(axis=1)
     floor = 1e-4 * np.maximum(top, 1e-3)  # a noise-free series: a line is not a run of jumps
     return np.asarray(np.maximum(1.4826 * mad / np.sqrt(2.0), floor), dtype=np.float64)
+
+
+def relative_scale(y: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Per row, `robust_scale` of the log values (noise as a share of the level); NaN for a row
+    with a value at or below zero, which keeps the scale in the series' own units."""
+    positive = np.all(np.isnan(y) | (y > 0), axis=1)
+    out = np.full(y.shape[0], np.nan)
+    if positive.any():
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[positive] = robust_scale(np.log(y[positive]))
+    return out
+
+
+def _limit(jump_sigmas: float, scale: NDArray[np.float64], relative: NDArray[np.float64],
+           level: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The jump limit at this step: a share of the current level where the row is positive, the
+    window's absolute scale elsewhere. Latency noise is multiplicative: after a shift from 160 to
+    370 ms, a limit in milliseconds from a window mostly at 160 ms read ordinary noise as a
+    staircase and learnt a trend from it."""
+    rel = jump_sigmas * relative[:, None] * np.abs(level)
+    return np.where(np.isfinite(rel), rel, (jump_sigmas * scale)[:, None])
 
 
 def _initial(y: NDArray[np.float64], width: int, starts: NDArray[np.intp]
@@ -208,7 +231,7 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
     weights = _weights(n, starts, half_life_points)
     padded = bool(starts.any())
     scale = robust_scale(y)
-    limit = (jump_sigmas * scale)[:, None]
+    relative = relative_scale(y)
     level, trend = _initial(y, GRID_ALPHA.size, starts)
     state = _no_jumps(level)
     sse = np.zeros_like(level)
@@ -219,8 +242,8 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
         sums_h = p * (1.0 - p ** h) / (1.0 - p)  # phi + ... + phi^h
         ring = np.repeat((level + sums_h * trend)[None], h, axis=0)
         made = np.repeat(starts[None, :], h, axis=0)
-        limit_h = 2.0 * limit
     for t in range(int(starts.min()) + 1, n):
+        limit = _limit(jump_sigmas, scale, relative, level)
         new_level, new_trend, new_state, err = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
         live = (t > starts)[:, None] if padded else None
         level, trend, state = _keep_live(live, (new_level, new_trend, new_state), (level, trend, state))
@@ -229,7 +252,7 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
         if h > 0:
             slot = t % h
             due = (t - h >= made[slot])[:, None] & (t - h > starts)[:, None]
-            err = np.where(due, np.clip(y[:, t : t + 1] - ring[slot], -limit_h, limit_h), 0.0)
+            err = np.where(due, np.clip(y[:, t : t + 1] - ring[slot], -2.0 * limit, 2.0 * limit), 0.0)
             ring[slot] = level + sums_h * trend
             made[slot] = t
         wt = weights[:, t : t + 1]
@@ -266,7 +289,7 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     level, trend = _initial(y, 1, starts)
     state = _no_jumps(level)
     a, bt, p = (np.asarray(v, dtype=np.float64).reshape(-1, 1) for v in (alpha, beta, phi))
-    limit = (jump_sigmas * robust_scale(y))[:, None]
+    scale, relative = robust_scale(y), relative_scale(y)
     # Time-major while filtering: a step writes one contiguous row, not a column of (B, n).
     levels = np.full((n, b_count), np.nan)
     trends = np.full((n, b_count), np.nan)
@@ -274,6 +297,7 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     first = np.minimum(starts, n - 1)
     levels[first, rows], trends[first, rows] = level[:, 0], trend[:, 0]
     for t in range(int(starts.min()) + 1, n):
+        limit = _limit(jump_sigmas, scale, relative, level)
         new_level, new_trend, new_state, _ = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
         live = (t > starts)[:, None] if padded else None
         level, trend, state = _keep_live(live, (new_level, new_trend, new_state), (level, trend, state))
