@@ -119,14 +119,25 @@ def relative_scale(y: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
-def _limit(jump_sigmas: float, scale: NDArray[np.float64], relative: NDArray[np.float64],
-           level: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The jump limit at this step: a share of the current level where the row is positive, the
+class _JumpLimit:
+    """The jump limit at each step: a share of the current level where the row is positive, the
     window's absolute scale elsewhere. Latency noise is multiplicative: after a shift from 160 to
     370 ms, a limit in milliseconds from a window mostly at 160 ms read ordinary noise as a
-    staircase and learnt a trend from it."""
-    rel = jump_sigmas * relative[:, None] * np.abs(level)
-    return np.where(np.isfinite(rel), rel, (jump_sigmas * scale)[:, None])
+    staircase and learnt a trend from it. What does not change between steps is computed once."""
+
+    def __init__(self, jump_sigmas: float, scale: NDArray[np.float64], relative: NDArray[np.float64]):
+        self._share = jump_sigmas * relative[:, None]
+        self._absolute = (jump_sigmas * scale)[:, None]
+        finite = np.isfinite(relative)
+        self._mode = "share" if finite.all() else "absolute" if not finite.any() else "mixed"
+
+    def at(self, level: NDArray[np.float64]) -> NDArray[np.float64]:
+        if self._mode == "absolute":
+            return self._absolute
+        rel: NDArray[np.float64] = self._share * np.abs(level)
+        if self._mode == "share":
+            return rel
+        return np.where(np.isfinite(rel), rel, self._absolute)
 
 
 def _initial(y: NDArray[np.float64], width: int, starts: NDArray[np.intp]
@@ -231,7 +242,7 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
     weights = _weights(n, starts, half_life_points)
     padded = bool(starts.any())
     scale = robust_scale(y)
-    relative = relative_scale(y)
+    jump_limit = _JumpLimit(jump_sigmas, scale, relative_scale(y))
     level, trend = _initial(y, GRID_ALPHA.size, starts)
     state = _no_jumps(level)
     sse = np.zeros_like(level)
@@ -243,7 +254,7 @@ def fit_holt(values: NDArray[np.float64], half_life_points: float | None = None,
         ring = np.repeat((level + sums_h * trend)[None], h, axis=0)
         made = np.repeat(starts[None, :], h, axis=0)
     for t in range(int(starts.min()) + 1, n):
-        limit = _limit(jump_sigmas, scale, relative, level)
+        limit = jump_limit.at(level)
         new_level, new_trend, new_state, err = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
         live = (t > starts)[:, None] if padded else None
         level, trend, state = _keep_live(live, (new_level, new_trend, new_state), (level, trend, state))
@@ -289,7 +300,7 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     level, trend = _initial(y, 1, starts)
     state = _no_jumps(level)
     a, bt, p = (np.asarray(v, dtype=np.float64).reshape(-1, 1) for v in (alpha, beta, phi))
-    scale, relative = robust_scale(y), relative_scale(y)
+    jump_limit = _JumpLimit(jump_sigmas, robust_scale(y), relative_scale(y))
     # Time-major while filtering: a step writes one contiguous row, not a column of (B, n).
     levels = np.full((n, b_count), np.nan)
     trends = np.full((n, b_count), np.nan)
@@ -297,7 +308,7 @@ def holt_states(values: NDArray[np.float64], alpha: NDArray[np.float64], beta: N
     first = np.minimum(starts, n - 1)
     levels[first, rows], trends[first, rows] = level[:, 0], trend[:, 0]
     for t in range(int(starts.min()) + 1, n):
-        limit = _limit(jump_sigmas, scale, relative, level)
+        limit = jump_limit.at(level)
         new_level, new_trend, new_state, _ = _step(level, trend, state, y[:, t : t + 1], a, bt, p, limit)
         live = (t > starts)[:, None] if padded else None
         level, trend, state = _keep_live(live, (new_level, new_trend, new_state), (level, trend, state))

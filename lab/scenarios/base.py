@@ -114,12 +114,7 @@ class Run:
         return None
 
     async def wait_for_decision(self, timeout_seconds: float) -> bool:
-        deadline = time.monotonic() + timeout_seconds
-        while time.monotonic() < deadline:
-            if await self.service.journal.decisions.all.in_thread():
-                return True
-            await asyncio.sleep(0.5)
-        return False
+        return await self.first_decision_time(timeout_seconds) is not None
 
     async def first_decision_time(self, timeout_seconds: float) -> float | None:
         """When the daemon made its first decision (the journal's time), polled (bounded); None if none."""
