@@ -1,10 +1,11 @@
 """The NAB ceiling's pieces: the gap to the line in noise units reads only the past, and scales
-with the noise; the rise run counts consecutive rises."""
+with the noise; the rise run counts consecutive rises; the calendar reads a crossing a period
+ago, within the horizon ahead of that time, and nothing later."""
 from __future__ import annotations
 
 import numpy as np
 
-from evaluation.nab_ceiling import noise_units, rise_runs
+from evaluation.nab_ceiling import crossed_a_period_ago, noise_units, rise_runs
 
 
 def test_noise_units_read_only_the_past_and_scale_with_the_noise():
@@ -21,3 +22,14 @@ def test_noise_units_read_only_the_past_and_scale_with_the_noise():
 
 def test_rise_runs_count_consecutive_rises():
     assert rise_runs(np.array([1.0, 2.0, 3.0, 3.0, 4.0, 5.0, 6.0, 2.0])).tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
+
+
+def test_a_crossing_a_period_ago_shows_over_the_horizon_before_its_anniversary():
+    y = np.zeros(100)
+    y[40] = 1.0  # over the line at step 40 only
+    seen = crossed_a_period_ago(y, 1.0, period_points=20, horizon=3)
+    assert np.nonzero(seen)[0].tolist() == [57, 58, 59]  # 40 + 20 - 3 .. 40 + 20 - 1
+    later = y.copy()
+    later[70:] = 5.0  # the future changes: nothing up to 70 may move
+    np.testing.assert_array_equal(crossed_a_period_ago(later, 1.0, 20, 3)[:71], seen[:71])
+    assert not crossed_a_period_ago(y, 1.0, period_points=2, horizon=3).any()  # the span would reach the future
