@@ -707,4 +707,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, so --save pickles evaluation.forecast_eval.StreamResult, which
+    # another process can load, not __main__.StreamResult.
+    from evaluation import forecast_eval
+
+    sys.exit(forecast_eval.main())
