@@ -85,6 +85,7 @@ Calendar = dict[str, NDArray[np.bool_]]
 
 
 def calendar_for(y: FLOAT, line: float, step: float, horizon: int) -> Calendar:
+    """Each calendar choice of the sweep as a mask of steps; "none" allows every step."""
     day = crossed_a_period_ago(y, line, int(round(DAY / step)), horizon)
     week = crossed_a_period_ago(y, line, int(round(WEEK / step)), horizon)
     return {"none": np.ones(y.size, dtype=bool), "day": day, "week": week, "either": day | week}
