@@ -80,6 +80,8 @@ def setup_for(dataset: str, step: float) -> Setup:
 
 LEVEL_WINDOW_SECONDS = float(ForecastBreachParams.model_fields["level_window_seconds"].default)
 """The detector's default level window: the breach the probability is about."""
+REFIT_INTERVAL_SECONDS = float(ForecastBreachParams.model_fields["refit_interval_seconds"].default)
+"""The detector's default Prophet refit interval: the library refits at it, as the detector would."""
 
 
 def _setup_for(dataset: str, step: float) -> Setup:
@@ -88,7 +90,7 @@ def _setup_for(dataset: str, step: float) -> Setup:
                      holt_refit_steps=1, prophet_refit_steps=96, prophet_lookback_seconds=7 * 86400.0)
     return Setup(step, int(900.0 / step), level_points(LEVEL_WINDOW_SECONDS, step), 360, relative=True,
                  half_life_paths=1e9,
-                 holt_refit_steps=int(300.0 / step), prophet_refit_steps=int(7200.0 / step),
+                 holt_refit_steps=int(300.0 / step), prophet_refit_steps=int(REFIT_INTERVAL_SECONDS / step),
                  prophet_lookback_seconds=6 * 3600.0)
 
 
@@ -339,6 +341,7 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
     curve: FLOAT | None = None
     init: object | None = None
     fit_at = -10**9
+    failed: list[str] = []
     points: list[FLOAT] = []
     errors: list[FLOAT] = []
     locals_: list[FLOAT] = []
@@ -363,7 +366,8 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
         if curve is None or o - fit_at >= setup.prophet_refit_steps or st.segment[o] > fit_at:
             try:
                 curve, init = prophet_curve(st.ts, st.vs, times, int(o), setup, init)
-            except Exception:  # a failed fit keeps the previous curve, as the detector does
+            except Exception as exc:  # a failed fit keeps the previous curve, as the detector does
+                failed.append(f"{type(exc).__name__}: {exc}")
                 if curve is None:
                     continue
             fit_at = int(o)
@@ -379,6 +383,8 @@ def _prophet_stream(st: Stream, setup: Setup, origins: NDArray[np.intp], prob: F
         if len(where) >= CHUNK:
             flush()
     flush()
+    if failed:  # recorded, not swallowed: the column is only as good as its fits
+        print(f"prophet: {len(failed)} fits failed on {st.name} (first: {failed[0]})", file=sys.stderr)
 
 
 # Scoring ------------------------------------------------------------------------------------------
