@@ -92,13 +92,10 @@ def calendar_for(y: FLOAT, line: float, step: float, horizon: int) -> Calendar:
 
 
 def with_rule(r: StreamResult, units: FLOAT, runs: NDArray[np.intp], k: float, m: int,
-              seen: NDArray[np.bool_] | None = None) -> StreamResult:
-    """`r` with the proximity rule at (k, m), and the calendar's `seen` where given, as a rule
+              seen: NDArray[np.bool_]) -> StreamResult:
+    """`r` with the proximity rule at (k, m), where the calendar's `seen` allows it, as a rule
     column that fires at margin 0."""
-    fire = np.nan_to_num(units, nan=np.inf) <= k
-    fire &= runs >= m
-    if seen is not None:
-        fire &= seen
+    fire = (np.nan_to_num(units, nan=np.inf) <= k) & (runs >= m) & seen
     r.rule[RULE] = np.where(fire, r.threshold, -np.inf)
     return r
 
@@ -117,8 +114,7 @@ def sweep(streams: Sequence[Stream], calendars: Sequence[str] = ("none",), gaps:
             for k in gaps:
                 if cal == "none" and not np.isfinite(k):
                     continue  # firing at every step: one episode per crossing, each a "hit"
-                sc = score([with_rule(r, u, runs, k, m, None if cal == "none" else c[cal])
-                            for r, u, runs, c in streams], RULE, 0.0)
+                sc = score([with_rule(r, u, runs, k, m, c[cal]) for r, u, runs, c in streams], RULE, 0.0)
                 if sc.episodes >= MIN_EPISODES:
                     top = max(top, sc.precision)
                 for target in TARGETS:

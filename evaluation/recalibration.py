@@ -51,10 +51,10 @@ def recalibrated(p: FLOAT, outcome: NDArray[np.bool_], decide: NDArray[np.bool_]
 
 def summary(results: Sequence[fe.StreamResult], label: str) -> list[str]:
     rows, bss = fe.reliability(results, MODEL)
-    off = sum(1 for r in rows if r[3] >= 100 and abs(r[1] - r[2]) > 0.1)
+    off, judged = fe.bins_off(rows)
     sc = fe.score(results, MODEL, fe.DEFAULT_MIN_PROBABILITY)
     at = [fe.recall_at_precision(results, MODEL, target)[0] for target in (0.7, 0.8, 0.9)]
-    return [f"| {label} | {off} of {sum(r[3] >= 100 for r in rows)} | {bss:.3f} | {sc.hits}/{sc.episodes} "
+    return [f"| {label} | {off} of {judged} | {bss:.3f} | {sc.hits}/{sc.episodes} "
             f"= {fe._f(sc.precision)} | {sc.predicted}/{sc.crossings} | {sc.false_episodes} | "
             + " / ".join(f"{x:.3f}" for x in at) + " |"]
 
