@@ -9,12 +9,14 @@ second recovery row (recovered | not_recovered | unknown); unknown is never succ
 recovered, onNotRecovered follows: escalate (the target is frozen, in the same transaction as the
 verdict, for `escalation_freeze_seconds`; guards block every policy on a frozen target), revert (the
 decision's applied steps are undone and the pins its rollback recorded cleared; the decision ends
-reverted), or none. Unknown (no data: Prometheus down through the window, or still down when a
-restart reads the window back) never reverts: the detectors are as blind as the check, and undoing a
-rollback that may have worked puts the bad version back. Where onNotRecovered says revert (or
+reverted), or none. Unknown (incomplete evidence, `policies.recovery.judge_recovery`: no data, an
+outage after some samples, a gap a hold fits in, fewer samples than the hold needs) never reverts: the
+detectors are as blind as the check, and undoing a rollback that may have worked puts the bad version
+back. Where onNotRecovered says revert (or
 escalate), unknown escalates instead and says it could not tell; with none it is journaled only.
 A restart resumes what was unsettled (`resume`); an unknown verdict an older version left waiting
-for its revert is escalated, not reverted. Verdicts (recovered,
+for its revert, or a not_recovered one it judged without asking for complete evidence (no
+`complete_evidence` in its data), is escalated, not reverted. Verdicts (recovered,
 not_recovered, escalated, a failed revert) are announced like the executor's other outcomes.
 """
 from __future__ import annotations
@@ -105,7 +107,8 @@ class RecoveryWatches:
                 check = RecoveryCheck.from_dict(row["data"]["check"])
                 work = self._watch(decision.id, decision.policy, decision.target, check,
                                    float(row["data"]["acted_at"]), resumed=True)
-            elif row["status"] == Recovery.UNKNOWN:
+            elif row["status"] == Recovery.UNKNOWN or not row["data"].get("complete_evidence"):
+                # An older version judged "not recovered" on whatever it had: not proof enough to revert.
                 work = self._escalate_unknown(decision.id, decision.policy, decision.target, row)
             else:
                 verdict = RecoveryVerdict(Recovery(row["status"]), row["message"])
@@ -153,7 +156,8 @@ class RecoveryWatches:
             data: dict[str, Any] = {
                 "verdict": verdict.state.value, "held_from": verdict.held_from, "samples": len(watched.samples),
                 "last_samples": [list(p) for p in watched.samples[-20:]], "query_errors": watched.query_errors,
-                "last_error": watched.last_error, "follow_up": follow_up, "check": check.as_dict()}
+                "last_error": watched.last_error, "follow_up": follow_up, "check": check.as_dict(),
+                "complete_evidence": verdict.state is not Recovery.UNKNOWN}
             message, freeze = verdict.reason, None
             if verdict.state is Recovery.UNKNOWN:
                 message = could_not_tell(verdict.reason, check.on_not_recovered)
@@ -292,5 +296,6 @@ def could_not_tell(reason: str, on_not_recovered: str) -> str:
     """The message of an unknown verdict: it could not tell, and (for revert) why nothing was undone."""
     text = f"could not tell whether it recovered: {reason}"
     if on_not_recovered == "revert":
-        text += "; not reverted: without data the rollback may have worked, and undoing it would bring the old version back"
+        text += ("; not reverted: without complete data the rollback may have worked, and undoing it would bring "
+                 "the old version back")
     return text

@@ -1084,7 +1084,7 @@ async def test_unknown_never_reverts_it_escalates_and_says_it_could_not_tell(h: 
     (_, (status, message)) = await _recovery_rows(h, decision.id)
     assert status == "unknown"
     assert message.startswith("could not tell whether it recovered: no data in the 8s window")
-    assert "not reverted: without data the rollback may have worked" in message
+    assert "not reverted: without complete data the rollback may have worked" in message
     assert "escalated: default/ranker frozen until" in message
     rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s["phase"] == "recovery"]
     assert rows[1]["data"]["follow_up"] == "escalate" and rows[1]["data"]["query_errors"] >= 1
@@ -1117,6 +1117,33 @@ async def test_a_watch_resumed_while_prometheus_is_down_escalates_instead_of_rev
     assert len(await h.journal.freezes.all.in_thread()) == 1
 
 
+def _one_good_sample_then_down(t: float) -> float | None:
+    if t < 1:
+        return 100.0
+    raise ConnectionError("Prometheus unreachable")
+
+
+async def test_one_good_sample_then_an_outage_escalates_and_does_not_revert(h: Harness):
+    """Issue 42's reproduction: one good sample, then Prometheus goes down for the rest of the window.
+    The evidence is incomplete (the hold could have been met in the unseen time), so the verdict is
+    unknown: with onNotRecovered: revert the rollback and its pin stay, and the target is escalated."""
+    h.advance = True
+    ex = h.executor(_verified(f"{{type: {A}, pin: true}}", then="revert"), query=_one_good_sample_then_down)
+
+    await h.fire(ex)
+    await ex.wait_recoveries()
+
+    assert h.trace_of("revert") == []
+    (decision,) = await h.journal.decisions.all.in_thread()
+    assert decision.state == "succeeded"
+    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    (_, (status, message)) = await _recovery_rows(h, decision.id)
+    assert status == "unknown" and message.startswith("could not tell whether it recovered")
+    assert "escalated: default/ranker frozen until" in message
+    assert len(await h.journal.freezes.all.in_thread()) == 1
+    assert [e["event"] for e in h.events] == ["acted", "not_recovered", "escalated"]
+
+
 async def test_an_unknown_verdict_left_waiting_for_its_revert_is_escalated_not_reverted(h: Harness):
     """A journal from a version that reverted on unknown: a verdict `unknown` with follow-up revert
     whose revert never ran. Resumed, it is escalated (a new verdict row with the freeze), not reverted,
@@ -1139,6 +1166,32 @@ async def test_an_unknown_verdict_left_waiting_for_its_revert_is_escalated_not_r
     assert (await h.journal.decisions.get.in_thread(decision.id)).state == "succeeded"
     (status, message) = (await _recovery_rows(h, decision.id))[-1]
     assert status == "unknown" and message.startswith("could not tell whether it recovered: no data")
+    assert len(await h.journal.freezes.all.in_thread()) == freezes + 1
+    assert await h.journal.decisions.open_recoveries.in_thread() == []
+
+
+async def test_a_not_recovered_verdict_of_an_older_version_is_escalated_not_reverted(h: Harness):
+    """A journal from a version that judged "not recovered" without asking for complete evidence (no
+    `complete_evidence` in the verdict's data), its revert never run: resumed, it is escalated, not
+    reverted (an outage may be all it saw)."""
+    policy = _verified(f"{{type: {A}}}", then="revert")
+    ex = h.executor(policy)
+    await h.fire(ex)
+    await ex.wait_recoveries()
+    (decision,) = await h.journal.decisions.all.in_thread()
+    await h.journal.decisions.record_verdict.in_thread(
+        decision.id, "not_recovered", "did not hold below 500 for 2s within 8s (1 samples)",
+        {"verdict": "not_recovered", "follow_up": "revert"})
+    freezes = len(await h.journal.freezes.all.in_thread())
+
+    after = h.executor(policy)
+    assert await after.resume_verifications() == 1
+    await after.wait_recoveries()
+
+    assert h.trace_of("revert") == []
+    assert (await h.journal.decisions.get.in_thread(decision.id)).state == "succeeded"
+    (status, message) = (await _recovery_rows(h, decision.id))[-1]
+    assert status == "unknown" and message.startswith("could not tell whether it recovered: did not hold")
     assert len(await h.journal.freezes.all.in_thread()) == freezes + 1
     assert await h.journal.decisions.open_recoveries.in_thread() == []
 
