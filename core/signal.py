@@ -51,6 +51,14 @@ class Signal:
     policy: str | None = None  # detector and schedule signals belong to the policy that declared them
     details: Mapping[str, Any] = field(default_factory=dict)
     recovery_line: RecoveryLine | UnsidedLine | None = None
+    trigger: "TriggerRef | None" = None
+
+    def trigger_ref(self) -> "TriggerRef":
+        """The trigger that produced the signal: `trigger` when its producer wrote one, else what the
+        signal itself says (a summary journaled before signals carried it, a signal built without it):
+        an alert's name (its index in a policy is resolved when it matches, `policies.matching`),
+        a detector's or schedule's index from its dedup key."""
+        return self.trigger if self.trigger is not None else derived_trigger(self.source, self.name, self.dedup_key)
 
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly dict for the journal and logs."""
@@ -88,6 +96,8 @@ class Signal:
             # was journaled before signals carried their line, and is read the old way (an
             # UnsidedLine is written back so, its details unchanged).
             fields[RECOVERY_LINE] = line.as_dict() if line is not None else None
+        if self.trigger is not None:  # absent: derived when read back (`trigger_ref`)
+            fields[TRIGGER] = self.trigger.as_dict()
         return fields
 
     @classmethod
@@ -109,11 +119,48 @@ class Signal:
             policy=head.policy,
             details=details,
             recovery_line=_journaled_line(summary, head.source, details),
+            trigger=TriggerRef.from_dict(summary[TRIGGER]) if summary.get(TRIGGER) is not None else None,
         )
 
 
 RECOVERY_LINE = "recovery_line"
 """The summary's key for `Signal.recovery_line`."""
+TRIGGER = "trigger"
+"""The summary's key for `Signal.trigger`."""
+
+
+@dataclass(frozen=True)
+class TriggerRef:
+    """Which trigger of a policy produced a signal: its kind, its position in the policy's `triggers`
+    (None for an alert until it is matched to a policy: one alert can match several) and its name
+    (the alert name, the detector type, or ``schedule``)."""
+
+    kind: SignalSource
+    index: int | None
+    name: str
+
+    def at(self, index: int) -> "TriggerRef":
+        """This reference resolved to the trigger at `index` (an alert matched to one policy's trigger)."""
+        return TriggerRef(self.kind, index, self.name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "index": self.index, "name": self.name}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TriggerRef":
+        index = data.get("index")
+        return cls(signal_source(data["kind"]), int(index) if index is not None else None, str(data["name"]))
+
+
+def derived_trigger(source: SignalSource, name: str, dedup_key: str) -> TriggerRef:
+    """The reference a signal without one implies: a detector or schedule signal names its trigger's
+    index in its dedup key (`detector:<policy>:<index>:...`, `schedule:<policy>:<index>:<slot>`;
+    policy names hold no colon); an alert names only itself."""
+    if source is SignalSource.ALERT:
+        return TriggerRef(source, None, name)
+    parts = dedup_key.split(":")
+    index = int(parts[2]) if len(parts) >= 3 and parts[0] == source.value and parts[2].isdigit() else None
+    return TriggerRef(source, index, name)
 
 
 @dataclass(frozen=True)

@@ -48,10 +48,12 @@ TAIL_ANOMALY_TRIGGER = """\
 """
 """Triton's own P99.9 summary against its P99, every second: an item of a policy's `triggers:`."""
 
-PAGE_ALERT_TRIGGER = "  - alert: {name: TritonTailLatencyHigh, matchers: {severity: page}}\n"
-"""The lab's Alertmanager rule (lab/scenarios/base.py), when it pages."""
+PAGE_ALERT_TRIGGER = "  - alert: {name: TritonTailLatencyHigh, matchers: {severity: page}, actsUngoverned: true}\n"
+"""The lab's Alertmanager rule (lab/scenarios/base.py), when it pages; it rolls back on its own
+(`actsUngoverned`, outside any stated rate: what the tests of an alert-decided rollback exercise;
+a governed alert only notifies while a detector sees the target, policies/governance.py)."""
 
-ALERT_TRIGGER = "  - alert: {name: TritonTailLatencyHigh}\n"
+ALERT_TRIGGER = "  - alert: {name: TritonTailLatencyHigh, actsUngoverned: true}\n"
 """The same alert, whatever its severity."""
 
 ALERT_ONLY_VERIFY = "verify: {query: 'vector(0)', below: 1, onNotRecovered: none}\n"

@@ -364,6 +364,10 @@ def _parse_one(
             errors.extend(_pydantic_errors(exc, where, spec.name, prefix=f"triggers[{i}].detector.params"))
     loaded = LoadedPolicy(spec, where, _target(spec), tuple(bound_actions), tuple(bound_detectors))
     for i, trig in enumerate(spec.triggers):
+        named = trig.alert.governed_by if trig.alert is not None else None
+        if named is not None and not any(d.index == named for d in bound_detectors):
+            errors.append(PolicyError(where, spec.name, f"triggers[{i}].alert.governedBy",
+                                      f"trigger {named} is not a detector trigger of this policy"))
         if trig.alert is None or trig.alert.gate is None or len(errors) != before:
             continue
         bound = loaded.gate_for(i)

@@ -143,9 +143,15 @@ def _sided(line: RecoveryLine | UnsidedLine | None, bound: BoundDetector) -> Rec
 
 
 def _signal_detector(policy: LoadedPolicy, signal: Signal) -> BoundDetector | None:
-    """The detector trigger of `policy` that produced `signal` (None for other signals)."""
+    """The detector trigger of `policy` that produced `signal` (None for other signals): the one its
+    trigger reference names, when that is still a trigger of the detector's type; else (a reload moved
+    the triggers since) the one of its type with its query, else the first of its type."""
     if signal.source is not SignalSource.DETECTOR or signal.policy != policy.name:
         return None
+    ref = signal.trigger_ref()
+    named = next((b for b in policy.detectors if b.index == ref.index and b.trigger.type == signal.name), None)
+    if named is not None and signal.details.get("query", named.trigger.query) == named.trigger.query:
+        return named
     kinds = [b for b in policy.detectors if b.trigger.type == signal.name]
     same = [b for b in kinds if b.trigger.query == signal.details.get("query")]
     found = same or kinds

@@ -81,10 +81,12 @@ class TargetSpec(Strict):
 
 
 class GateSpec(Strict):
-    """Let an alert act only when the policy's detector evidence does not show the version within
-    its budget: a veto, journaled with why, when every version of the target is shown within it at
-    `error` (the detector's lookback, Wald's acceptance); otherwise the alert acts, so a breach the
-    detector has not confirmed yet still gets the backstop."""
+    """The evidence gate of the former rule (before the governed alert, `policies.governance`): on an
+    alert trigger that `actsUngoverned`, a veto, journaled with why, when every version of the target
+    is shown within budget at `error` (the detector's lookback, Wald's acceptance). On a governed
+    alert trigger (the default) `detector` names the trigger that governs it and `error` weighs
+    nothing: the alert starts a rollback only as the liveness backstop (docs/detectors.md, "The
+    alert backstop")."""
 
     detector: int | None = None
     """The index of the detector trigger whose evidence gates (default: the policy's only one
@@ -104,6 +106,26 @@ class AlertTrigger(Strict):
     target_label: str | None = Field("model", alias="targetLabel")
     include_resolved: bool = Field(False, alias="includeResolved")
     gate: GateSpec | None = None
+    # On a policy with a rollback-class action the alert is governed (`policies.governance`): it starts
+    # the rollback only when no detector trigger of the policy has judged fresh data of the target for
+    # longer than this (a restart's first `backstopAfter` are not missing evidence); otherwise it is
+    # journaled notify-only. 5 min: ten times tail_excess's staleness horizon, so a slow cycle or a
+    # scrape outage of a few minutes is not read as a blind detector.
+    backstop_after: Seconds = Field(300.0, alias="backstopAfter")
+    # The detector trigger (its index) whose evidence governs the alert; default: every live
+    # detector trigger of the policy (`gate.detector` when a gate names one).
+    governed_by: int | None = Field(None, alias="governedBy", ge=0)
+    # true: the alert starts the policy's actions on its own, outside the policy's stated false-alarm
+    # rate (the policy loads with a warning; a `gate` then vetoes as it did before the governed rule).
+    acts_ungoverned: bool = Field(False, alias="actsUngoverned")
+
+    @field_validator("backstop_after")
+    @classmethod
+    def _backstop_floor(cls, value: float) -> float:
+        if value < 60:
+            raise ValueError("backstopAfter must be at least 60s: shorter reads a slow detector cycle or a "
+                             "brief scrape outage as a blind detector")
+        return value
 
 
 class DetectorTrigger(Strict):

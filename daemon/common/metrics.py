@@ -172,6 +172,11 @@ class Metrics:
                                         "Decisions of shadow triggers (never applied), by policy and what "
                                         "would have happened: act, blocked, silenced, noop, fail.",
                                         ["policy", "would"], registry=r)
+        self.governed_alerts = Counter("tailguard_governed_alerts_total",
+                                       "Alert signals ruled by the governed alert rule on a policy with a rollback-class "
+                                       "action, by policy and outcome: notify (journaled, not acted on), backstop "
+                                       "(acted: the governing detector was blind), ungoverned, vetoed, free.",
+                                       ["policy", "outcome"], registry=r)
         self.silence_checks = Counter("tailguard_silence_checks_total",
                                       "Alertmanager silence checks before acting on a detector signal, by "
                                       "result: silenced, clear, unavailable (acted without them).",

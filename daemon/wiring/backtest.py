@@ -28,12 +28,13 @@ from daemon.report import Series as ReportSeries
 from daemon.sources.prometheus import PrometheusClient, RangeResult
 from daemon.storage.journal import Journal
 from daemon.workers.poller import Poller, QueryGroup
-from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, describe_actions, merge_series, window
+from daemon.workers.replay import ReplayDecision, ReplayGuards, chunks, merge_series, window
 from daemon.workers.replay_alerts import (COUNT_WINDOW, alert_signal_at, alerts_query, densest_window, firing_onsets,
                                           scrape_interval)
 from daemon.workers.shadow import trigger_index
 from detectors.base import Detector
 from policies.gate import GateVerdict, gate_verdict
+from policies.governance import Ruling, Standing, alert_governance, matched_alert, rule
 from policies.loader import LoadedPolicy, PolicySet
 from policies.matching import alert_trigger_matches, matching_policies
 
@@ -129,7 +130,7 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
     async def offload(fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
-    gates: dict[str, dict[str, GateVerdict]] = {}  # alert signal's dedup key -> policy -> gate at onset
+    rulings: dict[str, dict[str, Ruling]] = {}  # alert signal's dedup key -> policy -> governed rule at onset
     try:
         poller = Poller(prom, journal, Metrics(), detectors, emit, offload, clock=lambda: clock[0])
         poller.sync(policies)
@@ -141,7 +142,7 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
         for at, item in sorted(events, key=lambda e: (e[0], isinstance(e[1], Signal))):
             clock[0] = at
             if isinstance(item, Signal):  # after the poll cycles of the same moment, as live
-                gates[item.dedup_key] = _gates(policies, poller, item, at)
+                rulings[item.dedup_key] = _rulings(policies, poller, item, at, start)
                 await emit(item)
             else:
                 cycles += 1
@@ -155,12 +156,10 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
         result.notes.append("freeze: true in the settings: every plan is blocked")
     for signal, at in fired:
         for policy in matching_policies(policies.policies, signal):
-            gate = gates.get(signal.dedup_key, {}).get(policy.name)
-            if gate is not None and gate.veto:
-                decision = ReplayDecision(at, policy.name, policy.target.key, "blocked", gate.reason,
-                                          describe_actions(policy))
-            else:
-                decision = guards.decide(policy, signal, at)
+            ruling = rulings.get(signal.dedup_key, {}).get(policy.name)
+            # the alert only notifies (policies.governance): said after the guards, as the ladder does
+            notify_only = ruling.reason if ruling is not None and not ruling.acts else None
+            decision = guards.decide(policy, signal, at, notify_only)
             result.fired.append(Fired(signal, at, decision))
     for policy in policies.enabled:
         for index, trigger in enumerate(policy.spec.triggers):
@@ -245,33 +244,39 @@ async def _alert_onsets(policies: PolicySet, prom: ReplayPrometheus, result: Bac
     return sorted(out.values(), key=lambda e: e[0])
 
 
-def _gates(policies: PolicySet, poller: Poller, signal: Signal, at: float) -> dict[str, GateVerdict]:
-    """Per policy the signal concerns, the gate of its first gated alert trigger the signal matches,
-    weighed on the gating detector's replayed verdicts at `at` (as `EvidenceReader.gate`)."""
+def _rulings(policies: PolicySet, poller: Poller, signal: Signal, at: float, start: float) -> dict[str, Ruling]:
+    """Per policy the alert signal concerns, the governed alert rule (`policies.governance.rule`, as
+    `EvidenceReader.governance` rules live) on the governing detectors' replayed cycles at `at`; the
+    replay's start is the daemon's (its first `backstopAfter` are not missing evidence)."""
     out = {}
     for policy in matching_policies(policies.policies, signal):
-        verdict = _gate(policy, poller, signal, at)
-        if verdict is not None:
-            out[policy.name] = verdict
+        ref = matched_alert(policy, signal)
+        if ref is None or ref.index is None:
+            continue
+        governance = alert_governance(policy, ref.index)
+        fresh = [latest.fresh_at for d in governance.detectors
+                 if (latest := poller.latest(policy.name, d)) is not None and latest.fresh_at is not None]
+        gate = _gate(policy, poller, ref.index, at) if governance.standing is Standing.UNGOVERNED else None
+        out[policy.name] = rule(governance, max(fresh, default=None), start, at, gate)
     return out
 
 
-def _gate(policy: LoadedPolicy, poller: Poller, signal: Signal, at: float) -> GateVerdict | None:
-    for index, trigger in enumerate(policy.spec.triggers):
-        alert = trigger.alert
-        if alert is None or alert.gate is None or not alert_trigger_matches(alert, policy, signal):
-            continue
-        bound = policy.gate_for(index)
-        latest = poller.latest(policy.name, bound.index) if bound is not None else None
-        label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
-        # A triton trigger replayed on the scrape interval: its evidence is as old as a replayed step,
-        # so three of those steps are the floor of its staleness horizon.
-        steps = [g.interval for g in poller.groups.values() for w in g.watches
-                 if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
-        stale_after = max([latest.stale_after, *(3.0 * s for s in steps)]) if latest else 0.0
-        return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
-                            stale_after, at, alert.gate.error, label)
-    return None
+def _gate(policy: LoadedPolicy, poller: Poller, alert_index: int, at: float) -> GateVerdict | None:
+    """The former evidence gate of an ungoverned alert trigger that declares one, on the replayed
+    verdicts at `at` (as `EvidenceReader._gate`)."""
+    alert = policy.spec.triggers[alert_index].alert
+    if alert is None or alert.gate is None:
+        return None
+    bound = policy.gate_for(alert_index)
+    latest = poller.latest(policy.name, bound.index) if bound is not None else None
+    label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
+    # A triton trigger replayed on the scrape interval: its evidence is as old as a replayed step,
+    # so three of those steps are the floor of its staleness horizon.
+    steps = [g.interval for g in poller.groups.values() for w in g.watches
+             if bound is not None and w.policy.name == policy.name and w.bound.index == bound.index]
+    stale_after = max([latest.stale_after, *(3.0 * s for s in steps)]) if latest else 0.0
+    return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
+                        stale_after, at, alert.gate.error, label)
 
 
 async def _timeline(poller: Poller, prom: ReplayPrometheus, result: BacktestResult, start: float, end: float,

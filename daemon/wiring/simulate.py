@@ -4,7 +4,9 @@ Each matching policy is decided by the daemon's own ladder (`daemon.workers.deci
 guards and pending approvals read from the journal if one exists, nothing committed; targets
 observed read-only; plans computed); nothing is journaled and nothing is applied. A plan of a shadow trigger (`shadow:
 true`, daemon.workers.shadow) is shown as the live daemon would journal it: `would act (shadow)`,
-never executed, never counted as acting."""
+never executed, never counted as acting. An alert on a policy with a rollback-class action is ruled by
+the governed alert rule as live (`policies.governance.rule`, through the same ladder): `would only
+notify` unless it is the liveness backstop."""
 from __future__ import annotations
 
 import json
@@ -28,9 +30,10 @@ ACTS = "act"
 
 
 def outcome(verdict: Verdict) -> str:
-    """What the daemon would do, one word: act, approval, dry_run, blocked, noop or fail."""
+    """What the daemon would do, one word: act, approval, dry_run, notify (a governed alert that only
+    notifies: `policies.governance`), blocked, noop or fail."""
     if isinstance(verdict, Blocked):
-        return "blocked"
+        return "notify" if verdict.notify_only else "blocked"
     if isinstance(verdict, Unplanned):
         return "fail"
     if isinstance(verdict, NoOp):
@@ -44,7 +47,7 @@ def outcome(verdict: Verdict) -> str:
 
 
 _SAYS = {ACTS: "would act", "approval": "would ask for approval", "dry_run": "would only plan (dryRun)",
-         "blocked": "would be blocked", "noop": "nothing to do", "fail": "would fail"}
+         "notify": "would only notify (governed alert)", "blocked": "would be blocked", "noop": "nothing to do", "fail": "would fail"}
 
 
 def describe(policy: LoadedPolicy, verdict: Verdict, signal: Signal) -> dict[str, Any]:

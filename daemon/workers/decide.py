@@ -1,5 +1,5 @@
-"""The one decision ladder: guards -> an approval already pending -> silences -> an alert's evidence
-gate -> observe and plan -> what the plan says, as a typed verdict (`daemon.workers.verdicts`).
+"""The one decision ladder: guards -> an approval already pending -> silences -> the governed alert rule
+(`policies.governance`) -> observe and plan -> what the plan says, as a typed verdict (`daemon.workers.verdicts`).
 
 Live, shadow and preview decisions all climb this ladder (`Mode`); they differ only in what they
 record (`daemon.workers.executor`, `daemon.workers.shadow.shadow_row`, `daemon.wiring.simulate`).
@@ -20,7 +20,7 @@ from daemon.workers.approvals import awaiting_reason
 from daemon.workers.blast_guard import escalates
 from daemon.workers.silences import SilenceVerdict, silence_note
 from daemon.workers.verdicts import Blocked, DryRun, Execute, Mode, NeedsApproval, NoOp, Unplanned, Verdict
-from policies.gate import GateVerdict
+from policies.governance import Ruling
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.planning import blocked_plan, build_plan, unplanned
@@ -40,9 +40,8 @@ class Evidence(Protocol):
     async def silences(self, policy: LoadedPolicy, signal: Signal) -> SilenceVerdict | None:
         """What Alertmanager's silences say about the signal's target; None when not asked."""
 
-    async def gate(self, policy: LoadedPolicy, signal: Signal) -> GateVerdict | None:
-        """The evidence gate of the alert trigger the signal matched (None: not an alert, or not
-        gated)."""
+    async def governance(self, policy: LoadedPolicy, signal: Signal) -> Ruling | None:
+        """The governed alert rule's ruling on an alert signal (None: not an alert)."""
 
     async def steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         """Each action's step, observed and planned in order. Raises ActionError."""
@@ -76,11 +75,12 @@ async def decide(policy: LoadedPolicy, signal: Signal, mode: Mode, evidence: Evi
     if silences is not None and silences.silenced:  # a matching silence blocks, like a guard
         return Blocked(blocked_plan(policy, signal, GuardDecision(False, silences.reason)), silences.reason,
                        silenced=True, note=note)
-    gate = await evidence.gate(policy, signal)
-    if gate is not None:
-        note = {**note, "gate": {"veto": gate.veto, "reason": gate.reason}}
-        if gate.veto:  # the detector shows every version within budget: the alert is not acted on
-            return Blocked(blocked_plan(policy, signal, GuardDecision(False, gate.reason)), gate.reason, note=note)
+    ruling = await evidence.governance(policy, signal)
+    if ruling is not None:
+        note = {**note, "governance": ruling.as_note()}
+        if not ruling.acts:  # the detector keeps the promise (or nothing can): the alert only notifies
+            return Blocked(blocked_plan(policy, signal, GuardDecision(False, ruling.reason)), ruling.reason,
+                           note=note, notify_only=True)
     try:
         steps = await evidence.steps(policy, signal)
     except Declined as exc:  # the policy's own rule said no: a block, not a failure

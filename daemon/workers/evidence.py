@@ -22,9 +22,9 @@ from daemon.workers.silences import SilenceCheck, SilenceVerdict, target_labels
 from daemon.workers.state import ExecutorState
 from daemon.workers.steps import ActionFor, UnexpectedError, guarded
 from policies.gate import GateVerdict, gate_verdict
+from policies.governance import Ruling, Standing, alert_governance, matched_alert, rule
 from policies.guards import GuardDecision, GuardState, check_guards
 from policies.loader import LoadedPolicy
-from policies.matching import alert_trigger_matches
 
 if TYPE_CHECKING:
     from daemon.workers.poller import Latest
@@ -47,12 +47,14 @@ class EvidenceReader:
         clock: Unix time.
         silences: Asks Alertmanager about a target; None consults no silences (no alertmanager.url).
         latest: The last cycle's verdicts of a policy's detector trigger (the poller's), for the
-            gates on alert triggers; None: no poller, every gated alert acts.
+            governed alert rule; None: no poller (no detector evidence ever: a governed alert acts
+            only as the backstop, `backstopAfter` after the start).
+        started_at: When the daemon started (default: now): evidence cannot be missing before it.
     """
 
     def __init__(self, journal: Journal, state: ExecutorState, blast: BlastGuard, action: ActionFor,
                  metrics: Metrics, clock: Callable[[], float], silences: SilenceCheck | None = None,
-                 latest: LatestVerdicts | None = None) -> None:
+                 latest: LatestVerdicts | None = None, started_at: float | None = None) -> None:
         self._journal = journal
         self._state = state
         self._blast = blast
@@ -61,6 +63,7 @@ class EvidenceReader:
         self._clock = clock
         self._silences = silences
         self._latest = latest
+        self._started_at = clock() if started_at is None else started_at
 
     async def guards(self, policy: LoadedPolicy, *, commit: bool, arrived_at: float | None = None) -> GuardDecision:
         """The runtime freezes and the blast radius (unless the config's global freeze says it
@@ -98,23 +101,34 @@ class EvidenceReader:
             log.info("silenced", reason=verdict.reason)
         return verdict
 
-    async def gate(self, policy: LoadedPolicy, signal: Signal) -> GateVerdict | None:
-        """The gate of the first gated alert trigger the signal matches, weighed on the gating
-        detector's last verdicts for the target."""
-        if signal.source is not SignalSource.ALERT:
+    async def governance(self, policy: LoadedPolicy, signal: Signal) -> Ruling | None:
+        """The governed alert rule (`policies.governance.rule`) on an alert signal, weighed on the
+        governing detector triggers' last cycles (the poller's); counted, and logged with its reason."""
+        ref = matched_alert(policy, signal)
+        if ref is None or ref.index is None:
             return None
-        for index, trigger in enumerate(policy.spec.triggers):
-            alert = trigger.alert
-            if alert is None or alert.gate is None or not alert_trigger_matches(alert, policy, signal):
-                continue
-            bound = policy.gate_for(index)
-            latest = self._latest(policy.name, bound.index) if self._latest is not None and bound else None
-            label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
-            verdict = gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
-                                   latest.stale_after if latest else 0.0, self._clock(), alert.gate.error, label)
-            log.info("alert gate", veto=verdict.veto, reason=verdict.reason)
-            return verdict
-        return None
+        governance = alert_governance(policy, ref.index)
+        fresh = [latest.fresh_at for d in governance.detectors
+                 if (latest := self._verdicts(policy, d)) is not None and latest.fresh_at is not None]
+        ruling = rule(governance, max(fresh, default=None), self._started_at, self._clock(),
+                      self._gate(policy, ref.index) if governance.standing is Standing.UNGOVERNED else None)
+        self._metrics.governed_alerts.labels(policy.name, ruling.outcome).inc()
+        log.info("alert ruled", acts=ruling.acts, outcome=ruling.outcome, reason=ruling.reason)
+        return ruling
+
+    def _verdicts(self, policy: LoadedPolicy, index: int) -> "Latest | None":
+        return self._latest(policy.name, index) if self._latest is not None else None
+
+    def _gate(self, policy: LoadedPolicy, alert_index: int) -> GateVerdict | None:
+        """The former evidence gate of an ungoverned alert trigger that declares one (None: none)."""
+        alert = policy.spec.triggers[alert_index].alert
+        if alert is None or alert.gate is None:
+            return None
+        bound = policy.gate_for(alert_index)
+        latest = self._verdicts(policy, bound.index) if bound is not None else None
+        label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
+        return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
+                            latest.stale_after if latest else 0.0, self._clock(), alert.gate.error, label)
 
     async def steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         steps = []

@@ -209,6 +209,9 @@ class Executor:
             if verdict.escalates:
                 self._announce("escalated", policy.name, policy.target.key, verdict.reason,
                                decision=blocked_id, signal=signal.dedup_key)
+            elif verdict.notify_only:  # a governed alert notifies (policies.governance); a Warning if it never can act
+                standing = verdict.note.get("governance", {}).get("standing")
+                await self._event(policy, "AlertNotified", verdict.reason, warning=standing == "notify_only")
         elif isinstance(verdict, Unplanned):
             failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, verdict.reason,
                                            executed=False, extra=note)

@@ -17,7 +17,7 @@ from core.collector import collector_paused
 from core.detection import BudgetEvidence, Detection
 from core.promql import render_query
 from core.query import Series, series_key
-from core.signal import Signal, SignalSource, stable_key
+from core.signal import Signal, SignalSource, TriggerRef, stable_key
 from daemon.storage.journal import Journal
 from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
@@ -66,15 +66,18 @@ class Latest:
     series: tuple[Mapping[str, str], ...]  # every series' labels, in the answer's order
     budget_rows: tuple[tuple[Any, ...], ...]  # (index in `series`, *BudgetEvidence's fields) where there is one
     telling: tuple[Mapping[str, str], Detection] | None  # fired first, then the highest score
+    # The last cycle that judged fresh data of the target (None: none since the daemon started): the
+    # governed alert rule's liveness evidence (policies.governance).
+    fresh_at: float | None = None
 
     @classmethod
     def of(cls, at: float, stale_after: float, labels: Sequence[Mapping[str, str]],
-           detections: Sequence[Detection]) -> "Latest":
+           detections: Sequence[Detection], fresh_at: float | None = None) -> "Latest":
         telling = None
         if detections:
             telling = max(zip(labels, detections), key=lambda v: (v[1].fired, v[1].score or 0.0))
         rows = tuple((i, *_BUDGET_FIELDS(b)) for i, b in enumerate(d.budget for d in detections) if b is not None)
-        return cls(at, stale_after, tuple(labels), rows, telling)
+        return cls(at, stale_after, tuple(labels), rows, telling, fresh_at)
 
     @property
     def budgets(self) -> list[tuple[Mapping[str, str], BudgetEvidence]]:
@@ -334,7 +337,8 @@ class Poller:
         with collector_paused():
             detections = self._detect_all(watch, mine, pairs, now)
             labels = [s.labels for s in mine]
-            watch.latest = Latest.of(now, horizon, labels, detections)
+            before = watch.latest.fresh_at if watch.latest is not None else None
+            watch.latest = Latest.of(now, horizon, labels, detections, now if has_data else before)
             watch.keys.next_cycle()
             watch.gauges.next_cycle()
             keys = list(watch.keys.many(labels))  # once per series: the journal row and the log
@@ -488,4 +492,5 @@ def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> 
                  "episode_start": d.episode_start, "query": watch.bound.trigger.query,
                  "evidence": [list(p) for p in d.evidence][-20:], **dict(d.details), **shadow},
         recovery_line=d.recovery_line,
+        trigger=TriggerRef(SignalSource.DETECTOR, watch.bound.index, watch.bound.trigger.type),
     )

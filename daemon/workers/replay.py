@@ -106,7 +106,9 @@ class ReplayGuards:
     frozen: bool = False
     acted: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (policy, target) -> times
 
-    def decide(self, policy: LoadedPolicy, signal: Signal, at: float) -> ReplayDecision:
+    def decide(self, policy: LoadedPolicy, signal: Signal, at: float, notify_only: str | None = None) -> ReplayDecision:
+        """`notify_only`: why the governed alert rule (`policies.governance`) says the alert only
+        notifies; weighed after the guards, as the ladder does (`daemon.workers.decide`)."""
         key = (policy.name, policy.target.key)
         actions = describe_actions(policy)
         shadow = shadow_origin(policy, signal)
@@ -120,6 +122,8 @@ class ReplayGuards:
         verdict = check_guards(guards, state, at)
         if not verdict.allowed:
             return ReplayDecision(at, policy.name, policy.target.key, "blocked", verdict.reason, actions)
+        if notify_only is not None:
+            return ReplayDecision(at, policy.name, policy.target.key, "blocked", notify_only, actions)
         check = recovery_check(policy, signal)
         recovery = f"{check.query} {check.condition.describe()}" if check is not None else None
         if guards.dry_run:

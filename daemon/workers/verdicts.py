@@ -17,7 +17,8 @@ from core.outcome import ActionError
 from policies.planning import Plan
 
 Note = Mapping[str, Any]
-"""Keys added to the journaled plan (`{"silences": {...}}` once Alertmanager was asked), else empty."""
+"""Keys added to the journaled plan (`{"silences": {...}}` once Alertmanager was asked, `{"governance":
+{...}}` once an alert was ruled on), else empty."""
 
 
 class Mode(enum.Enum):
@@ -36,7 +37,8 @@ class Mode(enum.Enum):
 
 @dataclass(frozen=True)
 class Blocked:
-    """A guard, a freeze, the blast radius, an approval already pending or a silence says no."""
+    """A guard, a freeze, the blast radius, an approval already pending, a silence or the governed
+    alert rule (`policies.governance`: the alert notifies, it does not start the rollback) says no."""
 
     plan: Plan  # no steps; `blocked` is `reason`
     reason: str
@@ -44,6 +46,7 @@ class Blocked:
     silenced: bool = False  # an Alertmanager silence said no (not a guard)
     awaiting: int | None = None  # the id of the approval already pending for this policy and target
     note: Note = field(default_factory=dict)
+    notify_only: bool = False  # a governed alert that notifies: journaled, and recorded as an Event when live
 
 
 @dataclass(frozen=True)

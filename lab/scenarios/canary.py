@@ -135,9 +135,8 @@ class CanaryScenario(Scenario):
 
     def rules(self, timings: Timings) -> str:
         # The alert rule as the README recommends it (`for: 1m`), not the other scenarios' short
-        # one: the tail rollback policy beside the canary acts on it, and its gate weighs each
-        # version's evidence; 15 s into a slowdown of both, the stable's long healthy lookback may
-        # not show it above budget yet while the canary's short one does (docs/canary.md).
+        # one: the tail rollback policy beside the canary is governed by its tail_excess trigger, so
+        # the alert only notifies while that detector sees the target (policies/governance.py).
         return super().rules(dataclasses.replace(timings, rule_for="1m"))
 
     def clients_options(self, run: Run) -> dict[str, Any]:

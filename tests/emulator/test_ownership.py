@@ -302,7 +302,7 @@ async def test_simulate_shows_the_refusal(tmp_path: Path, kube_emulator: KubeEmu
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "p.yaml").write_text(
         "name: ranker-weights\ntarget: {model: ranker, namespace: serving, triton: {endpoints: ['http://127.0.0.1:9']}}\n"
-        "triggers: [{alert: {name: TritonTailLatencyHigh}}]\n"
+        "triggers: [{alert: {name: TritonTailLatencyHigh, actsUngoverned: true}}]\n"
         "actions: [{type: istio.shift_weights, virtualService: {namespace: serving, name: ranker}, set: {v2: 0}}]\n"
         "verify: {query: 'vector(0)', below: 1, onNotRecovered: none}\n")  # required: alert-only
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)

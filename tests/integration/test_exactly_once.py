@@ -213,7 +213,7 @@ name: {name}
 target:
   model: ranker
 {triton}triggers:
-  - alert: {{name: TritonTailLatencyHigh, matchers: {{severity: page}}}}
+  - alert: {{name: TritonTailLatencyHigh, matchers: {{severity: page}}, actsUngoverned: true}}
 actions:
   - {action}
 guards: {{cooldown: 0s}}

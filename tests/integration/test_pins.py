@@ -34,7 +34,7 @@ target:
   namespace: serving
   triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}
 triggers:
-  - alert: {name: TritonTailLatencyHigh}
+  - alert: {name: TritonTailLatencyHigh, actsUngoverned: true}  # the alert rolls back on its own
 actions:
   - type: triton.rollback
 # alert-only: a verify block is required; its outcome is irrelevant here (onNotRecovered: none)

@@ -22,7 +22,7 @@ from daemon.workers.shadow import ShadowOrigin, shadow_row
 from daemon.workers.silences import Matcher, Silence, SilenceVerdict
 from daemon.workers.verdicts import Blocked, DryRun, Execute, Mode, NeedsApproval, NoOp, Unplanned, Verdict
 from policies.blast_radius import CommonCauseDecision
-from policies.gate import GateVerdict
+from policies.governance import Ruling, Standing
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy, load_policies_text
 from tests.support.helpers import notify_policy
@@ -49,7 +49,7 @@ class FakeEvidence:
     waiting: Approval | None = None
     silence: SilenceVerdict | None = None
     planned: list[Step] | ActionError = field(default_factory=lambda: [STEP])
-    gated: GateVerdict | None = None  # None: the signal is not a gated alert (not asked about)
+    ruled: Ruling | None = None  # None: the signal is not an alert (not asked about)
     asked: list[str] = field(default_factory=list)
     commits: list[bool] = field(default_factory=list)
 
@@ -66,10 +66,10 @@ class FakeEvidence:
         self.asked.append("silences")
         return self.silence
 
-    async def gate(self, policy: LoadedPolicy, signal: Signal) -> GateVerdict | None:
-        if self.gated is not None:
-            self.asked.append("gate")
-        return self.gated
+    async def governance(self, policy: LoadedPolicy, signal: Signal) -> Ruling | None:
+        if self.ruled is not None:
+            self.asked.append("governance")
+        return self.ruled
 
     async def steps(self, policy: LoadedPolicy, signal: Signal) -> list[Step]:
         self.asked.append("steps")
@@ -84,18 +84,20 @@ WAITING = Approval(3, 7, "ranker-notify", "default/ranker", 0.0, DEADLINE, "pend
 
 # ---- the ladder ------------------------------------------------------------------------------------
 
-async def test_a_gate_that_vetoes_stops_the_climb_before_the_target_is_observed():
-    """An alert's gate showing every version within budget blocks with its reason, journaled in
-    the note; one that lets the alert act is noted and the ladder goes on."""
-    veto = FakeEvidence(gated=GateVerdict(True, "gate: every version shown within budget"))
-    verdict = await decide(_policy(), _signal(), Mode.LIVE, veto)
-    assert isinstance(verdict, Blocked) and verdict.reason == "gate: every version shown within budget"
-    assert verdict.note["gate"] == {"veto": True, "reason": verdict.reason}
-    assert veto.asked == ["guards", "silences", "gate"]
-    through = FakeEvidence(gated=GateVerdict(False, "gate: v2 not shown within budget; the alert acts"))
-    verdict = await decide(_policy(), _signal(), Mode.LIVE, through)
-    assert isinstance(verdict, Execute) and verdict.note["gate"]["veto"] is False
-    assert through.asked == ["guards", "silences", "gate", "steps"]
+async def test_a_governed_alert_that_notifies_stops_the_climb_before_the_target_is_observed():
+    """A governed alert whose detector sees the target is journaled notify-only with the ruling's
+    reason in the note, and no target is observed; the backstop's ruling is noted and the ladder goes on."""
+    fresh = FakeEvidence(ruled=Ruling(False, "notify only: the governing detector judged fresh data", Standing.GOVERNED))
+    verdict = await decide(_policy(), _signal(), Mode.LIVE, fresh)
+    assert isinstance(verdict, Blocked) and verdict.notify_only and not verdict.silenced
+    assert verdict.reason == verdict.plan.blocked == "notify only: the governing detector judged fresh data"
+    assert verdict.note["governance"] == {"acts": False, "outcome": "notify", "standing": "governed",
+                                          "reason": verdict.reason}
+    assert fresh.asked == ["guards", "silences", "governance"]
+    blind = FakeEvidence(ruled=Ruling(True, "backstop: no fresh evidence for 400 s", Standing.GOVERNED, backstop=True))
+    verdict = await decide(_policy(), _signal(), Mode.LIVE, blind)
+    assert isinstance(verdict, Execute) and verdict.note["governance"]["outcome"] == "backstop"
+    assert blind.asked == ["guards", "silences", "governance", "steps"]
 
 
 async def test_a_guard_that_says_no_stops_the_climb():
