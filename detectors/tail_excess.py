@@ -27,6 +27,7 @@ from core.detection import Detection
 from core.query import Series
 from detectors._grid import align
 from detectors.base import DetectorParams, Offload, detect_each
+from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
 from detectors.tail_excess_batch import OK, SLOWEST_COUNTED, ExcessBatch, Test, batch_detections, evaluate_excess_batch
@@ -58,6 +59,10 @@ class TailExcessParams(DetectorParams):
     """L: the latency the quantile must stay under, in the counter's unit per request (500000
     for Triton's `_us` counters and 500 ms; a histogram's bucket bound). Required: a line that
     carries a unit has no default."""
+    line_unit: Literal["us", "ms", "s"] | None = None
+    """The unit `line` is written in, checked against the unit the query's metric states in its
+    name (`_us`, `_ms`/`_milliseconds`, `_seconds`): a mismatch fails to load with the line in the
+    metric's unit (nothing is converted). None: the line is in the metric's unit, unchecked."""
     evidence: Literal["counters", "histogram"] = "counters"
     """`counters`: latency and request counters; `histogram`: the bucket at the line and the count."""
     quantile: float = Field(0.999, gt=0.5, lt=1.0)
@@ -132,6 +137,9 @@ class TailExcessParams(DetectorParams):
 
     def query_problem(self, query: str, companion_query: str | None) -> str | None:
         """A histogram trigger names the bucket at (or above) the line and the count beside it."""
+        unit = unit_problem(query, self.line, self.line_unit)
+        if unit is not None:
+            return unit
         if self.evidence != "histogram":
             return None
         if not companion_query:
