@@ -12,6 +12,7 @@ from core.timestamps import iso_utc
 from daemon.storage.records import Approval
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
+from policies.governance import policy_warnings
 from policies.loader import PolicySet
 
 
@@ -94,7 +95,9 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
                      "enabled": len(i.policies.enabled), "digest": i.policies.digest,
                      "lastReloadAt": _iso_or_none(i.last_reload_at), "errors": i.last_reload_error,
                      "items": [{"name": p.name, "enabled": p.spec.enabled, "target": p.target.key,
-                                "approval": p.spec.approval, "source": p.source} for p in i.policies.policies]},
+                                "approval": p.spec.approval, "source": p.source,
+                                # why its triggers cannot keep its promise (policies.governance)
+                                "warnings": policy_warnings(p)} for p in i.policies.policies]},
         "targets": targets,
         "approvals": [approval_view(a, i.now) for a in i.approvals],
         "staleQueries": [dict(q) for q in i.stale_queries],
@@ -135,6 +138,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
              f" at {doc['generatedAt']}",
              f"policies: {pol['count']} loaded ({pol['enabled']} enabled), last reload {pol['lastReloadAt'] or 'never'}"
              f", errors: {_short(pol['errors'], 100) if pol['errors'] else 'none'}"]
+    lines.extend(f"warning: {item['name']}: {w}" for item in pol.get("items", []) for w in item.get("warnings", []))
     if freeze["config"]:
         lines.append("freeze: DAEMON FROZEN by config (freeze: true)")
     elif freeze["daemon"]:

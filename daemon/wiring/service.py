@@ -45,7 +45,8 @@ from daemon.workers.policy_reload import PolicyReloader
 from daemon.workers.scheduler import run_schedules
 from daemon.workers.signal_intake import SignalIntake
 from detectors.base import Detector
-from policies.loader import PolicySet
+from policies.governance import policy_warnings
+from policies.loader import LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.service")
 
@@ -343,6 +344,18 @@ class Service:
         self.backlog.policies_changed()
         if self.poller is not None:
             self.poller.sync(new)
+        if self.deps.record_event is not None:  # a policy whose triggers cannot keep its promise: a Warning Event
+            for policy in new.policies:
+                for warning in policy_warnings(policy):
+                    self.supervisor.spawn("policy-warning-event", self._policy_warning_event(policy, warning))
+
+    async def _policy_warning_event(self, policy: LoadedPolicy, warning: str) -> None:
+        assert self.deps.record_event is not None
+        try:
+            await self.deps.record_event(policy=policy, reason="PolicyPromiseWarning", message=warning, warning=True)
+        except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
+            self.metrics.faults.labels("events").inc()
+            log.warning("could not record Kubernetes event", error=str(exc))
 
     # ---- workers ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
 from daemon.workers.state import ExecutorState
 from detectors.base import Detector
+from policies.governance import policy_warnings
 from policies.loader import PolicyLoadError, PolicySet, load_policies
 
 log = structlog.get_logger("tailguard.service")
@@ -91,3 +92,6 @@ class PolicyReloader:
         self._metrics.policies_loaded.set(len(new.policies))
         log.info("policies loaded", count=len(new.policies), digest=new.digest,
                  names=[p.name for p in new.policies])
+        for policy in new.policies:  # triggers that cannot keep the policy's promise (policies.governance)
+            for warning in policy_warnings(policy):
+                log.warning("policy cannot keep its promise", policy=policy.name, warning=warning)

@@ -187,3 +187,25 @@ async def test_a_detector_signal_is_not_ruled():
     detector = Signal(SignalSource.DETECTOR, "tail_excess", {"model": "ranker"}, datetime.now(timezone.utc),
                       "detector:p:0:abc", policy="p")
     assert await reader.governance(policy, detector) is None
+
+
+# ---- where the warning is seen --------------------------------------------------------------------
+
+def test_validate_and_status_show_a_policy_that_cannot_keep_its_promise(tmp_path, capsys):
+    from daemon.http.status import StatusInputs, build_status, render_table
+    from daemon.wiring.cli import main
+    from daemon.workers.freezes import FreezeView
+    from policies.loader import PolicySet
+
+    (tmp_path / "p.yaml").write_text(POLICY.format(triggers="  - alert: {name: TritonTailLatencyHigh}\n",
+                                                   action=ROLLBACK))
+    assert main(["validate", str(tmp_path / "p.yaml")]) == 0  # it loads: its alert only notifies
+    out = capsys.readouterr().out
+    assert "warning: p: alert trigger 0 cannot keep the policy's promise" in out, out
+    policy = _load("  - alert: {name: TritonTailLatencyHigh}\n")
+    doc = build_status(StatusInputs(now=1000.0, replica="r", leader=True, acting=True, policies=PolicySet((policy,)),
+                                    policies_loaded=True, last_reload_at=None, last_reload_error=None,
+                                    freezes=FreezeView(config=False)))
+    (item,) = doc["policies"]["items"]
+    assert item["warnings"] == policy_warnings(policy) and len(item["warnings"]) == 1
+    assert "warning: p: alert trigger 0 cannot keep the policy's promise" in render_table(doc)

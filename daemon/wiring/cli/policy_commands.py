@@ -15,6 +15,7 @@ from policies.schema import Trigger
 
 
 def validate(args: argparse.Namespace) -> int:
+    from policies.governance import policy_warnings
     from policies.loader import PolicyLoadError, load_policies
     from policies.planning import recovery_warning
 
@@ -32,6 +33,8 @@ def validate(args: argparse.Namespace) -> int:
         warning = recovery_warning(p)
         if warning is not None:
             print(f"warning: {p.name}: {warning}; add a verify block")
+        for promise in policy_warnings(p):  # triggers that cannot keep the policy's promise
+            print(f"warning: {p.name}: {promise}")
     return 0
 
 
