@@ -1,5 +1,7 @@
-"""The evidence gate on an alert trigger: a pure verdict from the latest detections of the gating
-detector on the alert's target (docs/detectors.md, "The alert backstop")."""
+"""The former evidence gate on an alert trigger: a pure verdict from the latest detections of the
+gating detector on the alert's target. It weighs only on an alert trigger that `actsUngoverned`
+(`policies.governance.rule` takes its verdict); a governed alert acts only as the liveness backstop
+(docs/detectors.md, "The alert backstop")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
