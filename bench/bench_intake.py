@@ -141,7 +141,9 @@ async def _serve_tailguard(port: int, work: Path, sink_url: str, cooldown: str, 
     # backend postgres: the DSN comes from env TAILGUARD_JOURNAL_DSN, as in a deployment.
     settings = Settings.model_validate({"listen": {"host": LOOPBACK, "port": port},
                                         "policies": {"path": str(policies)},
-                                        "journal": {"backend": backend, "path": str(work / "journal.db")}})
+                                        "journal": {"backend": backend, "path": str(work / "journal.db")},
+                                        # Intake is measured, not the common-cause hold (on by default).
+                                        "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None}})
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with Service(settings, action_registry(), detector_registry()) as svc:

@@ -110,6 +110,8 @@ async def run(rounds: int, root: Path) -> dict[str, Any]:
                 "journal": {"path": str(root / "journal.db")},
                 "executor": {"workers": 2, "pinReconcileIntervalSeconds": INTERVAL},
                 "kubernetes": kube_settings(write_kubeconfig(root / "kc", kube)),
+                # One target: the common-cause hold (on by default) would only delay the rollback.
+                "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None},
             })
             async with Service(settings, action_registry(), detector_registry()) as svc:
                 async with aiohttp.ClientSession() as http:

@@ -20,6 +20,8 @@ policies: {path: $w/policies}
 journal: {path: $w/journal.db}
 prometheus: {url: $RIG_PROMETHEUS_URL}
 log: {format: json, level: info}
+# One target: the common-cause hold (on by default, 60 s before any action) would only add its span.
+blastRadius: {maxTargetsPerWindow: null, commonCauseTargets: null}
 YAML
 "$tg" validate "$w/policies" >&2
 if [ -n "${RIG_WEBHOOK_REGISTER_URL:-}" ]; then

@@ -181,20 +181,29 @@ class ExecutorSettings(_Section):
 
 
 class BlastRadiusSettings(_Section):
-    """Daemon-wide limits across targets (a policy's own guards see one target); None turns a limit off."""
+    """Daemon-wide limits across targets (a policy's own guards see one target); None turns a limit off.
 
-    max_targets_per_window: int | None = Field(None, ge=1, alias="maxTargetsPerWindow")
+    On by default (docs/operations.md, "Safe defaults"): a burst on more than 3 targets acts on
+    none, and at most 5 distinct targets are changed an hour. The price: every signal that may act is
+    held commonCauseSpanSeconds before it does, and a real regression on 4 targets at once escalates."""
+
+    max_targets_per_window: int | None = Field(5, ge=1, alias="maxTargetsPerWindow")
     """Distinct targets changed within windowSeconds past which a plan on one more target is blocked."""
     window_seconds: float = Field(3600.0, gt=0, alias="windowSeconds")
     """The window of maxTargetsPerWindow."""
-    common_cause_targets: int | None = Field(None, ge=1, alias="commonCauseTargets")
+    common_cause_targets: int | None = Field(3, ge=1, alias="commonCauseTargets")
     """More distinct targets than this signalling within commonCauseSpanSeconds: act on none, escalate once."""
     common_cause_share: float | None = Field(None, gt=0, lt=1, alias="commonCauseShare")
-    """As commonCauseTargets, as a fraction (0-1) of the targets the policies name."""
+    """As commonCauseTargets, as a fraction (0-1) of the targets the policies name. Off by default: in a
+    small fleet it would suppress two simultaneous regressions (2 of 3 targets); the count catches bursts."""
     common_cause_span_seconds: float = Field(60.0, gt=0, alias="commonCauseSpanSeconds")
     """The span within which signals on many targets count as one burst with a likely shared cause,
     counted by arrival (when the journal received each): a signal is held until a span after its
     arrival, then judged on the signals that arrived within a span before or after it."""
+
+
+BLAST_RADIUS_OFF = BlastRadiusSettings(maxTargetsPerWindow=None, commonCauseTargets=None, commonCauseShare=None)
+"""Every limit across targets off: an Executor built without settings (tests, embedding), never the daemon's."""
 
 
 NotificationEvent = Literal["acted", "recovered", "not_recovered", "escalated", "failed",

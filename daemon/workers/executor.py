@@ -30,7 +30,7 @@ from actions.base import Action, ActionDeps
 from core.timestamps import iso_utc
 from core.decision import DecisionState
 from core.signal import Signal
-from daemon.common.config import BlastRadiusSettings
+from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.records import RECOVERY, Decision
@@ -120,7 +120,7 @@ class Executor:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._actions: dict[str, Action] = {}
         self._notify = notify
-        self._blast = BlastGuard(journal, state, blast_radius or BlastRadiusSettings(), clock, sleep)
+        self._blast = BlastGuard(journal, state, blast_radius or BLAST_RADIUS_OFF, clock, sleep)
         # What the decision ladder reads; running a decision's steps, watching its recovery after,
         # and plans that wait for an operator: each in a class of its own.
         self._evidence = EvidenceReader(journal, state, self._blast, self._action, metrics, clock, silences, latest)

@@ -135,6 +135,9 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
             "policies": {"path": str(policies)},
             "journal": {"path": str(work / "journal.db")},
             "prometheus": {"url": prom.url},
+            # The scenarios play one incident on one target at a time, timed without the common-cause
+            # hold (on by default: 60 s before any action); docs/operations.md states it.
+            "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None},
         }
         if kube is not None:
             raw["kubernetes"] = kube

@@ -250,8 +250,8 @@ def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("values", "expected"), [
     ({}, {"max_signal_age_seconds": 600.0, "escalation_freeze_seconds": 3600.0, "queue_size": 10_000,
-          "notification_queue_size": 1000, "max_pending": 100_000, "max_targets_per_window": None,
-          "window_seconds": 3600.0, "common_cause_targets": None, "common_cause_share": None,
+          "notification_queue_size": 1000, "max_pending": 100_000, "max_targets_per_window": 5,
+          "window_seconds": 3600.0, "common_cause_targets": 3, "common_cause_share": None,
           "common_cause_span_seconds": 60.0}),
     ({"executor": {"maxSignalAgeSeconds": 2.5, "escalationFreezeSeconds": 86400, "queueSize": 1_000_000,
                    "notificationQueueSize": 1},

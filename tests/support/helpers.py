@@ -112,6 +112,9 @@ def local_settings(tmp: Path, policies: Path, **overrides: Any) -> Settings:
         "policies": {"path": str(policies), "reloadIntervalSeconds": 0.2},
         "journal": {"path": str(tmp / "journal.db")},
         "executor": {"workers": 2},
+        # Off unless a test asks: common cause holds every signal a span (60 s) before it acts, which
+        # tests of other things would only wait out. Blast-radius tests pass their own.
+        "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None, "commonCauseShare": None},
     }
     raw.update(overrides)
     os.environ["TAILGUARD_WEBHOOK_TOKEN"] = TOKEN

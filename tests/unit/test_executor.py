@@ -22,7 +22,7 @@ from core.outcome import Declined, Outcome, PermanentError, TemporaryError
 from core.query import QueryResult, Sample
 from core.signal import Signal, SignalSource
 from core.target import Target
-from daemon.common.config import BlastRadiusSettings
+from daemon.common.config import BlastRadiusSettings, Settings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.errors import JournalError
@@ -1280,6 +1280,11 @@ def _policies_on(models: list[str]) -> str:
                          for m in models)
 
 
+def _blast(**limits: Any) -> BlastRadiusSettings:
+    """Only the limits given on (the daemon's defaults turn the count and the budget on)."""
+    return BlastRadiusSettings(**{"maxTargetsPerWindow": None, "commonCauseTargets": None, **limits})
+
+
 async def _journal_alerts(h: Harness, models: list[str]) -> list[tuple[int, Signal]]:
     signals = [Signal(SignalSource.ALERT, ALERT, {"model": m}, datetime.now(timezone.utc), f"alert-{m}")
                for m in models]
@@ -1291,8 +1296,8 @@ async def test_common_cause_burst_acts_on_none_and_escalates_once(h: Harness):
     """Six targets signal within the span, limit three: every decision is blocked as a common
     cause, nothing is applied, and exactly one escalation is handed over."""
     models = [f"m{i}" for i in range(6)]
-    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
-                                                                           commonCauseSpanSeconds=30))
+    ex = h.executor(_policies_on(models), blast_radius=_blast(commonCauseTargets=3,
+                                                                 commonCauseSpanSeconds=30))
     for signal_id, signal in await _journal_alerts(h, models):  # the burst lands while each waits
         await ex.process(signal_id, signal)
 
@@ -1304,17 +1309,22 @@ async def test_common_cause_burst_acts_on_none_and_escalates_once(h: Harness):
     assert [e["event"] for e in h.events] == ["escalated"]
 
 
+@pytest.mark.parametrize("settings", [_blast(commonCauseTargets=3, commonCauseSpanSeconds=60),
+                                      Settings().blast_radius], ids=["limit-3-span-60", "shipped-defaults"])
 async def test_a_burst_taken_four_at_a_time_while_the_clock_runs_acts_on_none(h: Harness,
-                                                                               monkeypatch: pytest.MonkeyPatch):
+                                                                               monkeypatch: pytest.MonkeyPatch,
+                                                                               settings: BlastRadiusSettings):
     """The incident of a node or network: 20 targets signal within a minute (one every 3 s), four
     workers take them as they arrive, span 60 s, limit 3, and the clock runs on through the burst and
     well past it. Each signal is judged on the signals that arrived within a span of its own arrival,
-    not of when a worker took it: no target is acted on, and one escalation is handed over."""
+    not of when a worker took it: no target is acted on, and one escalation is handed over. With the
+    daemon's shipped settings (no blastRadius in the config; the chart's defaults are the same,
+    tests/chart/test_helm_chart.py::test_chart_defaults_are_the_daemon_defaults) a default install
+    acts on none of the burst either."""
     timer = h.timer = FakeTimer(h.now)
     monkeypatch.setattr(h.journal, "clock", timer.clock)  # arrivals on the fake clock (the journal's clock)
     models = [f"m{i:02d}" for i in range(20)]
-    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
-                                                                           commonCauseSpanSeconds=60))
+    ex = h.executor(_policies_on(models), blast_radius=settings)
     backlog = Backlog(h.journal, lambda: ex.state.policies.policies, ex.process, h.metrics, clock=timer.clock)
     h.journal.signals.on_intake(backlog.admit)
     tasks = [asyncio.create_task(backlog.work()) for _ in range(4)] + [asyncio.create_task(backlog.refill())]
@@ -1344,8 +1354,8 @@ async def test_a_signal_taken_long_after_its_burst_is_still_judged_on_it(h: Harn
     """A worker that gets to a signal three spans after it arrived (a backlog) does not hold it again
     and judges it on the burst it arrived in, not on the quiet time it is taken in."""
     models = [f"m{i}" for i in range(6)]
-    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3,
-                                                                           commonCauseSpanSeconds=30))
+    ex = h.executor(_policies_on(models), blast_radius=_blast(commonCauseTargets=3,
+                                                                 commonCauseSpanSeconds=30))
     journaled = await _journal_alerts(h, models)
     h.now = time.time() + 90  # taken three spans after the burst arrived
     for signal_id, signal in journaled:
@@ -1359,7 +1369,7 @@ async def test_a_signal_taken_long_after_its_burst_is_still_judged_on_it(h: Harn
 async def test_signals_on_few_targets_are_not_suppressed(h: Harness):
     """Three targets within the span at a limit of three is not a common cause: all act."""
     models = ["m0", "m1", "m2"]
-    ex = h.executor(_policies_on(models), blast_radius=BlastRadiusSettings(commonCauseTargets=3))
+    ex = h.executor(_policies_on(models), blast_radius=_blast(commonCauseTargets=3))
     for signal_id, signal in await _journal_alerts(h, models):
         await ex.process(signal_id, signal)
 
@@ -1372,7 +1382,7 @@ async def test_target_budget_blocks_one_target_too_many(h: Harness):
     changed may act again (it does not widen the blast radius). No hold without common cause."""
     models = ["m0", "m1", "m2"]
     ex = h.executor(_policies_on(models).replace("actions:", "guards: {cooldown: 0s}\nactions:"),
-                    blast_radius=BlastRadiusSettings(maxTargetsPerWindow=2))
+                    blast_radius=_blast(maxTargetsPerWindow=2))
     for signal_id, signal in await _journal_alerts(h, models):
         await ex.process(signal_id, signal)
     h.now += 10  # past the (zero) cooldown of m0's own policy
