@@ -209,3 +209,57 @@ def test_validate_and_status_show_a_policy_that_cannot_keep_its_promise(tmp_path
     (item,) = doc["policies"]["items"]
     assert item["warnings"] == policy_warnings(policy) and len(item["warnings"]) == 1
     assert "warning: p: alert trigger 0 cannot keep the policy's promise" in render_table(doc)
+
+
+# ---- backtest and simulate rule the same way ---------------------------------------------------------
+
+class _ReplayedPoller:
+    """What the backtest's ruling reads of its poller: each watch's last replayed cycle."""
+
+    def __init__(self, latest: dict[tuple[str, int], Latest]) -> None:
+        self._latest = latest
+        self.groups: dict[Any, Any] = {}
+
+    def latest(self, policy: str, index: int) -> Latest | None:
+        return self._latest.get((policy, index))
+
+
+def test_backtest_rules_with_the_same_function_and_after_the_guards():
+    """The replay's start is the daemon's; a notify-only ruling is said after the guards, as the
+    ladder does (a cooldown the detector's own rollback started reads as the cooldown)."""
+    from daemon.wiring.backtest import _rulings
+    from daemon.workers.replay import ReplayGuards
+    from policies.loader import PolicySet
+
+    policy = _load(DETECTOR + "  - alert: {name: TritonTailLatencyHigh}\n")
+    policies = PolicySet((policy,))
+    seeing = _ReplayedPoller({("p", 0): _latest(START + 600.0, START + 600.0)})
+    (ruling,) = _rulings(policies, seeing, _alert(), START + 601.0, START).values()  # type: ignore[arg-type]
+    assert ruling == rule(alert_governance(policy, 1), START + 600.0, START, START + 601.0) and not ruling.acts
+    early = _rulings(policies, _ReplayedPoller({}), _alert(), START + 60.0, START)["p"]  # type: ignore[arg-type]
+    assert not early.acts and "started 60 s ago" in early.reason
+    blind = _rulings(policies, _ReplayedPoller({}), _alert(), START + 900.0, START)["p"]  # type: ignore[arg-type]
+    assert blind.acts and blind.backstop
+
+    guards = ReplayGuards()
+    notified = guards.decide(policy, _alert(), START + 601.0, ruling.reason)
+    assert (notified.outcome, notified.reason) == ("blocked", ruling.reason) and not guards.acted
+    acted = guards.decide(policy, _alert(), START + 900.0, None)  # the backstop: the guards pass, it acts
+    assert acted.outcome == "act"
+    again = guards.decide(policy, _alert(), START + 960.0, ruling.reason)
+    assert again.outcome == "blocked" and again.reason.startswith("cooldown")
+
+
+def test_simulate_says_a_notify_only_verdict_in_its_own_words():
+    from daemon.wiring.simulate import describe, outcome
+    from daemon.workers.verdicts import Blocked
+    from policies.guards import GuardDecision
+    from policies.planning import blocked_plan
+
+    policy = _load(DETECTOR + "  - alert: {name: TritonTailLatencyHigh}\n")
+    reason = "notify only: started 0 s ago"
+    verdict = Blocked(blocked_plan(policy, _alert(), GuardDecision(False, reason)), reason, notify_only=True)
+    assert outcome(verdict) == "notify"
+    shown = describe(policy, verdict, _alert())
+    assert shown["outcome"] == "would only notify (governed alert)" and not shown["executed"]
+    assert shown["blocked"] == reason
