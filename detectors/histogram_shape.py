@@ -82,7 +82,7 @@ def unit_problem(query: str, line: float, line_unit: str | None) -> str | None:
                 "write the line in the metric's unit and drop line_unit")
     if unit == line_unit:
         return None
-    return (f"the line is {line:g} {line_unit} but {histogram_base(name)} is in {unit}: write line: {convert(line, line_unit, unit):g} "
+    return (f"the line is {line:g} {line_unit} but {histogram_base(name or query)} is in {unit}: write line: {convert(line, line_unit, unit):g} "
             f"(and line_unit: {unit}); the bounds and sums are in the metric's unit, nothing is converted")
 
 

@@ -13,6 +13,7 @@ from daemon.storage.records import Approval
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
 from policies.governance import policy_warnings
+from policies.evidence_price import policy_prices
 from policies.loader import PolicySet
 
 
@@ -71,6 +72,9 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
                 "pendingApproval": approval.id if approval else None,
                 "detectors": [{"trigger": index, **dict(view)} for (name, index), view in sorted(i.detectors.items())
                               if name == p.name],
+                # each tail_excess trigger's evidence and its price at the traffic its last cycle saw
+                "evidence": [{"trigger": index, **price.as_dict()}
+                             for index, price in policy_prices(p, _seen_traffic(i.detectors, p.name))],
             })
         own = [d for (_, t), d in latest.items() if t == key]
         newest = max(own, key=lambda d: d["id"]) if own else None
@@ -103,6 +107,16 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
         "staleQueries": [dict(q) for q in i.stale_queries],
         "vanishedMetrics": [dict(v) for v in i.vanished],
     }
+
+
+def _seen_traffic(detectors: Mapping[tuple[str, int], Mapping[str, Any]], policy: str) -> dict[int, float | None]:
+    """Requests per second per version each detector trigger of `policy` assumed at its last cycle."""
+    out: dict[int, float | None] = {}
+    for (name, index), view in detectors.items():
+        assumed = view.get("assumed") if name == policy else None
+        rps = assumed.get("requests_per_second") if isinstance(assumed, Mapping) else None
+        out[index] = float(rps) if isinstance(rps, (int, float)) and rps > 0 else None
+    return out
 
 
 def _decision(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,6 +193,14 @@ def render_table(doc: Mapping[str, Any]) -> str:
         for target, policy, d in detectors:
             lines.append(f"  {target} {policy} trigger {d['trigger']} {d['detector']} {d['series']}: "
                          f"{_short(d['reason'], 160)}")
+    prices = [(t["target"], p["policy"], e) for t in doc["targets"] for p in t["policies"]
+              for e in p.get("evidence", [])]
+    if prices:
+        lines.append("")
+        lines.append("evidence (what each trigger's evidence costs, at the traffic its last cycle saw):")
+        for target, policy, e in prices:
+            lines.append(f"  {target} {policy} trigger {e['trigger']}: {e['evidence']}; {e['cost']}")
+            lines.extend(f"    note: {note}" for note in e.get("notes", []))
     if doc["approvals"]:
         lines.append("")
         lines.append("pending approvals:")

@@ -17,6 +17,7 @@ from policies.schema import Trigger
 def validate(args: argparse.Namespace) -> int:
     from policies.governance import policy_warnings
     from policies.loader import PolicyLoadError, load_policies
+    from policies.evidence_price import price_lines
     from policies.planning import recovery_warning
 
     try:
@@ -30,6 +31,8 @@ def validate(args: argparse.Namespace) -> int:
         triggers = ", ".join(_describe(t) for t in p.spec.triggers if (t.alert or t.detector or t.schedule))
         print(f"ok: {p.name}: target {p.target.key}; triggers: {triggers}; actions: "
               f"{', '.join(a.kind for a in p.actions)}{' (dry run)' if p.spec.guards.dry_run else ''}")
+        for line in price_lines(p):  # what each trigger's evidence costs (policies/evidence_price.py)
+            print(f"  {line}")
         warning = recovery_warning(p)
         if warning is not None:
             print(f"warning: {p.name}: {warning}; add a verify block")
