@@ -238,16 +238,17 @@ def test_network_policy_lets_the_daemon_reach_optional_dependencies() -> None:
     """With the NetworkPolicy on, egress is opened to Alertmanager (9093, its pods in monitoring) when
     alertmanager.url is set, to PostgreSQL (5432) with the postgres backend and to receivers (443) with
     notifications; none of these is opened when unused."""
-    off = _egress_ports(hr.render({"networkPolicy": {"enabled": True}}))
+    off = _egress_ports(hr.render({"networkPolicy": {"enabled": True, "egress": {"enabled": True}}}))
     assert 9093 not in off and 5432 not in off
-    objects = hr.render({**POSTGRES, "networkPolicy": {"enabled": True}, "notifications": NOTIFICATIONS,
+    objects = hr.render({**POSTGRES, "networkPolicy": {"enabled": True, "egress": {"enabled": True}},
+                         "notifications": NOTIFICATIONS,
                          "alertmanager": {"url": "http://alertmanager-operated.monitoring:9093"}})
     egress = _egress_ports(objects)
     assert egress[9093]["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
                                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alertmanager"}}}]
     assert egress[5432] == {"ports": [{"port": 5432, "protocol": "TCP"}]}  # any address: the database's is not known
     assert {"ports": [{"port": 443, "protocol": "TCP"}]} in hr.one(objects, "NetworkPolicy")["spec"]["egress"]
-    narrowed = _egress_ports(hr.render({**POSTGRES, "networkPolicy": {"enabled": True, "egress": {
+    narrowed = _egress_ports(hr.render({**POSTGRES, "networkPolicy": {"enabled": True, "egress": {"enabled": True,
         "postgres": {"to": [{"ipBlock": {"cidr": "10.8.0.0/16"}}]}}}}))
     assert narrowed[5432]["to"] == [{"ipBlock": {"cidr": "10.8.0.0/16"}}]
 

@@ -56,7 +56,7 @@ CASES: dict[str, dict[str, Any]] = {
         "actions": {"istio": {"enabled": True}, "httproute": {"enabled": True},
                     "configmap": {"enabled": True, "names": ["ranker-limits"]},
                     "tritonDiscovery": {"enabled": True}},
-        "networkPolicy": {"enabled": True, "egress": {"apiServer": {"cidrs": ["10.0.0.1/32"]}}},
+        "networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServer": {"cidrs": ["10.0.0.1/32"]}}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
@@ -84,7 +84,7 @@ CASES: dict[str, dict[str, Any]] = {
             {"existingSecret": "tailguard-slack", "format": "slack", "events": ["escalated", "failed"]},
             {"existingSecret": "tailguard-pager", "secretKey": "webhook", "timeoutSeconds": 2, "maxAttempts": 6},
         ],
-        "networkPolicy": {"enabled": True},
+        "networkPolicy": {"enabled": True, "egress": {"enabled": True}},
     },
 }
 
@@ -140,11 +140,11 @@ def test_custom_resources_match_crd_schemas(rendered) -> None:
 
 
 def test_optional_objects_are_off_by_default(rendered) -> None:
-    """The default install renders no NetworkPolicy, monitoring CRs, dashboard or ClusterRole; the
-    journal's PVC is on by default (SQLite, one replica)."""
+    """The default install renders no monitoring CRs, dashboard or ClusterRole; the journal's PVC
+    (SQLite, one replica) and the NetworkPolicy are on by default."""
     kinds = {o["kind"] for o in rendered["defaults"]}
-    assert kinds == {"ConfigMap", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget", "Role",
-                     "RoleBinding", "Secret", "Service", "ServiceAccount"}
+    assert kinds == {"ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "PodDisruptionBudget",
+                     "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"}
 
 
 # ---- pod security and wiring ---------------------------------------------------------------
@@ -492,13 +492,67 @@ def test_cluster_wide_role_is_named_per_namespace(rendered) -> None:
 # ---- network and monitoring ----------------------------------------------------------------------
 
 
+def _release_namespace_peer() -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": hr.NAMESPACE}}}
+
+
 def test_network_policy_admits_only_configured_peers(rendered) -> None:
-    """Ingress reaches only port http from the Alertmanager and Prometheus peers given in values."""
+    """Ingress reaches only port http from the Alertmanager and Prometheus peers given in values and
+    the operators' namespace (by default the release's)."""
     policy = hr.one(rendered["everything-on"], "NetworkPolicy")
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     (ingress,) = policy["spec"]["ingress"]
-    assert ingress["from"] == _merged({})["networkPolicy"]["ingress"]["from"]
+    peers = _merged({})["networkPolicy"]["ingress"]
+    assert ingress["from"] == peers["alertmanager"] + peers["prometheus"] + [_release_namespace_peer()]
     assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
+def test_default_install_admits_alertmanager_prometheus_and_the_operators_only(rendered) -> None:
+    """On by default: Ingress only (egress is opt-in), from Alertmanager's and Prometheus's pods in
+    `monitoring` and from the release's namespace, to port http; nothing else reaches the daemon."""
+    policy = hr.one(rendered["defaults"], "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == _deployment(rendered["defaults"])["spec"]["selector"][
+        "matchLabels"]
+    (ingress,) = policy["spec"]["ingress"]
+    names = [(p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name"),
+              p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name")) for p in ingress["from"]]
+    assert names == [("monitoring", "alertmanager"), ("monitoring", "prometheus"), (hr.NAMESPACE, None)]
+    assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
+def test_network_policy_selectors_are_configurable() -> None:
+    """Each group of peers is its own value: Alertmanager elsewhere, operators in two namespaces, one
+    more peer; and with every group emptied no rule is rendered (an empty `from` would admit anyone)."""
+    elsewhere = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+                  "podSelector": {"matchLabels": {"app": "am"}}}]
+    ops = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": n}}} for n in ("sre", "oncall")]
+    extra = [{"ipBlock": {"cidr": "10.1.0.0/16"}}]
+    policy = hr.one(hr.render({"networkPolicy": {"ingress": {"alertmanager": elsewhere, "operators": ops,
+                                                             "from": extra}}}), "NetworkPolicy")
+    (ingress,) = policy["spec"]["ingress"]
+    assert ingress["from"] == elsewhere + _merged({})["networkPolicy"]["ingress"]["prometheus"] + ops + extra
+    none = hr.one(hr.render({"networkPolicy": {"ingress": {"alertmanager": [], "prometheus": [], "operators": []}}}),
+                  "NetworkPolicy")
+    assert none["spec"]["ingress"] == []  # deny all ingress, never a rule without `from`
+    assert hr.find(hr.render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_notes_state_the_network_policy_and_an_upgrade_note() -> None:
+    """NOTES.txt names who may reach the daemon; on an upgrade it says the policy is now on by default
+    and how to admit peers elsewhere; nothing about it when it is off."""
+    def notes(values: dict[str, Any], **how: bool) -> str:
+        files = hr.chart().render(values, name=hr.RELEASE, namespace=hr.NAMESPACE, **how)
+        return next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+
+    installed = notes({}, is_install=True)
+    assert "only these reach port http" in installed and "every pod of namespace tailguard" in installed
+    assert '"app.kubernetes.io/name":"alertmanager"' in installed
+    assert "UPGRADE NOTE" not in installed
+    upgraded = notes({}, is_upgrade=True)
+    assert "UPGRADE NOTE: the NetworkPolicy is on by default" in upgraded
+    assert "networkPolicy.ingress.alertmanager / .prometheus / .operators" in upgraded
+    assert "NetworkPolicy" not in notes({"networkPolicy": {"enabled": False}}, is_upgrade=True)
 
 
 def test_network_policy_egress_covers_every_dependency(rendered) -> None:
