@@ -333,3 +333,25 @@ def test_the_fixtures_say_they_were_built_not_captured():
         assert name in readme and (EXPOSITION / name).exists()
 
 
+
+
+def test_through_prometheus_a_bucket_that_vanishes_is_stale_never_read_as_slow():
+    """Prometheus answers the bucket and the count as separate series: when the bounds change the
+    selected bucket stops while the count goes on. The version goes stale; nothing fires."""
+    ts = tuple(START + i for i in range(120))
+    count = Series({"version": "2"}, ts, tuple(float(40 * i) for i in range(120)))
+    bucket = Series({"version": "2", "le": "500"}, ts[:60], tuple(float(40 * i) for i in range(60)))
+    det = TailExcessDetector(TailExcessParams(line=500, evidence="histogram"))
+    det.detect(bucket, ts[-1], count)
+    assert STORE.wait()
+    d = det.detect(bucket, ts[-1], count)
+    assert not d.fired and d.reason.startswith("stale")
+
+
+async def test_a_bound_that_is_no_number_leaves_the_scrape_out(exporter: Exporter):
+    scraper = await run_source(exporter, _template("triton_first_response_histogram.txt"), TRITON, "version",
+                               TRITON_BOUNDS, 900.0, BREACH, 20)
+    exporter.text = exporter.text.replace('version="2",le="2000"', 'version="2",le="2s"')
+    await scraper.scrape()
+    buckets = await scraper.query(f'{TRITON}_bucket{{model="ranker", le="500"}}')
+    assert any("le='2s' is not a number" in p for p in buckets.partial)
