@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -160,6 +160,8 @@ async def backtest(settings: Settings, policies: PolicySet, detectors: Mapping[s
             # the alert only notifies (policies.governance): said after the guards, as the ladder does
             notify_only = ruling.reason if ruling is not None and not ruling.acts else None
             decision = guards.decide(policy, signal, at, notify_only)
+            if ruling is not None and ruling.backstop and decision.outcome in ("act", "approval"):
+                decision = replace(decision, reason=ruling.reason)  # why the alert may act: the backstop
             result.fired.append(Fired(signal, at, decision))
     for policy in policies.enabled:
         for index, trigger in enumerate(policy.spec.triggers):

@@ -76,7 +76,10 @@ async def test_backtest_replays_the_examples_detector_and_alert_and_shows_the_ro
     assert plan.signal.name == "tail_excess" and plan.decision.actions.startswith("triton.rollback(to=previous")
     assert deploy <= plan.at < deploy + 120.0, (plan.at - deploy, lines)
     (alert,) = [f for f in result.fired if f.signal.name == "TritonTailLatencyHigh"]
-    assert alert.decision.outcome == "blocked" and alert.decision.reason.startswith("cooldown"), lines
+    # The alert is governed (policies/governance.py): after the detector's rollback the cooldown says
+    # no first; before it, the detector sees the target and the alert only notifies.
+    why = "cooldown" if alert.at >= plan.at else "notify only: the governing detector (trigger 0) judged fresh"
+    assert alert.decision.outcome == "blocked" and alert.decision.reason.startswith(why), lines
     notes = "\n".join(result.notes)
     assert "one step per scrape interval (5 s)" in notes and "from ALERTS{" in notes, notes
 
