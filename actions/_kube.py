@@ -24,6 +24,7 @@ from kubernetes_asyncio.client import CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from actions._compare_and_swap import Conflict
+from actions.base import UNGUARDED, Actuator, Effect
 from actions._kube_errors import api_error, is_precondition_failure, server_message
 from core.outcome import PermanentError
 
@@ -105,6 +106,7 @@ class CustomObject:
     namespace: str
     name: str
     timeout_seconds: float = REQUEST_TIMEOUT_SECONDS
+    actuator: Actuator = UNGUARDED  # every patch passes it (`ActionDeps.actuator`: the daemon's door)
 
     def _what(self, verb: str) -> str:
         return f"{verb} {self.plural}.{self.group} {self.namespace}/{self.name}"
@@ -119,8 +121,15 @@ class CustomObject:
         return cast(dict[str, Any], await read(self._what("get"), request))
 
     async def patch(self, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        """Apply RFC 6902 `ops` (guarded by their `test` ops); Conflict when a test failed."""
-        request = self._api().patch_namespaced_custom_object(
-            self.group, self.version, self.namespace, self.plural, self.name, ops,
-            field_manager=FIELD_MANAGER, _content_type=JSON_PATCH, _request_timeout=self.timeout_seconds)
-        return cast(dict[str, Any], await write(self._what("patch"), request))
+        """Apply RFC 6902 `ops` (guarded by their `test` ops) through the door; Conflict when a test
+        failed, `Refused` when the door said no (nothing sent)."""
+        what = self._what("patch")
+
+        async def send() -> Any:
+            request = self._api().patch_namespaced_custom_object(
+                self.group, self.version, self.namespace, self.plural, self.name, ops,
+                field_manager=FIELD_MANAGER, _content_type=JSON_PATCH, _request_timeout=self.timeout_seconds)
+            return await write(what, request)
+
+        effect = Effect("kube.patch", what, timeout_seconds=self.timeout_seconds, data={"ops": ops})
+        return cast(dict[str, Any], await self.actuator.write(effect, send))

@@ -13,11 +13,11 @@ effect key to the receiver (an `Idempotency-Key` header) so it can drop the repe
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from core.outcome import Outcome
+from core.outcome import ActionError, Outcome
 from core.query import QueryResult
 from core.signal import Signal
 from core.target import Target
@@ -99,6 +99,66 @@ why not (it no longer holds the Lease)."""
 KnownBadFn = Callable[[str], Awaitable[frozenset[int]]]
 
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One write to the world, as an action announces it to the door (`Actuator.write`).
+
+    `kind`: "triton.load", "kube.patch", "sink.write". `summary`: the write in words (journaled).
+    `loads`: the model version a Triton load makes served (the door refuses a version marked bad);
+    None for every other write. `target`: the target key when the action knows it (the door checks
+    it is the one its caller acts on)."""
+
+    kind: str
+    summary: str
+    target: str | None = None
+    loads: int | None = None
+    timeout_seconds: float = 30.0  # the request's own timeout: a takeover's fence waits it out
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Refused(ActionError):
+    """The door refused a write: nothing was sent, and the refusal is journaled. `check` names the
+    question that said no ("leader", "fence", "freeze", "bad_version", "writer", "journal")."""
+
+    def __init__(self, check: str, reason: str) -> None:
+        super().__init__(f"refused by the door ({check}): {reason}", retryable=False)
+        self.check = check
+        self.reason = reason
+
+
+class Actuator(Protocol):
+    """The one door every write to the world passes (daemon/workers/door.py in the daemon).
+
+    `write` asks, at the moment of the write, everything that may forbid it (leadership and the fence
+    term, every freeze covering the target, known-bad versions), journals the intent, calls `send`
+    (the request itself, built by the action from its client), and journals the result. It raises
+    `Refused` without calling `send` when a check says no, and re-raises what `send` raises."""
+
+    async def write(self, effect: Effect, send: Callable[[], Awaitable[T]]) -> T: ...
+
+    async def ask(self, effect: Effect) -> Refused | None:
+        """What `write` would refuse now (None: it would let it through), without writing or
+        journaling: a caller that would only be refused again on every pass asks first."""
+
+
+class Unguarded:
+    """An actuator that asks nothing and journals nothing: for actions driven outside the daemon
+    (tests of one action against an emulator, tools with no journal). The daemon always lends its
+    door instead (daemon/wiring/parts.py); tests/unit/test_door_writes.py checks that it does."""
+
+    async def write(self, effect: Effect, send: Callable[[], Awaitable[T]]) -> T:
+        return await send()
+
+    async def ask(self, effect: Effect) -> Refused | None:
+        return None
+
+
+UNGUARDED = Unguarded()
+
+
 async def static_endpoints(target: Target) -> list[str]:
     """Triton base URLs listed in the policy (local mode, or outside a cluster)."""
     return list(target.triton_endpoints)
@@ -126,6 +186,9 @@ class ActionDeps:
     replicas: ReplicasFn | None = None
     # Before each Triton write (None: always allowed, no leader election).
     write_fence: WriteFenceFn | None = None
+    # The door every write passes (Triton loads, Kubernetes patches, timeout sinks); the daemon's
+    # checks freezes, leadership and bad marks and journals each write (daemon/workers/door.py).
+    actuator: Actuator = UNGUARDED
 
 
 class Action(Protocol):

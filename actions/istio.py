@@ -306,7 +306,8 @@ class ShiftWeights:
     def _object(self, params: ShiftWeightsParams) -> CustomObject:
         ref = params.virtual_service
         return CustomObject(self._deps.kube, KIND, group=GROUP, version=params.api_version, plural=PLURAL,
-                            namespace=ref.namespace, name=ref.name, timeout_seconds=params.request_timeout_seconds)
+                            namespace=ref.namespace, name=ref.name, timeout_seconds=params.request_timeout_seconds,
+                            actuator=self._deps.actuator)
 
     async def observe(self, target: Target, params: ShiftWeightsParams) -> Mapping[str, Any]:
         return {"virtualService": await self._object(params).get()}

@@ -27,7 +27,7 @@ from pydantic import Field
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
-from actions.base import ActionDeps, ActionParams, PinCheck, Replicas, Step
+from actions.base import ActionDeps, ActionParams, Effect, PinCheck, Refused, Replicas, Step
 from core.outcome import ActionError, Declined, Outcome, PermanentError
 from core.signal import Signal, SignalSource
 from core.target import Target
@@ -212,8 +212,10 @@ class TritonRollback:
     - verify reads every replica: OK (with the pin) when every up replica serves only the version and
       one does at least; a replica up on another version asks the executor to apply again (`reapply`).
 
-    Every Triton write first passes `ActionDeps.write_fence` (a new leader waits out the old one's
-    in-flight writes and this replica must still hold the Lease), right before it is sent.
+    Every Triton write passes the door (`ActionDeps.actuator`, daemon/workers/door.py): leadership,
+    every freeze on the target, known-bad versions, and right before the request the write fence (a
+    new leader waits out the old one's in-flight writes and this replica must still hold the Lease).
+    A refused write is a replica "fenced": nothing is sent to it.
     """
 
     kind: ClassVar[str] = KIND
@@ -282,27 +284,37 @@ class TritonRollback:
 
     # ---- writes ------------------------------------------------------------------------------
 
-    async def _fenced(self, timeout: float) -> str | None:
-        """Why this replica may not write to Triton now (None: it may), after waiting out a takeover."""
-        return await self._deps.write_fence(timeout) if self._deps.write_fence is not None else None
+    async def _load(self, target: Target, url: str, config: Mapping[str, Any], timeout: float) -> None:
+        """One load, through the door (`ActionDeps.actuator`: it may refuse, raising `Refused`);
+        raises what the client raises (UNREACHABLE, InferenceServerException)."""
+        versions = pinned_versions(config)
+        loads = versions[0] if versions is not None and len(versions) == 1 else None
+        effect = Effect("triton.load", f"load {target.model} "
+                        + (f"version {loads}" if loads is not None else "with its previous version policy")
+                        + f" on {url}", target=target.key, loads=loads, timeout_seconds=timeout,
+                        data={"replica": url, "model": target.model})
+        await self._deps.actuator.write(effect, lambda: self._send_load(url, target.model, config, timeout))
 
-    async def _load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> None:
-        """One load; raises what the client raises (UNREACHABLE, InferenceServerException)."""
+    async def _send_load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> None:
+        """The load request itself: only ever the `send` of a door's write."""
         client = self._client(url, timeout)
         try:
             await client.load_model(model, config=json.dumps(config))
         finally:
             await client.close()
 
-    async def _move(self, url: str, model: str, version: int, before: Mapping[str, Any] | None,
+    async def _move(self, target: Target, url: str, version: int, before: Mapping[str, Any] | None,
                     timeout: float) -> tuple[str, str, Mapping[str, Any] | None]:
         """Bring one replica onto `version`: (state, why, the config it served before the load). The
         state: "on" already there, "moved" loaded now, "down" unreachable, "refused" up and not on
-        it, "fenced" not ours to write."""
+        it, "fenced" the door refused the write (not the leader, frozen, a bad version...)."""
+        model = target.model
         read_timeout = self._deps.triton_timeout_seconds
-        fenced = await self._fenced(timeout)  # a new leader waits out the old one's writes, then reads
-        if fenced is not None:
-            return "fenced", fenced, None
+        if self._deps.write_fence is not None:
+            # A new leader waits out the old one's in-flight writes before it reads what to write.
+            fenced = await self._deps.write_fence(timeout)
+            if fenced is not None:
+                return "fenced", fenced, None
         try:
             rep = await self._read_replica(url, model, read_timeout)
         except UNREACHABLE as exc:
@@ -312,12 +324,12 @@ class TritonRollback:
         if ready_versions(rep["index"], model) == [version] and pinned_versions(rep["config"]) == [version]:
             return "on", "already serves only it", None
         config = before["config"] if before is not None else rep["config"]
-        fenced = await self._fenced(timeout)  # right before the write: still the leader, on the clock now
-        if fenced is not None:
-            return "fenced", fenced, None
         try:
-            await self._load(url, model, pinned_config(config, version), timeout)
+            # The door asks leadership, freezes and bad marks, and waits out a takeover's fence.
+            await self._load(target, url, pinned_config(config, version), timeout)
             return "moved", "loaded", config
+        except Refused as exc:
+            return "fenced", exc.reason, None
         except InferenceServerException as exc:
             failed = _describe(exc)
         except UNREACHABLE as exc:
@@ -337,7 +349,7 @@ class TritonRollback:
         version = int(step.after["version"])
         urls = every_replica(step)
         befores: Mapping[str, Mapping[str, Any]] = step.before.get("replicas", {})
-        results = await asyncio.gather(*(self._move(u, target.model, version, befores.get(u),
+        results = await asyncio.gather(*(self._move(target, u, version, befores.get(u),
                                                     params.load_timeout_seconds) for u in urls))
         by: dict[str, dict[str, str]] = {}
         prior: dict[str, Mapping[str, Any]] = {}  # what each replica moved now served before
@@ -349,14 +361,15 @@ class TritonRollback:
         blocked, fenced = by.get("refused", {}), by.get("fenced", {})
         data: dict[str, Any] = {"moved": sorted(moved), "already": sorted(on), "down": down}
         if fenced:
-            # Not ours to write any more: the new leader resumes this decision and re-observes.
+            # The door refused (not the leader, frozen, a bad version): nothing more is written; a new
+            # leader resumes this decision and re-observes.
             return Outcome.failure(f"stopped: {next(iter(fenced.values()))}; {len(moved)} replica(s) moved so far are "
-                                   "left to the leader, which resumes this decision", retryable=False,
-                                   fenced=fenced, **data)
+                                   "left as they are (a leader that takes over resumes this decision)",
+                                   retryable=False, fenced=fenced, **data)
         if blocked:
             # All or nothing: what this apply moved goes back to what it served before.
             back = {u: prior[u] for u in moved if u in prior}
-            not_back = await self._load_each(back, target.model, params.load_timeout_seconds)
+            not_back = await self._load_each(back, target, params.load_timeout_seconds)
             data |= {"refused": blocked, "put_back": sorted(set(back) - set(not_back)),
                      "not_put_back": not_back}
             head = f"version {version} refused on {len(blocked)} of {len(urls)} replica(s)"
@@ -371,17 +384,15 @@ class TritonRollback:
         return Outcome.success(f"{target.model} version {version}: loaded on {len(moved)}, already on {len(on)} "
                                f"of {len(urls)} replica(s){waiting}", **data)
 
-    async def _load_each(self, configs: Mapping[str, Mapping[str, Any]], model: str,
+    async def _load_each(self, configs: Mapping[str, Mapping[str, Any]], target: Target,
                          timeout: float) -> dict[str, str]:
-        """Load each replica's config (a revert, putting back); the replicas where it failed, with why."""
+        """Load each replica's config (a revert, putting back); the replicas where it failed, with why
+        (a write the door refused among them)."""
         async def one(url: str, config: Mapping[str, Any]) -> str | None:
-            fenced = await self._fenced(timeout)
-            if fenced is not None:
-                return fenced
             try:
-                await self._load(url, model, config, timeout)
+                await self._load(target, url, config, timeout)
                 return None
-            except (InferenceServerException, *UNREACHABLE) as exc:
+            except (InferenceServerException, Refused, *UNREACHABLE) as exc:
                 return _describe(exc)
 
         results = await asyncio.gather(*(one(u, c) for u, c in configs.items()))
@@ -443,7 +454,7 @@ class TritonRollback:
         """Put every replica the plan read back on its `before` config (a replica down is named: it
         comes back on what its repository says, which the plan found it serving)."""
         configs = {u: r["config"] for u, r in step.before.get("replicas", {}).items()}
-        errors = await self._load_each(configs, target.model, params.load_timeout_seconds)
+        errors = await self._load_each(configs, target, params.load_timeout_seconds)
         if errors:
             return Outcome.failure(f"revert failed on {len(errors)} of {len(configs)} replica(s)", retryable=True,
                                    errors=errors)

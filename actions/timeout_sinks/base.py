@@ -130,7 +130,8 @@ class DurationSink:
     def _object(self) -> CustomObject:
         p = self.params
         return CustomObject(self._deps.kube, f"the {self.kind} timeout sink", group=self.group,
-                            version=p.api_version, plural=self.plural, namespace=p.namespace, name=p.name)
+                            version=p.api_version, plural=self.plural, namespace=p.namespace, name=p.name,
+                            actuator=self._deps.actuator)
 
     def encode(self, ms: int) -> str:
         return duration_text(ms)

@@ -7,6 +7,7 @@ from kubernetes_asyncio.client import CoreV1Api
 from pydantic import Field
 
 from actions import _kube
+from actions.base import Effect
 from actions.timeout_sinks.base import (KubeSinkParams, SinkParams, TimeoutReading, duration_ms, duration_text,
                                         object_seen, value_patch)
 from core.outcome import PermanentError
@@ -74,8 +75,14 @@ class ConfigMapSink:
         ops = value_patch(expected.version, f"/data/{key}", expected.raw, raw,
                           parent=None if expected.extra.get("has_data") else "/data")
         ops += _kube.mark_ops(expected.extra.get("mark"), effect_key)
-        cm = await _kube.write(f"patch configmaps {p.namespace}/{p.name}", self._api().patch_namespaced_config_map(
-            p.name, p.namespace, ops, field_manager=_kube.FIELD_MANAGER, _content_type=_kube.JSON_PATCH,
-            _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
+        what = f"patch configmaps {p.namespace}/{p.name}"
+
+        async def send() -> Any:
+            return await _kube.write(what, self._api().patch_namespaced_config_map(
+                p.name, p.namespace, ops, field_manager=_kube.FIELD_MANAGER, _content_type=_kube.JSON_PATCH,
+                _request_timeout=_kube.REQUEST_TIMEOUT_SECONDS))
+
+        cm = await self._deps.actuator.write(Effect("kube.patch", what, timeout_seconds=_kube.REQUEST_TIMEOUT_SECONDS,
+                                                    data={"ops": ops}), send)
         return TimeoutReading(raw, self.to_ms(raw), cm.metadata.resource_version, self._where(),
                               {"has_data": True})

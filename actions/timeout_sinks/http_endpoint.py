@@ -17,7 +17,7 @@ import aiohttp
 from pydantic import Field
 
 from actions._compare_and_swap import Conflict
-from actions.base import IDEMPOTENCY_HEADER
+from actions.base import IDEMPOTENCY_HEADER, Effect
 from actions.timeout_sinks.base import SinkParams, TimeoutReading
 from core.outcome import ActionError, PermanentError, TemporaryError
 
@@ -89,7 +89,10 @@ class HttpEndpointSink:
             fresh = await self.read()
             if fresh.raw != expected.raw:
                 raise Conflict(f"timeoutMs changed from {expected.raw} to {fresh.raw}")
-        status, payload, etag = await self._request("PUT", headers, {"timeoutMs": raw})
+        effect = Effect("sink.write", f"PUT {self.params.url} timeoutMs={raw}",
+                        timeout_seconds=self.params.request_timeout_seconds, data={"timeoutMs": raw})
+        status, payload, etag = await self._deps.actuator.write(
+            effect, lambda: self._request("PUT", headers, {"timeoutMs": raw}))
         if status == 412:
             raise Conflict(f"PUT {self.params.url}: precondition failed (ETag {expected.version})")
         if status not in (200, 204):

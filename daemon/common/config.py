@@ -175,6 +175,12 @@ class ExecutorSettings(_Section):
     escalation_freeze_seconds: float = Field(3600.0, gt=0, alias="escalationFreezeSeconds")
     """A target whose remediation did not help (verify, onNotRecovered: escalate) is frozen this long:
     no policy acts on it until then, or until `tailguard unfreeze` lifts it."""
+    repin_escalate_after: int = Field(3, ge=1, alias="repinEscalateAfter")
+    """Re-pins of a redeployed rolled-back version (the deploy pipeline bringing it back) within
+    repinWindowSeconds after which the pin reconciler escalates and stops re-pinning the target until
+    an operator answers (`tailguard bad-versions TARGET --clear N`, or `tailguard unpin`)."""
+    repin_window_seconds: float = Field(3600.0, gt=0, alias="repinWindowSeconds")
+    """The window of repinEscalateAfter."""
     notification_queue_size: int = Field(1000, ge=1, alias="notificationQueueSize")
     """Outcome notifications waiting per receiver; past it a routine notice is dropped before any
     escalation (and counted as a fault)."""

@@ -21,6 +21,7 @@ from daemon.storage.blocking import blocking
 from daemon.storage.cluster_merge import ClusterMerge
 from daemon.storage.core import JournalCore
 from daemon.storage.decisions import Decisions
+from daemon.storage.effects import Effects
 from daemon.storage.evaluations import Evaluations
 from daemon.storage.freezes import Freezes
 from daemon.storage.pins import Pins
@@ -52,6 +53,7 @@ class Journal(JournalCore):
         self.pins = Pins(self)
         self.bad_versions = BadVersions(self)
         self.terms = Terms(self)
+        self.effects = Effects(self)  # the door's writes and refusals (daemon/workers/door.py)
         self.cluster = ClusterMerge(self)
 
     def close(self) -> None:
@@ -75,6 +77,8 @@ class Journal(JournalCore):
                 " AND id NOT IN (SELECT signal_id FROM decisions)", (before,)).rowcount
             evaluations = db.execute("DELETE FROM evaluations WHERE at < ?", (before,)).rowcount
             db.execute("DELETE FROM freezes WHERE until < ?", (before,))  # over long ago
+            # The door's rows; an escalated tug of war holds its pin until an operator answers it.
+            db.execute("DELETE FROM effects WHERE at < ? AND kind != 'pin.escalated'", (before,))
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
 
         return self._tx(run)

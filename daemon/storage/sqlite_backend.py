@@ -168,11 +168,28 @@ ALTER TABLE decisions ADD COLUMN holder TEXT;
 ALTER TABLE decisions ADD COLUMN term INTEGER;
 """
 
+EFFECTS = """
+CREATE TABLE IF NOT EXISTS effects (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    writer TEXT NOT NULL,      -- executor | pins | revert: who asked the door (daemon/workers/door.py)
+    target TEXT NOT NULL,
+    kind TEXT NOT NULL,        -- triton.load | kube.patch | sink.write | pin.repin | pin.escalated
+    status TEXT NOT NULL,      -- intent | done | failed | refused
+    message TEXT NOT NULL DEFAULT '',
+    data TEXT NOT NULL DEFAULT '{}',
+    term INTEGER,
+    decision_id INTEGER
+);
+CREATE INDEX IF NOT EXISTS effects_target ON effects(target, kind, at);
+"""
+
 # Every schema change is a new entry here and the same change in postgres_backend.MIGRATIONS
 # (tests/unit/test_journal_backends.py compares the two schemas).
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA, _add_columns),
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
+    Migration(3, "effects: every write the door let through or refused, intent and result", EFFECTS),
 )
 
 

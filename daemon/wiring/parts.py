@@ -21,6 +21,7 @@ from daemon.common.metrics import Metrics
 from daemon.sources.alertmanager import AlertmanagerClient
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import Journal
+from daemon.workers.door import Door
 from daemon.workers.evidence import LatestVerdicts
 from daemon.workers.executor import Executor
 from daemon.workers.state import ExecutorState
@@ -116,6 +117,8 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
     deps = ActionDeps(triton_timeout_seconds=settings.executor.triton_timeout_seconds)
     state = ExecutorState(policies if policies is not None else PolicySet(), frozen=settings.freeze)
     deps.known_bad = journal.bad_versions.known.in_thread
+    # Every write of every action passes the door: freezes, leadership, bad marks, journaled.
+    deps.actuator = Door(journal, state, deps, may_act, metrics, clock)
     notifier = Notifier(settings.notifications, metrics, settings.executor.notification_queue_size)
     prometheus = None
     if settings.prometheus.url:

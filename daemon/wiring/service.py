@@ -127,7 +127,10 @@ class Service:
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
                                   settings.executor.pin_reconcile_interval_seconds,
-                                  on_recorded=self._state_recorded, actions=actions)
+                                  on_recorded=self._state_recorded, actions=actions,
+                                  announce=self.parts.notifier.publish,
+                                  repin_escalate_after=settings.executor.repin_escalate_after,
+                                  repin_window_seconds=settings.executor.repin_window_seconds)
         # How stop() ends what start() began (each step copes with a start that failed before it),
         # after the HTTP runner's cleanup, which start() pushes: no webhook is taken from then on.
         self.supervisor.on_stop_in_order(

@@ -19,6 +19,21 @@ pin rolled back from: the operator rolled forward, and that is not fought. `tail
 the executor's revert end pins too. A pin outlives a rename: when the policy it names is gone but
 another policy still targets its target, that policy carries it on (until unpinned); it ends only
 when no policy targets the target any more.
+
+Every load goes through the door (`ActionDeps.actuator`, daemon/workers/door.py) as writer "pins":
+a runtime freeze of the daemon or the target, an escalation's freeze, a pinned version an operator
+marked bad, or a lost Lease refuses it. The reconciler asks the door before it plans a write
+(`Actuator.ask`), so a refusal that holds pass after pass is journaled once (effects, status
+refused), not every pass, and the target is not retried before the next pass.
+
+No silent tug of war: a drifted replica serving the very version the pin rolled back from (the
+deploy pipeline redeployed it) is re-pinned, and that re-pin is announced once per version (a
+Kubernetes Event `PinTugOfWar` and an `acted` notification), journaled (effects kind `pin.repin`)
+and counted (`tailguard_pin_repins_total`). After `repin_escalate_after` such re-pins within
+`repin_window_seconds` the target escalates (effects kind `pin.escalated`, an Event, an `escalated`
+notification) and re-pinning waits for an operator: `tailguard unpin` ends the pin, and
+`tailguard bad-versions TARGET --clear N` says the version is good, which ends the pin as a roll
+forward does (the operator's answer is not fought either).
 """
 from __future__ import annotations
 
@@ -28,8 +43,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 import structlog
 
-from actions.base import Action, ActionDeps, PinCheck, pinning_action
+from prometheus_client import Counter
+
+from actions.base import Action, ActionDeps, Effect, PinCheck, pinning_action
 from core.outcome import ActionError, Outcome, OutcomeStatus
+from core.timestamps import iso_utc
+from daemon.storage.effects import DONE, REFUSED
+from daemon.workers.door import PINS, acting
 from daemon.workers.state import ExecutorState
 from daemon.storage.journal import Journal
 from daemon.common.lifecycle import wait_or_stop
@@ -41,6 +61,9 @@ log = structlog.get_logger("tailguard.pins")
 ACTION = "pin.reconcile"
 UNREACHABLE_RETRY_SECONDS = 5.0
 """A target with a ready replica that could not be read is looked at again this soon."""
+REPIN = "pin.repin"  # effects kind: a re-pin over a redeployed rolled-back version
+ESCALATED = "pin.escalated"  # effects kind: re-pinning of the pin waits for an operator
+Announce = Callable[[Mapping[str, Any]], None]  # hands a notification event over (Notifier.publish)
 
 
 class PinReconciler:
@@ -61,7 +84,9 @@ class PinReconciler:
     def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
                  may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock],
                  interval_seconds: float = 30.0, on_recorded: Callable[[], None] = lambda: None, *,
-                 actions: Mapping[str, type[Action]]) -> None:
+                 actions: Mapping[str, type[Action]], announce: Announce = lambda event: None,
+                 repin_escalate_after: int = 3, repin_window_seconds: float = 3600.0,
+                 clock: Callable[[], float] | None = None) -> None:
         self._journal = journal
         self._on_recorded = on_recorded  # an ended pin is shared state (cluster state publish)
         self._state = state
@@ -72,6 +97,14 @@ class PinReconciler:
         self.interval_seconds = interval_seconds
         pinning = pinning_action(actions)
         self._pinning = pinning(deps) if pinning is not None else None
+        self._announce = announce
+        self.repin_escalate_after = repin_escalate_after
+        self.repin_window_seconds = repin_window_seconds
+        self._clock = clock or journal.clock  # the journal's: pins and effects are stamped with it
+        self._refused: dict[str, str] = {}  # target -> the refusal journaled last (journaled once while it holds)
+        self._repins = Counter("tailguard_pin_repins", "Re-pins over a redeployed version the pin rolled back from "
+                               "(a tug of war with the deploy pipeline), by target.", ["target"],
+                               registry=metrics.registry)
         self._followed: set[str] = set()  # targets to look at now (follow)
         self._retry: dict[str, float] = {}  # target -> when (monotonic) to look again (unreachable)
         self._wake = asyncio.Event()
@@ -143,7 +176,8 @@ class PinReconciler:
             if self._pinning is None or (target.triton_service is None and not target.triton_endpoints):
                 continue
             async with self._lock_for(key):
-                with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin["version"]):
+                with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin["version"]), \
+                        acting(PINS, key):
                     try:
                         outcome = await self._reconcile(pin, policy)
                     except asyncio.CancelledError:
@@ -155,6 +189,8 @@ class PinReconciler:
             results[key] = outcome
             if outcome.data.get("ended"):
                 result = "ended"
+            elif outcome.data.get("refused") or outcome.data.get("held"):
+                result = "refused"
             elif outcome.data.get("unreachable"):
                 result = "unreachable"
             else:
@@ -208,15 +244,100 @@ class PinReconciler:
             log.info("pin drift seen; not re-applied (frozen or not leader)", summary=step.summary)
             return Outcome.skipped(f"frozen or not leader: {step.summary}")
         drifted = dict(check.drifted)
+        key = pin["target"]
+        from_version = pin.get("from_version")
+        # The version the pin rolled back from, when a drifted replica serves it again (redeployed).
+        bad = int(from_version) if from_version is not None else None
+        redeployed = bad if bad is not None and any(bad in vs for vs in drifted.values()) else None
+        if redeployed is not None:
+            settled = await self._tug_of_war(pin, policy, redeployed, step.summary)
+            if settled is not None:
+                return settled
+        refused = await self._deps.actuator.ask(Effect("triton.load", step.summary, target=key, loads=version))
+        if refused is not None:
+            await self._journal_refusal(key, refused.check, refused.reason, version)
+            return Outcome.skipped(f"not re-applied: {refused}", refused=refused.check, unreachable=unreachable)
+        self._refused.pop(key, None)
         outcome = await pinning.apply(step, target, params)
         if outcome.ok:
             outcome = await pinning.verify(step, target, params)
         log.info("pin re-applied" if outcome.ok else "pin re-apply failed", drifted=drifted,
                  result=outcome.status.value, message=outcome.message, unreachable=unreachable)
+        if outcome.ok and redeployed is not None:
+            await self._repinned(pin, policy, redeployed, drifted)
         if outcome.ok:
             return Outcome.success(f"re-pinned {target.model} to version {version} on "
                                    f"{len(drifted)} replica(s)", drifted=drifted, unreachable=unreachable)
         return outcome
+
+    async def _journal_refusal(self, key: str, check: str, reason: str, version: int) -> None:
+        """Journal why the pin of `key` is not re-applied, once while the same refusal holds."""
+        if self._refused.get(key) == reason:
+            return
+        await self._journal.effects.record.in_thread(PINS, key, "triton.load", REFUSED, reason,
+                                                     {"check": check, "loads": version})
+        self._refused[key] = reason
+        log.warning("pin not re-applied: refused", check=check, reason=reason)
+
+    async def _tug_of_war(self, pin: Mapping[str, Any], policy: LoadedPolicy, bad: int,
+                          summary: str) -> Outcome | None:
+        """A replica serves `bad`, the version the pin rolled back from, again (redeployed). The Outcome
+        that settles this pass without a load (the pin ends: an operator cleared the mark; or it is
+        held: escalated), else None: re-pin."""
+        key, since = pin["target"], float(pin["at"])
+        if bad not in await self._journal.bad_versions.known.in_thread(key):
+            reason = f"version {bad} the pin rolled back from is served again and no longer marked bad (cleared)"
+            await self._end(pin, reason, policy)
+            return Outcome.noop(f"pin of {pin['model']} to version {pin['version']} ended: {reason}", ended=reason)
+        waiting = (f"re-pinning waits for an operator: `tailguard bad-versions {key} --clear {bad}` (the version is "
+                   f"good) or `tailguard unpin {key}`")
+        if await self._journal.effects.of.in_thread(key, ESCALATED, since):
+            await self._journal_refusal(key, "escalated", f"escalated tug of war over version {bad}; {waiting}",
+                                        int(pin["version"]))
+            return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
+        now = self._clock()
+        count = await self._journal.effects.count.in_thread(key, REPIN, DONE,
+                                                             max(since, now - self.repin_window_seconds))
+        if count < self.repin_escalate_after:
+            return None
+        message = (f"{pin['model']}: version {bad}, rolled back from, was redeployed and re-pinned to version "
+                   f"{pin['version']} {count} time(s) within {self.repin_window_seconds:g}s; escalated: {waiting}")
+        await self._journal.effects.record.in_thread(PINS, key, ESCALATED, DONE, message,
+                                                     {"version": bad, "repins": count, "pin_at": since})
+        log.warning("pin tug of war escalated", version=bad, repins=count)
+        await self._event(policy, "PinTugOfWarEscalated", message)
+        self._announce({"event": "escalated", "policy": policy.name, "target": key, "message": message,
+                        "at": iso_utc(now), "version": bad, "repins": count})
+        return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
+
+    async def _repinned(self, pin: Mapping[str, Any], policy: LoadedPolicy, bad: int,
+                        drifted: Mapping[str, Any]) -> None:
+        """Journal and count a re-pin over the redeployed version `bad`; announce the first one per version."""
+        key = pin["target"]
+        earlier = [r for r in await self._journal.effects.of.in_thread(key, REPIN, float(pin["at"]))
+                   if r["data"].get("version") == bad]
+        message = (f"{pin['model']}: version {bad}, rolled back from and marked bad, was redeployed; re-pinned to "
+                   f"version {pin['version']} on {len(drifted)} replica(s). Past {self.repin_escalate_after} re-pins "
+                   f"within {self.repin_window_seconds:g}s the target escalates")
+        await self._journal.effects.record.in_thread(PINS, key, REPIN, DONE, message,
+                                                     {"version": bad, "pinned": int(pin["version"]),
+                                                      "replicas": sorted(drifted)})
+        self._repins.labels(key).inc()
+        log.warning("redeployed rolled-back version re-pinned", version=bad, replicas=sorted(drifted))
+        if not earlier:
+            await self._event(policy, "PinTugOfWar", message)
+            self._announce({"event": "acted", "policy": policy.name, "target": key, "message": message,
+                            "at": iso_utc(self._clock()), "version": bad})
+
+    async def _event(self, policy: LoadedPolicy, reason: str, message: str) -> None:
+        """A Warning Event on the policy's target; a courtesy: its failure is counted, never fatal."""
+        if self._deps.record_event is None:
+            return
+        try:
+            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=True)
+        except Exception as exc:
+            self._metrics.faults.labels("events").inc()
+            log.warning("could not record Kubernetes event", error=str(exc))
 
 
 def rolled_forward(ready_versions: Iterable[int], from_version: Any) -> list[int]:

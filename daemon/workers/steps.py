@@ -17,6 +17,10 @@ its traceback; onFailure follows as for any failed step.
 
 An advisory step (`Action.advisory`: notify) never stops a plan: when it fails it is journaled
 failed and the plan goes on.
+
+Every apply runs as writer "executor" and every revert as writer "revert" of its decision
+(`daemon.workers.door.acting`): each write the action makes passes the door, which asks freezes,
+leadership and bad marks at that moment; a write it refuses fails the step, not retried.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
+from daemon.workers.door import EXECUTOR, REVERT, acting
 from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS, StepProgress
 from policies.loader import LoadedPolicy
 from policies.planning import Plan
@@ -215,7 +220,8 @@ class StepRunner:
             attempted = {"step": step.as_dict(), "attempt": attempt, "effect_key": step.effect_key}
             await self._journal.decisions.record_step.in_thread(decision_id, idx, kind, INTENT, "pending",
                                                                 f"attempt {attempt}: {step.summary}", attempted, None)
-            outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
+            with acting(EXECUTOR, policy.target.key, decision_id):
+                outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
             delay = _retry_delay(attempt, outcome)
             if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
                 outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
@@ -257,8 +263,9 @@ class StepRunner:
             if idx in progress and progress[idx].reverted:
                 continue
             bound = policy.actions[idx]
-            outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
-                                       bound.kind, "revert")
+            with acting(REVERT, policy.target.key, decision_id):
+                outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
+                                           bound.kind, "revert")
             await self._journal.decisions.record_step.in_thread(decision_id, idx, bound.kind, "revert",
                                                                 outcome.status.value, outcome.message,
                                                                 dict(outcome.data), None)
