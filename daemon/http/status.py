@@ -210,7 +210,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
     stale = doc["staleQueries"]
     lines.append("")
     lines.append("stale queries: " + ("none" if not stale else "; ".join(
-        _short(f"{q.get('query')} ({q.get('error')})", 120) for q in stale)))
+        _short(f"{q.get('query')} ({q.get('error')})", 240) for q in stale)))  # room for the why
     vanished = doc.get("vanishedMetrics") or []
     if vanished:  # only then: a steady table keeps its shape
         lines.append("no data (not watched): " + "; ".join(

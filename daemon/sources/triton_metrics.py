@@ -181,16 +181,16 @@ class TritonMetricsSource:
         out = []
         for (url, base, labels), text in sorted(self._problems.items()):
             if base == family and url in urls and _matches(others, dict(labels)):
-                out.append(f"{url}: histogram {base}{_labels_text(labels)}: {text}; its samples of that scrape "
-                           "are left out")
+                out.append(f"{text}: histogram {base}{_labels_text(labels)} at {url}, its samples of that scrape "
+                           "left out")
         wanted = bound_value(matchers["le"]) if name.endswith("_bucket") and "le" in matchers else None
         if wanted is not None:
             for (url, base, labels), bounds in sorted(self._bounds.items()):
                 if (base == family and url in urls and _matches(others, dict(labels)) and wanted not in bounds
                         and (url, base, labels) not in self._problems):
                     shown = ", ".join("+Inf" if b == float("inf") else f"{b:g}" for b in bounds)
-                    out.append(f"{url}: histogram {base}{_labels_text(labels)} has no bucket le={matchers['le']} "
-                               f"(its bounds: {shown}): nothing above the line can be counted")
+                    out.append(f"no bucket le={matchers['le']} (its bounds: {shown}): nothing above the line can "
+                               f"be counted: histogram {base}{_labels_text(labels)} at {url}")
         return tuple(out)
 
     def _select(self, name: str, matchers: Mapping[str, str], urls: list[str], start: float,
