@@ -52,6 +52,16 @@ guards: {{cooldown: 10m}}
 verify: {{query: 'vector(0)', below: 1}}
 """
 
+ALERT_ONLY = """
+name: ranker-alone
+target: {model: ranker, triton: {endpoints: ["http://127.0.0.1:9"]}}
+triggers:
+  - alert: {name: TritonTailLatencyHigh}
+actions:
+  - {type: triton.rollback, to: previous}
+verify: {query: 'vector(0)', below: 1}
+"""
+
 
 def _histogram(start: float, end: float, slow_at: list[float], seed: int) -> list[BackfillSeries]:
     """The clients' cumulative histogram of v1, one sample per scrape from `start` to `end`: RATE
@@ -150,3 +160,30 @@ async def test_a_breach_the_detector_cannot_see_is_rolled_back_by_the_backstop(
     assert plan is second and plan.decision.actions.startswith("triton.rollback(to=previous"), lines
     assert second.decision.reason.startswith("backstop: no fresh evidence from the governing detector (trigger 0)")
     assert second.at - (gone + 300.0) > 300.0
+
+
+async def test_the_daemon_journals_a_governed_alert_as_notify_only_and_counts_it(tmp_path: Path) -> None:
+    """The live ladder: an alert on the rollback policy, the daemon just started and no poller (no
+    prometheus.url): a start's first minutes are not missing evidence, so the alert is journaled
+    notify-only with the ruling in its plan, nothing is observed or rolled back (the Triton URL is
+    unreachable), and the ruling is counted; an alert-only rollback policy beside it cannot keep its
+    promise and also only notifies."""
+    from daemon.wiring.service import Service
+    from tests.support.helpers import post_alerts, sample_payload
+
+    pol = tmp_path / "policies"
+    pol.mkdir()
+    (pol / "ranker.yaml").write_text(POLICY)
+    (pol / "alone.yaml").write_text(ALERT_ONLY)
+    async with Service(local_settings(tmp_path, pol), action_registry(), detector_registry()) as svc:
+        assert (await post_alerts(svc, sample_payload())).status == 200
+        await svc.drain()
+        decisions = {d.policy: d for d in await svc.journal.decisions.all.in_thread()}
+        metrics = svc.metrics.governed_alerts
+        assert metrics.labels("ranker-tail", "notify")._value.get() == 1.0
+        assert metrics.labels("ranker-alone", "notify")._value.get() == 1.0
+    governed, alone = decisions["ranker-tail"], decisions["ranker-alone"]
+    assert governed.state == "blocked" and governed.reason.startswith("notify only: started "), governed.reason
+    assert governed.plan["governance"]["standing"] == "governed" and governed.plan["steps"] == []
+    assert alone.state == "blocked" and "no detector trigger of the policy governs this alert" in alone.reason
+    assert alone.plan["governance"]["standing"] == "notify_only"
