@@ -60,9 +60,12 @@ class Test:
     shared_hold_seconds: float = 0.0
     """How long into a firing version's episode its alarm waits while another serving version's
     evidence is too thin to tell a shared slowdown from this version's defect (0: never)."""
+    bank_days: float | None = None
+    """The bank's own promise when a start test spends part of the stated rate per deploy
+    (detectors/sequential/start_test.py `bank_days`); None: the stated `promise_days`."""
 
     def promise(self, step_seconds: float) -> Promise:
-        return Promise(self.promise_days, step_seconds)
+        return Promise(self.bank_days if self.bank_days is not None else self.promise_days, step_seconds)
 
 
 @dataclass(frozen=True)

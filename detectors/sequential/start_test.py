@@ -1,0 +1,136 @@
+"""The start test: a version's evidence since its first request as one likelihood ratio per bank
+member, never reset, read against a bound that holds over every look at once.
+
+Why beside the running bank: the bank guards a version for as long as it serves, at a stated rate
+per version-day, so its thresholds are those of a CUSUM that must stay quiet for a month (13-15
+nats). A deploy is one event per version: a test of the version's life so far spends a fixed
+false-alarm probability per deploy however often it is looked at, at ~ln(members / alpha) nats or
+less. Regressions arrive with deploys, so that is where the budget buys the most.
+
+Two bounds, per member, for a per-deploy probability `alpha`:
+- Ville's: under the null exp(theta S) is a nonnegative supermartingale from one (theta the
+  member's Lundberg exponent: 1 for counted requests, below 1 for latency mass in lumps), so some
+  member ever reaches ln(members / alpha) / theta with probability at most alpha: at any traffic,
+  for any horizon;
+- exact (`start_bounds`): the least common bound whose probability of being reached by some member
+  within the horizon, at the version's traffic, is at most alpha. Under the null the units are a
+  Poisson count of events each weighing at most the design's lump (one counted request; up to
+  `heaviest_slow` requests' worth of latency mass), and a member reaches the bound once the count
+  reaches (bound + drain x requests) / (lump x jump): "any member" is the count reaching the lowest
+  of those lines, one recursion over the count. Lumps lighter than the design's only lower the
+  statistic, so the bound holds for them too.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import NDArray
+
+from detectors.sequential.design import BankDesign
+
+START_ALPHA = 0.001
+"""The default false-alarm probability per deploy (as the canary judge's per canary start)."""
+PMF_TAIL = 1e-18
+"""The per-step count's distribution is cut where its tail is below this: what is cut is counted
+as crossed (the bound comes out a hair higher, never lower)."""
+TRAFFIC_MARGIN = 2.0
+"""The exact bound holds for up to this many times the requests the horizon brings at the traffic
+it is computed for: a version whose traffic rises during its start test (a rollout's weight
+stepping up) is still covered; one that more than doubles is covered by Ville's bound only."""
+LOOK_REQUESTS = 400.0
+"""The exact bound's recursion looks at the count after every this many requests: a member's line
+moves by under half an event between looks, so looking at every request would raise the bound by
+little, and any step of the live grid (more requests, fewer looks) only crosses less often."""
+
+
+def start_alpha(promise_days: float, wanted: float = START_ALPHA) -> float:
+    """The start test's probability per deploy: `wanted`, at most half of what the stated rate
+    allows a version-day (a version deployed at most once a day then keeps the promise)."""
+    return min(wanted, 0.5 / promise_days)
+
+
+def bank_days(promise_days: float, alpha: float) -> float:
+    """The running bank's promise, one false alarm per this many version-days: what the stated rate
+    leaves a version-day once its start has spent `alpha`."""
+    return promise_days / (1.0 - promise_days * alpha)
+
+
+def ville_bounds(design: BankDesign, alpha: float) -> tuple[float, ...]:
+    """Per member, ln(members / alpha) / theta: the bound every member may share at any traffic."""
+    bound = math.log(len(design.ratios) / alpha)
+    return tuple(bound / theta for theta in design.exponents())
+
+
+def _poisson_pmf(mean: float) -> NDArray[np.float64]:
+    """P(k) of a Poisson count with `mean`, cut where the rest is below PMF_TAIL."""
+    if mean <= 0:
+        return np.ones(1)
+    top = int(mean + 12.0 * math.sqrt(mean) + 40.0)
+    k = np.arange(top + 1, dtype=np.float64)
+    log_pmf = k * math.log(mean) - mean - np.array([math.lgamma(x + 1.0) for x in k.tolist()])
+    pmf: NDArray[np.float64] = np.exp(log_pmf)
+    tail = 1.0 - np.cumsum(pmf)
+    keep = int(np.argmax(tail < PMF_TAIL)) + 1 if (tail < PMF_TAIL).any() else pmf.size
+    return pmf[:keep]
+
+
+def crossing_probability(design: BankDesign, bound: float, requests_per_step: float, steps: int) -> float:
+    """P(under the null, some member's statistic since the start reaches `bound` within `steps`
+    steps of `requests_per_step` requests each), events of `design.lump` units each."""
+    n = requests_per_step
+    t = np.arange(1, steps + 1, dtype=np.float64)
+    jumps = np.asarray(design.chain_jumps)[:, None]
+    lines = (bound + np.asarray(design.drains)[:, None] * n * t[None, :]) / jumps
+    need = np.ceil(lines.min(axis=0) - 1e-9).astype(np.int64)  # events that cross at each step
+    need = np.maximum(need, 0)
+    top = int(need.max())
+    pmf = _poisson_pmf(design.events * n)
+    alive = np.zeros(top + 1)
+    alive[0] = 1.0
+    for step in range(steps):
+        alive = np.convolve(alive, pmf)[: top + 1]  # what runs past `top` has crossed
+        alive[need[step]:] = 0.0
+    return max(0.0, 1.0 - float(alive.sum()))
+
+
+@lru_cache(maxsize=1024)
+def start_bounds(design: BankDesign, alpha: float, requests_per_step: float, steps: int) -> tuple[float, ...]:
+    """Per member (one shared value), the least bound whose probability of being reached within
+    TRAFFIC_MARGIN x the requests `steps` steps of `requests_per_step` bring is at most `alpha`,
+    looked at after every LOOK_REQUESTS requests (or every step, when a step has fewer): finer than
+    any step, so the shape of the traffic within that many requests does not matter. Bisection
+    below Ville's; Ville's when there is no traffic."""
+    loose = ville_bounds(design, alpha)
+    if requests_per_step <= 0 or steps <= 0 or alpha <= 0:
+        return loose
+    total = TRAFFIC_MARGIN * requests_per_step * steps
+    looks = int(math.ceil(total / min(requests_per_step, LOOK_REQUESTS)))
+    per_look = total / looks
+    lo, hi = 0.0, max(loose)
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if crossing_probability(design, mid, per_look, looks) > alpha else (lo, mid)
+    return tuple(hi for _ in loose)
+
+
+def life_statistic(design: BankDesign, units: NDArray[np.float64], requests: NDArray[np.float64]
+                   ) -> NDArray[np.float64]:
+    """[K x P] each member's log-likelihood ratio since the start after each step, from per-step
+    `units` and `requests` [P] (NaN: the step is not scored, it adds nothing)."""
+    ok = np.isfinite(units) & np.isfinite(requests)
+    cu = np.cumsum(np.where(ok, units, 0.0))
+    cn = np.cumsum(np.where(ok, requests, 0.0))
+    return np.asarray(np.asarray(design.jumps)[:, None] * cu[None, :]
+                      - np.asarray(design.drains)[:, None] * cn[None, :], dtype=np.float64)
+
+
+def first_crossing(statistic: NDArray[np.float64], bounds: tuple[float, ...]) -> int:
+    """The first column where some member reaches its bound (-1: none)."""
+    over = (statistic >= np.asarray(bounds)[:, None]).any(axis=0)
+    return int(np.argmax(over)) if over.any() else -1
+
+
+__all__ = ["START_ALPHA", "bank_days", "crossing_probability", "first_crossing", "life_statistic",
+           "start_alpha", "start_bounds", "ville_bounds"]
