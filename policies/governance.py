@@ -13,7 +13,7 @@ evidence, and the backstop acts only on an alert that fired while the detector w
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from actions.istio import KIND as SHIFT_WEIGHTS
@@ -115,6 +115,7 @@ class Ruling:
     reason: str
     standing: Standing
     backstop: bool = False
+    trigger: int | None = None  # the alert trigger ruled on (its index in the policy's triggers)
 
     @property
     def outcome(self) -> str:
@@ -128,7 +129,8 @@ class Ruling:
         return "notify"
 
     def as_note(self) -> dict[str, Any]:
-        return {"acts": self.acts, "outcome": self.outcome, "standing": self.standing.value, "reason": self.reason}
+        return {"acts": self.acts, "outcome": self.outcome, "standing": self.standing.value, "trigger": self.trigger,
+                "reason": self.reason}
 
 
 def matched_alert(policy: LoadedPolicy, signal: Signal) -> TriggerRef | None:
@@ -159,6 +161,11 @@ def rule(governance: AlertGovernance, fresh_at: float | None, started_at: float,
         A FREE trigger acts; an UNGOVERNED one acts unless its `gate` (the former rule, weighed by
         the caller: `gate_verdict`) vetoes; a NOTIFY_ONLY one notifies.
     """
+    return replace(_ruling(governance, fresh_at, started_at, now, gate), trigger=governance.index)
+
+
+def _ruling(governance: AlertGovernance, fresh_at: float | None, started_at: float, now: float,
+            gate: GateVerdict | None) -> Ruling:
     standing = governance.standing
     if standing is Standing.FREE:
         return Ruling(True, "no rollback-class action: the alert acts as any trigger", standing)

@@ -92,7 +92,7 @@ async def test_a_governed_alert_that_notifies_stops_the_climb_before_the_target_
     assert isinstance(verdict, Blocked) and verdict.notify_only and not verdict.silenced
     assert verdict.reason == verdict.plan.blocked == "notify only: the governing detector judged fresh data"
     assert verdict.note["governance"] == {"acts": False, "outcome": "notify", "standing": "governed",
-                                          "reason": verdict.reason}
+                                          "trigger": None, "reason": verdict.reason}
     assert fresh.asked == ["guards", "silences", "governance"]
     blind = FakeEvidence(ruled=Ruling(True, "backstop: no fresh evidence for 400 s", Standing.GOVERNED, backstop=True))
     verdict = await decide(_policy(), _signal(), Mode.LIVE, blind)

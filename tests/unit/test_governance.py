@@ -66,6 +66,7 @@ def test_the_rule_acts_only_when_the_detector_has_been_blind_past_backstop_after
         fresh_at: float | None, now: float, acts: bool, words: str):
     ruling = rule(_governed(), fresh_at, START, now)
     assert ruling.acts is acts and ruling.backstop is acts and words in ruling.reason, ruling.reason
+    assert ruling.trigger == 1 and ruling.as_note()["trigger"] == 1  # journaled: which alert trigger spoke
     assert ruling.outcome == ("backstop" if acts else "notify")
     assert ruling.reason.startswith("backstop:" if acts else "notify only:")
 
