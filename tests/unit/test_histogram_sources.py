@@ -355,3 +355,10 @@ async def test_a_bound_that_is_no_number_leaves_the_scrape_out(exporter: Exporte
     await scraper.scrape()
     buckets = await scraper.query(f'{TRITON}_bucket{{model="ranker", le="500"}}')
     assert any("le='2s' is not a number" in p for p in buckets.partial)
+
+
+def test_the_inf_bucket_is_no_bound_above_the_line():
+    """`le="+Inf"` is at or above any line, and counts nothing above it: refused at load."""
+    problem = TailExcessParams(line=500, evidence="histogram").query_problem(
+        f'{TRITON}_bucket{{model="m", le="+Inf"}}', f'{TRITON}_count{{model="m"}}')
+    assert problem is not None and "nothing is counted" in problem and "bound at the line (500)" in problem
