@@ -18,12 +18,10 @@ import pytest
 
 from actions.base import ActionDeps, Effect, Refused
 from core.signal import Signal, SignalSource
-from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.records import DAEMON_SCOPE
-from daemon.wiring.parts import build_parts
-from daemon.workers.door import EXECUTOR, PINS, REVERT, Door, acting
+from daemon.workers.door import EXECUTOR, PINS, REVERT, acting
 from daemon.workers.executor import Executor
 from daemon.workers.freezes import FreezeControl
 from daemon.workers.pins import PinReconciler
@@ -47,14 +45,14 @@ class World:
     """A journal, a fake Triton, the door on them, and the workers that write through it."""
 
     def __init__(self, tmp_path: Path, verify: str | None = None) -> None:
-        self.journal = Journal(tmp_path / "journal.db")
+        self.now = 1_000_000.0
+        self.journal = Journal(tmp_path / "journal.db", clock=lambda: self.now)  # pins and effects stamped on it
         self.triton = FakeTriton(MODEL, URLS)
         self.registry: dict[str, Any] = {"triton.rollback": self.triton.action()}
         policies = load_policies_text(_policy(verify) if verify else _policy(), "p.yaml", self.registry, {})
         self.state = ExecutorState(PolicySet(policies.policies))
         self.metrics = Metrics()
         self.leader = True
-        self.now = 1_000_000.0
         self.deps = ActionDeps()
         self.door = CountingDoor(self.journal, self.state, self.deps, lambda: self.leader, self.metrics,
                                  clock=lambda: self.now)
@@ -197,16 +195,6 @@ async def test_each_write_is_journaled_intent_then_result_and_a_failure_is_re_ra
     assert sample("tailguard_door_writes_total", {"writer": EXECUTOR, "kind": "kube.patch", "result": "failed"}) == 1
 
 
-async def test_the_daemon_lends_its_door_to_every_action(tmp_path: Path) -> None:
-    """build_parts (the service and simulate) puts the door in ActionDeps: no action writes unguarded."""
-    journal = Journal(tmp_path / "j.db")
-    try:
-        parts = build_parts(Settings(), {}, journal, Metrics())
-        assert isinstance(parts.deps.actuator, Door)
-    finally:
-        journal.close()
-
-
 # ---- reproductions ---------------------------------------------------------------------------------
 
 async def test_a_daemon_frozen_through_the_api_does_not_re_pin(world: World) -> None:
@@ -286,3 +274,68 @@ async def test_the_recovery_revert_is_refused_under_a_runtime_freeze(tmp_path: P
         assert all(ld.through_door for ld in w.triton.loads)
     finally:
         w.close()
+
+
+# ---- no silent tug of war ---------------------------------------------------------------------------
+
+async def test_a_redeployed_rolled_back_version_is_re_pinned_announced_once_then_escalates(world: World) -> None:
+    """The pipeline redeploys v2 (rolled back from, marked bad) again and again: each re-pin is
+    journaled and counted, the first one per version announced (an Event and a notification); past
+    repinEscalateAfter=3 re-pins in the window the target escalates and re-pinning waits: nothing is
+    loaded until an operator clears the mark (the pin then ends, not fought) or unpins."""
+    world.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
+    for _ in range(3):
+        world.triton.redeploy(2)
+        assert (await world.pins.reconcile_once())[KEY].ok
+        assert world.triton.served() == {u: [1] for u in URLS}
+    assert [r["status"] for r in world.effects(kind="pin.repin")] == ["done"] * 3
+    assert [reason for reason, _ in world.k8s_events] == ["PinTugOfWar"]  # once per version
+    assert [e["event"] for e in world.announced] == ["acted"] and world.announced[0]["version"] == 2
+    sample = world.metrics.registry.get_sample_value
+    assert sample("tailguard_pin_repins_total", {"target": KEY}) == 3
+
+    world.triton.redeploy(2)
+    loads = len(world.triton.loads)
+    held = (await world.pins.reconcile_once())[KEY]
+    assert held.status.value == "skipped" and held.data["held"] and "waits for an operator" in held.message
+    assert len(world.triton.loads) == loads and world.triton.served() == {u: [2] for u in URLS}
+    (escalated,) = world.effects(kind="pin.escalated")
+    assert escalated["data"]["repins"] == 3 and "--clear 2" in escalated["message"]
+    assert [reason for reason, _ in world.k8s_events] == ["PinTugOfWar", "PinTugOfWarEscalated"]
+    assert [e["event"] for e in world.announced] == ["acted", "escalated"]
+
+    world.now += 7200  # the window passed: still held, the operator has not answered
+    again = (await world.pins.reconcile_once())[KEY]
+    assert again.status.value == "skipped" and len(world.triton.loads) == loads
+    assert len(world.announced) == 2 and len(world.effects(kind="pin.escalated")) == 1
+
+    world.journal.bad_versions.clear(KEY, 2, "v2 fixed in the pipeline")
+    ended = (await world.pins.reconcile_once())[KEY]
+    assert ended.data["ended"] and world.journal.pins.live() == [] and len(world.triton.loads) == loads
+    assert "no longer marked bad" in world.journal.pins.ended()[0]["ended_reason"]
+
+
+async def test_an_unpin_answers_an_escalated_tug_of_war_and_a_new_pin_starts_afresh(world: World) -> None:
+    world.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
+    pins = PinReconciler(world.journal, world.state, world.deps, Metrics(), lambda: True, world.lock_for,
+                         actions=world.registry, announce=world.announced.append, repin_escalate_after=1)
+    world.triton.redeploy(2)
+    assert (await pins.reconcile_once())[KEY].ok
+    world.triton.redeploy(2)
+    assert (await pins.reconcile_once())[KEY].data["held"]
+    world.journal.pins.end(KEY, "unpinned by alice")  # `tailguard unpin`
+    assert await pins.reconcile_once() == {}
+    world.now += 1
+    world.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")  # a later rollback's pin
+    assert (await pins.reconcile_once())[KEY].ok and world.triton.served() == {u: [1] for u in URLS}
+
+
+async def test_a_re_pin_of_a_replica_that_merely_restarted_is_not_a_tug_of_war(world: World) -> None:
+    """A pod that restarts loads the newest version it has (v3 here, not the rolled-back v2): re-pinned
+    as before, with no tug-of-war count or announcement."""
+    world.journal.pins.record(KEY, MODEL, 2, from_version=3, policy="rollback")
+    world.triton.redeploy(2)  # every replica on v2 (the pin)
+    world.triton.replicas[URLS[0]].repository = (1, 2)
+    world.triton.replicas[URLS[0]].served = [1]  # a replica that came back on an older version
+    assert (await world.pins.reconcile_once())[KEY].ok
+    assert world.effects(kind="pin.repin") == [] and world.announced == []
