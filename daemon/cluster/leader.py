@@ -18,8 +18,8 @@ whose check passed just before the old leader's deadline and whose bytes then sa
 paused between the check and the send, or the network held them) for longer than that wait; and a
 request Triton keeps executing after its client gave up. docs/design-notes.md says more.
 
-A replica that could renew but cannot do the work (its journal writes fail: `may_lead` says why)
-must not keep the Lease either: it steps down, hands the Lease back, and does not campaign until
+A replica that could renew but cannot do the work (its journal writes fail, or one of its loops
+keeps crashing: `may_lead` says why) must not keep the Lease either: it steps down, hands the Lease back, and does not campaign until
 `may_lead` clears, so a replica that can work takes over at its next round.
 """
 from __future__ import annotations
@@ -71,8 +71,8 @@ class LeaderElector:
         monotonic: Local time for expiry and deadlines (immune to wall-clock jumps).
         sleep: Waits between attempts (tests may speed it up).
         release_on_stop: On a clean stop, hand the Lease back so a successor need not wait.
-        may_lead: Why this replica must not hold the Lease now (its journal cannot be written), or
-            None; asked every round.
+        may_lead: Why this replica must not hold the Lease now (its journal cannot be written, a loop
+            keeps crashing), or None; asked every round.
     """
 
     def __init__(self, api: ApiClient, settings: LeaderElectionSettings, identity: str,

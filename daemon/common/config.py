@@ -208,7 +208,28 @@ class BlastRadiusSettings(_Section):
     arrival, then judged on the signals that arrived within a span before or after it."""
 
 
-BLAST_RADIUS_OFF = BlastRadiusSettings(maxTargetsPerWindow=None, commonCauseTargets=None, commonCauseShare=None)
+class LoopSettings(_Section):
+    """How a crashed loop of the daemon restarts, and when one that keeps crashing makes the replica
+    fail its probes (daemon/common/lifecycle.py, docs/operations.md "Loops that die")."""
+
+    restart_initial_seconds: float = Field(1.0, gt=0, alias="restartInitialSeconds")
+    """The wait before a crashed loop runs again; it doubles with each crash in crashWindowSeconds."""
+    restart_max_seconds: float = Field(60.0, gt=0, alias="restartMaxSeconds")
+    """The longest wait before a restart."""
+    max_crashes: int = Field(5, ge=1, alias="maxCrashes")
+    """Crashes of one loop (its child tasks included) within crashWindowSeconds at which /readyz and
+    /healthz answer 503 (Kubernetes restarts the pod) and a leader hands its Lease back."""
+    crash_window_seconds: float = Field(300.0, gt=0, alias="crashWindowSeconds")
+    """The window of maxCrashes."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "LoopSettings":
+        if self.restart_initial_seconds > self.restart_max_seconds:
+            raise ValueError("restartInitialSeconds must not exceed restartMaxSeconds")
+        return self
+
+
+BLAST_RADIUS_OFF = BlastRadiusSettings(max_targets_per_window=None, common_cause_targets=None, common_cause_share=None)
 """Every limit across targets off: an Executor built without settings (tests, embedding), never the daemon's."""
 
 
@@ -254,6 +275,7 @@ class Settings(_Section):
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, alias="leaderElection")
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     blast_radius: BlastRadiusSettings = Field(default_factory=BlastRadiusSettings, alias="blastRadius")
+    loops: LoopSettings = Field(default_factory=LoopSettings)
     freeze: bool = False
     """Global freeze switch: signals are journaled and planned, nothing is applied."""
     notifications: list[NotificationSettings] = Field(default_factory=list)

@@ -1,10 +1,14 @@
 """How the daemon's long-running work starts and stops: components with `run(stop)`, run as
-named, guarded tasks by one supervisor and stopped in a stated order; one periodic wait."""
+named, guarded tasks by one supervisor (a crashed loop restarts with backoff, and a loop that keeps
+crashing makes the replica unhealthy) and stopped in a stated order; one periodic wait."""
 from __future__ import annotations
 
 import asyncio
 import inspect
+import time
+from collections import deque
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Coroutine, Protocol
 
 import structlog
@@ -66,26 +70,69 @@ class Loop:
 
 
 StopStep = Callable[[], Awaitable[None] | None]
+Spawn = Callable[[str, Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+"""Starts a component's child task (a poll of one query group, a recovery watch) by name: the
+supervisor's `child`, or a plain `asyncio.create_task` where a component runs without one."""
+
+
+def plain_spawn(name: str, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """A Spawn without a supervisor (tests, tools): the task alone, its crash left to its owner."""
+    return asyncio.create_task(work, name=name)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How the supervisor restarts a crashed loop, and when a loop that keeps crashing makes the
+    replica unhealthy (not ready, not leading, not live: Kubernetes restarts the pod)."""
+
+    initial_seconds: float = 1.0
+    """The wait before the first restart; it doubles with each crash of the loop in the window."""
+    max_seconds: float = 60.0
+    """The longest wait before a restart."""
+    max_crashes: int = 5
+    """Crashes of one component within window_seconds at which the replica turns unhealthy."""
+    window_seconds: float = 300.0
+    """The window of max_crashes (a crash older than this no longer counts)."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.initial_seconds <= self.max_seconds and self.max_crashes >= 1 and self.window_seconds > 0):
+            raise ValueError("need 0 < initial <= max, max_crashes >= 1 and window > 0")
+
+    def backoff(self, crashes: int) -> float:
+        """The wait before restarting a loop that crashed `crashes` times in the window (at least 1)."""
+        return min(self.max_seconds, self.initial_seconds * 2.0 ** (max(crashes, 1) - 1))
 
 
 class Supervisor:
     """Named, guarded tasks sharing one stop event, and the steps that stop them in order.
 
-    `start` runs a component's `run(stop)` as a named task, `spawn` a one-off coroutine (work a
-    takeover starts). An exception other than cancellation ends only its own task and is recorded:
-    tailguard_faults_total{component=...} and one log line. `on_stop` pushes a step on an exit stack;
+    `start` runs a component's `run(stop)` as a named task and restarts it when it crashes, after
+    `restart.backoff` (1 s, 2 s, 4 s ... at most 60 s); `spawn` runs a one-off coroutine (work a
+    takeover starts), `child` a component's own child task (a poll of one group, a recovery watch,
+    an approval's wait). A crash (an exception other than cancellation) never ends another task: it
+    is counted, tailguard_loop_crashes_total{component=...} (and tailguard_faults_total, but for a
+    child, whose owner counts its own), and logged once. At `restart.max_crashes` crashes of one
+    component within `restart.window_seconds`, `trouble` names it: the service then answers /readyz
+    and /healthz 503 and a leader hands its Lease back. `on_stop` pushes a step on an exit stack;
     `stop` sets the stop event and runs the steps last-pushed first, each even when one before failed.
 
     Args:
-        metrics: Where a crashed task is counted.
+        metrics: Where a crash is counted.
+        restart: The backoff and the crash budget.
+        clock: Monotonic seconds (the crash window).
     """
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, restart: RestartPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.stopping = asyncio.Event()
         """Set once stop() begins; every component's `run(stop)` gets it."""
         self._metrics = metrics
+        self.restart = restart or RestartPolicy()
+        self._clock = clock
         self._stack = AsyncExitStack()
         self._tasks: dict[asyncio.Task[Any], bool] = {}  # live tasks (start order) -> cancelled by cancel_tasks
+        self._crashes: dict[str, deque[float]] = {}  # component -> times of its crashes in the window
+        self._last_error: dict[str, str] = {}
 
     @property
     def tasks(self) -> list[asyncio.Task[Any]]:
@@ -107,27 +154,85 @@ class Supervisor:
             joined: It ends by itself once stop is set (the leader elector hands its Lease back):
                 `cancel_tasks` leaves it to a stop step that calls `join`.
         """
-        return self._guard(name, component.run(self.stopping), fault or name, cancel=not joined)
+        return self._guard(name, self._restarting(name, component, fault or name), fault or name,
+                           cancel=not joined)
 
     def spawn(self, name: str, work: Coroutine[Any, Any, Any], *, fault: str | None = None) -> asyncio.Task[Any]:
         """Run one-off `work` as the task `name`; cancelled by `cancel_tasks` if still running."""
         return self._guard(name, work, fault or name, cancel=True)
 
-    def _guard(self, name: str, work: Coroutine[Any, Any, Any], fault: str, cancel: bool) -> asyncio.Task[Any]:
+    def child(self, name: str, work: Coroutine[Any, Any, Any], *, fault: str) -> asyncio.Task[Any]:
+        """Run a component's child task `name` (a Spawn, with `fault` bound): its crash counts in the
+        component `fault`'s crash budget; the owner, which reads the task's result, logs it and counts
+        its fault. Cancelled by `cancel_tasks` if still running."""
+        return self._guard(name, work, fault, cancel=True, owned=True)
+
+    def _guard(self, name: str, work: Coroutine[Any, Any, Any], fault: str, cancel: bool,
+               owned: bool = False) -> asyncio.Task[Any]:
         task = asyncio.create_task(work, name=name)
         self._tasks[task] = cancel
-        task.add_done_callback(lambda done: self._ended(done, fault))
+        task.add_done_callback(lambda done: self._ended(done, fault, owned))
         return task
 
-    def _ended(self, task: asyncio.Task[Any], fault: str) -> None:
+    def _ended(self, task: asyncio.Task[Any], fault: str, owned: bool) -> None:
         self._tasks.pop(task, None)
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:  # a bug in one loop: recorded; the others go on
+        if exc is not None:  # a bug in one task: recorded; the others go on
+            self._crashed(fault, task.get_name(), exc, logged=not owned)
+
+    async def _restarting(self, name: str, component: Component, fault: str) -> None:
+        """Run the component until it ends by itself; after a crash, wait the backoff and run it again."""
+        while True:
+            try:
+                await component.run(self.stopping)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a crashed loop restarts: a loop that stays dead never acts again
+                crashes = self._crashed(fault, name, exc, logged=True)
+            delay = self.restart.backoff(crashes)
+            log.warning("restarting crashed component", component=fault, task=name, crashes_in_window=crashes,
+                        restart_in_seconds=delay)
+            if await wait_or_stop(self.stopping, delay):
+                return
+
+    def _crashed(self, fault: str, task: str, exc: BaseException, *, logged: bool) -> int:
+        """Count one crash of `fault`; returns its crashes within the window."""
+        self._metrics.loop_crashes.labels(fault).inc()
+        if logged:
             self._metrics.faults.labels(fault).inc()
-            log.error("component crashed", component=fault, task=task.get_name(),
-                      error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            log.error("component crashed", component=fault, task=task, error=f"{type(exc).__name__}: {exc}",
+                      exc_info=exc)
+        times = self._crashes.setdefault(fault, deque())
+        times.append(self._clock())
+        self._last_error[fault] = f"{type(exc).__name__}: {exc}"
+        return self._in_window(fault)
+
+    def _in_window(self, fault: str) -> int:
+        times = self._crashes.get(fault)
+        if not times:
+            return 0
+        horizon = self._clock() - self.restart.window_seconds
+        while times and times[0] <= horizon:
+            times.popleft()
+        return len(times)
+
+    def crash_counts(self) -> dict[str, int]:
+        """Crashes within the window, per component that has any (for /readyz)."""
+        counts = {fault: self._in_window(fault) for fault in list(self._crashes)}
+        return {fault: n for fault, n in sorted(counts.items()) if n}
+
+    def trouble(self) -> str | None:
+        """Why this replica counts as failing: a component that crashed `restart.max_crashes` times
+        within the window (None: none did). Never blocks."""
+        worst = max(self.crash_counts().items(), key=lambda item: item[1], default=None)
+        if worst is None or worst[1] < self.restart.max_crashes:
+            return None
+        fault, crashes = worst
+        return (f"{fault} crashed {crashes} times in {self.restart.window_seconds:g}s "
+                f"(limit {self.restart.max_crashes}): {self._last_error.get(fault, '')}")
 
     def on_stop(self, step: StopStep) -> None:
         """Run `step` when stopping, before every step pushed earlier (a LIFO stack)."""

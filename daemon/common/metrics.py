@@ -184,3 +184,7 @@ class Metrics:
         self.detector = DetectorGauges(r)
         self.faults = Counter("tailguard_faults_total", "Internal faults recorded, by component.",
                               ["component"], registry=r)
+        self.loop_crashes = Counter("tailguard_loop_crashes_total",
+                                    "Crashes of the daemon's loops and their child tasks, by component; a "
+                                    "crashed loop restarts with backoff (daemon/common/lifecycle.py).",
+                                    ["component"], registry=r)

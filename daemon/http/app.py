@@ -45,6 +45,9 @@ class Daemon(Operator, Protocol):
     def readiness(self) -> dict[str, Any]:
         """The /readyz document; `ready` says whether to answer 200."""
 
+    def loop_trouble(self) -> str | None:
+        """Why the daemon's loops count as failing (one keeps crashing); None while they run."""
+
 
 SERVICE: web.AppKey[Daemon] = web.AppKey("service")
 IN_FLIGHT: web.AppKey["InFlight"] = web.AppKey("webhooks_in_flight")
@@ -207,6 +210,11 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: ok unless a loop keeps crashing (restarts did not help); then 503, so that Kubernetes
+    restarts the pod. A journal outage is not a reason: a restart would not fix it (readiness says it)."""
+    trouble = request.app[SERVICE].loop_trouble()
+    if trouble is not None:
+        return web.json_response({"status": "failing", "reason": trouble}, status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -24,7 +24,7 @@ from daemon.cluster.objects import KubeObjectReader
 from daemon.cluster.leader import LeaderElector
 from daemon.common.clock import SteadyClock
 from daemon.common.config import ApiTokenEntry, Settings, journal_store, resolve_secrets
-from daemon.common.lifecycle import Loop, Supervisor, wait_or_stop
+from daemon.common.lifecycle import Loop, RestartPolicy, Supervisor, wait_or_stop
 from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
 from daemon.http.app import build_app
@@ -94,7 +94,9 @@ class Service:
             self.deps.write_fence = self._write_fence  # every Triton write passes it first
         self.metrics.frozen.set(int(settings.freeze))
         self.intake = SignalIntake(self.journal, self.metrics)  # the webhook's and the detectors' one path
-        self.supervisor = Supervisor(self.metrics)
+        loops = settings.loops
+        self.supervisor = Supervisor(self.metrics, RestartPolicy(loops.restart_initial_seconds, loops.restart_max_seconds,
+                                                                 loops.max_crashes, loops.crash_window_seconds))
         self._stop = self.supervisor.stopping
         self.is_leader = not settings.leader_election.enabled
         # Under leader election a replica acts only once the journal handed it a term (its fencing
@@ -256,6 +258,16 @@ class Service:
         journal.writeFailureSeconds; None while it works. Never blocks."""
         return self.journal.write_health().trouble(self.settings.journal.write_failure_seconds)
 
+    def loop_trouble(self) -> str | None:
+        """Why this replica's loops count as failing: one crashed loops.maxCrashes times within
+        loops.crashWindowSeconds (restarts do not help); None while they run. Never blocks."""
+        return self.supervisor.trouble()
+
+    def lead_trouble(self) -> str | None:
+        """Why this replica must not hold the Lease now: its journal cannot be written, or a loop keeps
+        crashing (a leader whose poller is dead never acts again); the elector hands the Lease back."""
+        return self.journal_trouble() or self.loop_trouble()
+
     def readiness(self) -> dict[str, Any]:
         stale = self.poller.stale_queries() if self.poller else []
         # Followers are ready too: a rolling update waits for readiness, and a follower must be
@@ -263,7 +275,8 @@ class Service:
         # shared; with a journal per replica they get 503 and Alertmanager retries. A replica
         # whose journal cannot be written is not ready: it would answer every webhook 503.
         journal_error = self.journal_trouble()
-        ready = self.policies_loaded and journal_error is None
+        loop_error = self.loop_trouble()  # a loop that keeps crashing: not ready, and not live either
+        ready = self.policies_loaded and journal_error is None and loop_error is None
         view = self.freezes.last
         fence = self.journal.fence
         return {"ready": ready, "policies_loaded": self.policies_loaded, "leader": self.is_leader,
@@ -272,7 +285,8 @@ class Service:
                 "policies": len(self.state.policies.policies), "frozen": view.frozen,
                 "freeze": view.as_dict(self.clock()), "frozen_targets": sorted(view.targets),
                 "stale_queries": stale, "vanished_metrics": self.poller.vanished() if self.poller else [],
-                "last_reload_error": self.last_reload_error}
+                "last_reload_error": self.last_reload_error, "loop_error": loop_error,
+                "loop_crashes": self.supervisor.crash_counts()}
 
     # ---- operator API ---------------------------------------------------------------------------
 
@@ -422,7 +436,7 @@ class Service:
             sup.start("cluster-state", self.cluster_state)
         if self.settings.leader_election.enabled and self.kube is not None:
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
-                                         self.set_leader, may_lead=self.journal_trouble)
+                                         self.set_leader, may_lead=self.lead_trouble)
             sup.start("leader-election", self.elector, joined=True)
         await self.reload_policies()
         if not self.policies_loaded:  # not ready (and nothing taken from the journal) until a reload succeeds
@@ -446,6 +460,7 @@ class Service:
         sup.start("scheduler", Loop(functools.partial(run_schedules, lambda: self.state.policies, self.emit,
                                                       clock=self.clock)))
         if self.poller is not None:
+            self.poller.spawn = functools.partial(sup.child, fault="poller")  # its poll tasks count as its crashes
             sup.start("poller", self.poller)
         sup.start("pin-reconciler", self.pins)
         if self.kube is not None:  # replicas that turn ready get their pins at once (the pass is the backstop)

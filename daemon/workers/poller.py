@@ -19,7 +19,7 @@ from core.promql import render_query
 from core.query import Series, series_key
 from core.signal import Signal, SignalSource, TriggerRef, stable_key
 from daemon.storage.journal import Journal
-from daemon.common.lifecycle import wait_or_stop
+from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient, RangeResult
 from daemon.sources.range_cache import RangeCache
@@ -149,6 +149,8 @@ class Poller:
         self._max_backoff = max_backoff_seconds
         self._clock = clock
         self.groups: dict[GroupKey, QueryGroup] = {}
+        # Starts each group's poll task; the service hands the supervisor's, so a crash counts.
+        self.spawn: Spawn = plain_spawn
 
     def sync(self, policies: PolicySet) -> None:
         """Follow a policy reload; detectors whose trigger did not change keep their state."""
@@ -248,7 +250,7 @@ class Poller:
                 now = self._clock()
                 for key, group in list(self.groups.items()):
                     if group.next_due <= now and key not in running:
-                        running[key] = asyncio.create_task(self.poll_group(group, now))
+                        running[key] = self.spawn(f"poll-{group.id}", self.poll_group(group, now))
                 for key in [k for k, t in running.items() if t.done()]:
                     task = running.pop(key)
                     if task.exception() is not None:

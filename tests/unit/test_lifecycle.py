@@ -1,5 +1,6 @@
 """The supervisor and the periodic wait (daemon/common/lifecycle.py): named, guarded tasks, a crash
-recorded without ending the others, stop steps in order; the wait that ends on stop, a wake or time."""
+recorded and restarted with backoff without ending the others, a crash budget, stop steps in order;
+the wait that ends on stop, a wake or time."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import time
 import pytest
 import structlog
 
-from daemon.common.lifecycle import Loop, Supervisor, wait_or_stop
+from daemon.common.lifecycle import Loop, RestartPolicy, Supervisor, wait_or_stop
 from daemon.common.metrics import Metrics
 
 
@@ -47,33 +48,95 @@ async def test_wait_or_stop_ends_on_a_wake_event_or_a_future_it_leaves_to_the_ca
     assert await wait_or_stop(stop, None, wake) is False  # no bound: the set wake ends it
 
 
-async def test_a_crashed_component_is_recorded_and_the_others_keep_running() -> None:
-    """A component that raises ends alone: tailguard_faults_total{component} counts it once, its task
-    leaves the running set, and a sibling still runs until stop."""
+def _crashes(metrics: Metrics, component: str) -> float | None:
+    return metrics.registry.get_sample_value("tailguard_loop_crashes_total", {"component": component})
+
+
+async def test_a_crashed_component_is_recorded_restarted_and_the_others_keep_running() -> None:
+    """A component that raises is counted once (tailguard_faults_total and tailguard_loop_crashes_total
+    {component}), logged, and run again after the backoff: its task stays in the running set, and a
+    sibling runs on meanwhile."""
     metrics = Metrics()
-    sup = Supervisor(metrics)
+    sup = Supervisor(metrics, RestartPolicy(initial_seconds=0.05, max_seconds=1.0))
     rounds: list[int] = []
+    runs: list[int] = []
 
     async def steady(stop: asyncio.Event) -> None:
         while not await wait_or_stop(stop, 0.01):
             rounds.append(1)
 
-    async def broken(stop: asyncio.Event) -> None:
-        raise RuntimeError("a bug")
+    async def broken_once(stop: asyncio.Event) -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError("a bug")
+        await stop.wait()
 
     sup.on_stop(sup.cancel_tasks)
     sup.start("steady", Loop(steady))
     with structlog.testing.capture_logs() as logs:
-        crashed = sup.start("broken-1", Loop(broken), fault="broken")
-        await asyncio.wait({crashed})
-        await asyncio.sleep(0.05)
-    assert _faults(metrics, "broken") == 1.0
+        sup.start("broken-1", Loop(broken_once), fault="broken")
+        deadline = time.monotonic() + 5
+        while len(runs) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    assert len(runs) == 2, "the crashed loop was not restarted"
+    assert _faults(metrics, "broken") == 1.0 and _crashes(metrics, "broken") == 1.0
     (line,) = [e for e in logs if e["event"] == "component crashed"]
     assert (line["component"], line["task"], line["error"]) == ("broken", "broken-1", "RuntimeError: a bug")
-    assert [t.get_name() for t in sup.tasks] == ["steady"] and sup.task("broken-1") is None
+    (restart,) = [e for e in logs if e["event"] == "restarting crashed component"]
+    assert restart["restart_in_seconds"] == 0.05 and restart["crashes_in_window"] == 1
+    assert [t.get_name() for t in sup.tasks] == ["steady", "broken-1"]
+    assert sup.crash_counts() == {"broken": 1} and sup.trouble() is None  # one crash: not failing
     assert rounds, "the sibling stopped with the crash"
     await sup.stop()
     assert sup.tasks == []
+
+
+async def test_a_loop_that_keeps_crashing_backs_off_and_turns_the_supervisor_failing() -> None:
+    """Each restart waits twice as long (capped); at max_crashes crashes within the window `trouble`
+    names the component, the count and the last error; once the crashes age out of the window it
+    clears. A restart waiting out its backoff ends at once on stop."""
+    now = [1000.0]
+    metrics = Metrics()
+    sup = Supervisor(metrics, RestartPolicy(initial_seconds=0.01, max_seconds=0.04, max_crashes=4,
+                                            window_seconds=60), clock=lambda: now[0])
+
+    async def always(stop: asyncio.Event) -> None:
+        raise ValueError(f"bad row {_crashes(metrics, 'poller') or 0:.0f}")
+
+    with structlog.testing.capture_logs() as logs:
+        task = sup.start("poller", Loop(always))
+        deadline = time.monotonic() + 5
+        while sup.trouble() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    waits = [e["restart_in_seconds"] for e in logs if e["event"] == "restarting crashed component"]
+    assert waits[:4] == [0.01, 0.02, 0.04, 0.04]
+    assert sup.trouble() == "poller crashed 4 times in 60s (limit 4): ValueError: bad row 3"
+    assert not task.done()  # still restarting: a crash loop is seen, not given up on
+    now[0] += 61
+    assert sup.trouble() is None and sup.crash_counts() == {}
+    started = time.monotonic()
+    sup.on_stop(sup.cancel_tasks)
+    await sup.stop()
+    assert task.done() and time.monotonic() - started < 5
+
+
+async def test_child_tasks_count_in_their_owners_crash_budget_without_a_second_fault() -> None:
+    """A component's child task (a poll of one group) that raises counts one crash of its owner
+    (tailguard_loop_crashes_total) but no fault: the owner reads the task and counts its own."""
+    metrics = Metrics()
+    sup = Supervisor(metrics, RestartPolicy(max_crashes=2))
+
+    async def boom() -> None:
+        raise RuntimeError("group 3")
+
+    for i in range(2):
+        task = sup.child(f"poll-{i}", boom(), fault="poller")
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0)
+    assert _crashes(metrics, "poller") == 2.0 and _faults(metrics, "poller") is None
+    assert sup.trouble() is not None and sup.trouble().startswith("poller crashed 2 times")
+    with pytest.raises(ValueError):
+        RestartPolicy(initial_seconds=2, max_seconds=1)
 
 
 async def test_stop_sets_the_event_then_runs_the_steps_last_pushed_first_even_past_a_failure() -> None:
