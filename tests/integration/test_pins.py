@@ -96,3 +96,44 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         assert sample("tailguard_actions_total", {"action": "pin.reconcile", "result": "in_sync"}) == 1
     finally:
         journal.close()
+
+
+async def test_a_daemon_frozen_through_the_runtime_freeze_does_not_re_pin_a_redeploy(
+        tmp_path: Path, triton_factory: Any) -> None:
+    """Issue 42 (a), on a real Triton: rolled back v2 -> v1 (the pin, v2 marked bad), the whole daemon
+    frozen through the runtime freeze (the API's path), v2 redeployed by hand: the next pin pass loads
+    nothing and journals the refusal (the unit twin, tests/unit/test_door.py, lifts it too)."""
+    from actions.base import ActionDeps as Deps
+    from daemon.storage.records import DAEMON_SCOPE
+    from daemon.workers.door import Door
+    from daemon.workers.freezes import FreezeControl
+    from lab.triton import load_version
+
+    triton = await triton_factory(name="ranker")
+    policy = POLICY.replace("triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}",
+                            f"triton: {{endpoints: ['{triton.base_url}']}}")
+    journal = Journal(tmp_path / "journal.db")
+    policies = load_policies_text(policy, "p.yaml", action_registry(), detector_registry())
+    state = ExecutorState(PolicySet(policies.policies))
+    metrics = Metrics()
+    deps = Deps()
+    deps.actuator = Door(journal, state, deps, lambda: True, metrics)
+    locks: dict[str, asyncio.Lock] = {}
+    reconciler = PinReconciler(journal, state, deps, metrics, lambda: True,
+                               lambda key: locks.setdefault(key, asyncio.Lock()), actions=action_registry())
+    try:
+        journal.pins.record("serving/ranker", "ranker", 1, from_version=2, policy="ranker-tail")
+        assert (await reconciler.reconcile_once())["serving/ranker"].ok  # the rollback's pin holds: v1
+        assert await asyncio.to_thread(served_versions, triton) == ["1"]
+
+        await FreezeControl(journal, Metrics(), False).freeze(DAEMON_SCOPE, "incident 42", "alice", "api")
+        await load_version(triton, "ranker", None)  # the redeploy of v2, by hand
+        assert await asyncio.to_thread(served_versions, triton) == ["2"]
+
+        frozen = (await reconciler.reconcile_once())["serving/ranker"]
+        assert frozen.status.value == "skipped" and frozen.data["refused"] == "freeze", frozen.message
+        assert await asyncio.to_thread(served_versions, triton) == ["2"]
+        refused = [r for r in journal.effects.of("serving/ranker") if r["status"] == "refused"]
+        assert [(r["writer"], r["data"]["check"]) for r in refused] == [("pins", "freeze")]
+    finally:
+        journal.close()
