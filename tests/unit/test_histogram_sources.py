@@ -142,6 +142,7 @@ def _example_trigger(name: str) -> tuple[str, str, TailExcessParams]:
     return fill(bound.trigger.query), fill(bound.trigger.companion_query), params
 
 
+@pytest.mark.slow  # 120 scrapes and the thresholds derived for their traffic: 0.5-4 s
 async def test_triton_first_response_histogram_example_fires_on_the_slow_version(exporter: Exporter):
     """ranker-histogram.yaml's own queries and params on Triton's exposition read every second:
     v2 with 2% of first responses at 900 ms fires within 2 minutes, healthy v1 does not."""
@@ -156,6 +157,7 @@ async def test_triton_first_response_histogram_example_fires_on_the_slow_version
     assert not verdicts["1"].fired and "no excess" in verdicts["1"].reason
 
 
+@pytest.mark.slow  # 120 scrapes and the thresholds derived for their traffic: 0.5-4 s
 async def test_istio_example_reads_the_mesh_histogram_per_destination_version(exporter: Exporter):
     """ranker-istio.yaml's queries on a destination sidecar's exposition (Envoy's bounds, `le="500"`):
     the canary v2 with 2% at 600 ms fires, v1 does not."""
@@ -210,6 +212,7 @@ def test_a_line_in_another_unit_than_the_histogram_fails_to_load_with_the_line_t
         'nv_inference_compute_infer_duration_us{model="ranker"}', "x") is None
 
 
+@pytest.mark.slow  # 120 scrapes and the thresholds derived for their traffic: 0.5-4 s
 async def test_a_gateway_histogram_in_seconds_with_the_line_in_seconds(exporter: Exporter):
     """The same 500 ms line on a histogram in seconds: line 0.5, line_unit s, the bucket `le="0.5"`
     (the Python client's `0.5`, matched as a number); v2 with 2% at 0.9 s fires."""
