@@ -93,9 +93,10 @@ class Replicas:
 
 ReplicasFn = Callable[[Target], Awaitable[Replicas]]
 WriteFenceFn = Callable[[float], Awaitable[str | None]]
-"""Called right before a write to a system that cannot fence writers (Triton's model control) with
-that request's timeout: waits out a takeover's fence, then None when this replica may write, else
-why not (it no longer holds the Lease)."""
+"""Called by the door right before every write (and by triton.rollback before it reads what to
+write) with that request's timeout: waits out a takeover's fence, then None when this replica may
+write, else why not (it no longer holds the Lease). Triton's model control takes no precondition:
+this is its fence."""
 KnownBadFn = Callable[[str], Awaitable[frozenset[int]]]
 
 

@@ -339,3 +339,15 @@ async def test_a_re_pin_of_a_replica_that_merely_restarted_is_not_a_tug_of_war(w
     world.triton.replicas[URLS[0]].served = [1]  # a replica that came back on an older version
     assert (await world.pins.reconcile_once())[KEY].ok
     assert world.effects(kind="pin.repin") == [] and world.announced == []
+
+
+async def test_re_pins_spread_wider_than_the_window_do_not_escalate(world: World) -> None:
+    """Three re-pins, then the window (3600 s) passes: the fourth is a re-pin again, not an escalation."""
+    world.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
+    for _ in range(3):
+        world.triton.redeploy(2)
+        assert (await world.pins.reconcile_once())[KEY].ok
+    world.now += 3601
+    world.triton.redeploy(2)
+    assert (await world.pins.reconcile_once())[KEY].ok
+    assert world.effects(kind="pin.escalated") == [] and len(world.effects(kind="pin.repin")) == 4
