@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from core.target import ServiceRef
 from daemon.cluster.kube import SERVICE_NAME_LABEL, ready_urls
-from daemon.common.lifecycle import wait_or_stop
+from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
 
 log = structlog.get_logger("tailguard.endpoints")
@@ -69,6 +69,7 @@ class EndpointWatch:
         self._metrics = metrics
         self._resync = resync_seconds
         self._tasks: dict[ServiceRef, asyncio.Task[None]] = {}
+        self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash is counted and logged
         self.events = 0  # watch events seen (tests)
         self.lists = 0  # lists made (tests: a 410 or an error lists again)
 
@@ -79,8 +80,7 @@ class EndpointWatch:
                 for ref in [r for r in self._tasks if r not in wanted or self._tasks[r].done()]:
                     self._tasks.pop(ref).cancel()
                 for ref in wanted - set(self._tasks):
-                    self._tasks[ref] = asyncio.create_task(self._follow(ref, stop),
-                                                           name=f"endpoints-{ref.namespace}/{ref.name}")
+                    self._tasks[ref] = self.spawn(f"endpoints-{ref.namespace}/{ref.name}", self._follow(ref, stop))
                 await wait_or_stop(stop, self._resync)
         finally:
             for task in self._tasks.values():

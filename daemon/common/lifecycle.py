@@ -161,11 +161,12 @@ class Supervisor:
         """Run one-off `work` as the task `name`; cancelled by `cancel_tasks` if still running."""
         return self._guard(name, work, fault or name, cancel=True)
 
-    def child(self, name: str, work: Coroutine[Any, Any, Any], *, fault: str) -> asyncio.Task[Any]:
+    def child(self, name: str, work: Coroutine[Any, Any, Any], *, fault: str, logged: bool = False) -> asyncio.Task[Any]:
         """Run a component's child task `name` (a Spawn, with `fault` bound): its crash counts in the
-        component `fault`'s crash budget; the owner, which reads the task's result, logs it and counts
-        its fault. Cancelled by `cancel_tasks` if still running."""
-        return self._guard(name, work, fault, cancel=True, owned=True)
+        component `fault`'s crash budget. The owner stops its children (`cancel_tasks` leaves them: a
+        notifier flushes at stop) and, unless `logged`, reads the task's result, logs a crash and
+        counts its fault; with `logged` the supervisor does (an owner that only drops done tasks)."""
+        return self._guard(name, work, fault, cancel=False, owned=not logged)
 
     def _guard(self, name: str, work: Coroutine[Any, Any, Any], fault: str, cancel: bool,
                owned: bool = False) -> asyncio.Task[Any]:

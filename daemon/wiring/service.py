@@ -416,6 +416,10 @@ class Service:
 
     async def start(self) -> None:
         sup = self.supervisor
+        # Every child task runs under the supervisor too: a crash is counted in its owner's budget.
+        self.executor.spawn_under(functools.partial(sup.child, fault="recovery"),
+                                  functools.partial(sup.child, fault="approvals", logged=True))
+        self.parts.notifier.spawn = functools.partial(sup.child, fault="notifier", logged=True)
         await self.parts.connect(events_as=self.identity, clock=self.clock)
         if self.parts.prometheus is not None:
             http = self.parts.deps.http
@@ -464,8 +468,9 @@ class Service:
             sup.start("poller", self.poller)
         sup.start("pin-reconciler", self.pins)
         if self.kube is not None:  # replicas that turn ready get their pins at once (the pass is the backstop)
-            sup.start("endpoint-watch", EndpointWatch(self.kube, self._watched_services, self._endpoints_ready,
-                                                      self.metrics))
+            endpoints = EndpointWatch(self.kube, self._watched_services, self._endpoints_ready, self.metrics)
+            endpoints.spawn = functools.partial(sup.child, fault="endpoint-watch", logged=True)
+            sup.start("endpoint-watch", endpoints)
         sup.start("secret-reload", SecretReloader(self.settings, self._tokens_changed, self.metrics,
                                                   self.secret_reload_seconds))
         sup.start("approval-expiry", self.approvals)

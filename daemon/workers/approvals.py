@@ -20,7 +20,7 @@ import structlog
 from core.timestamps import iso_utc
 from core.decision import DecisionState
 from core.signal import Signal
-from daemon.common.lifecycle import wait_or_stop
+from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
@@ -129,6 +129,7 @@ class ApprovalGate:
         self._clock = clock
         self._on_recorded = on_recorded
         self._running: set[asyncio.Task[None]] = set()  # approved plans being applied
+        self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash is counted and logged
 
     async def request(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
         """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
@@ -227,8 +228,8 @@ class ApprovalGate:
                      progress: Mapping[int, StepProgress]) -> None:
         """Apply an approved plan in a task of its own, with the signal its decision was made for."""
         stored = await self._journal.signals.get.in_thread(signal_id)
-        task = asyncio.create_task(self._run(approval, policy, plan, stored.payload if stored else None, progress),
-                                   name=_task_name(approval))
+        task = self.spawn(_task_name(approval), self._run(approval, policy, plan, stored.payload if stored else None,
+                                                          progress))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 

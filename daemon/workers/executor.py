@@ -31,6 +31,7 @@ from core.timestamps import iso_utc
 from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
+from daemon.common.lifecycle import Spawn
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.records import RECOVERY, Decision
@@ -410,6 +411,12 @@ class Executor:
         Returns how many were started; ones already running are left alone (safe to call again,
         e.g. when this replica becomes the leader). Raises JournalError when the journal cannot be read."""
         return await self._watches.resume()
+
+    def spawn_under(self, spawn_watch: Spawn, spawn_approved: Spawn) -> None:
+        """Start the recovery watches and the approved plans being applied with these (the daemon's
+        supervisor): their crashes are counted like a loop's."""
+        self._watches.spawn = spawn_watch
+        self._approvals.spawn = spawn_approved
 
     async def wait_recoveries(self) -> None:
         """Wait until every recovery watch running now has settled (tests, demo)."""

@@ -31,6 +31,7 @@ import structlog
 
 from actions.base import IDEMPOTENCY_HEADER
 from daemon.common.config import ConfigError, NotificationSettings
+from daemon.common.lifecycle import Spawn, plain_spawn
 from daemon.common.metrics import Metrics
 
 log = structlog.get_logger("tailguard.notifier")
@@ -127,6 +128,7 @@ class Notifier:
         self._size = queue_size
         self._sleep = sleep
         self._backoff = backoff_seconds
+        self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash is counted and logged
         self._lanes = tuple(_Lane(sink) for sink in self._sinks)
         self._http: aiohttp.ClientSession | None = None
         self.dropped = 0  # (event, receiver) deliveries dropped because the receiver's queue was full
@@ -147,7 +149,7 @@ class Notifier:
             lanes = [lane for lane in self._lanes if event.get("event") in lane.sink.events]
             if not lanes:
                 return
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()  # outside a loop this raises here, before a lane's coroutine is made
             for lane in lanes:
                 lost = lane.admit(dict(event), self._size)
                 if lost is not None:
@@ -157,7 +159,7 @@ class Notifier:
                                 url=_where(lane.sink), dropped=lost.get("event"), decision=lost.get("decision"),
                                 queue_size=self._size)
                 if lane.task is None or lane.task.done():
-                    lane.task = loop.create_task(self._run(lane), name=f"notifier-{_where(lane.sink)}")
+                    lane.task = self.spawn(f"notifier-{_where(lane.sink)}", self._run(lane))
         except Exception as exc:  # a notification must never fail the caller
             self._metrics.faults.labels(FAULT).inc()
             log.warning("could not queue notification", error=repr(exc))

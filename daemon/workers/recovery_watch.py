@@ -30,6 +30,7 @@ import structlog
 from actions.base import Action, ActionDeps
 from core.timestamps import iso_utc
 from core.decision import DecisionState
+from daemon.common.lifecycle import Spawn, plain_spawn
 from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
 from daemon.storage.journal import Journal
@@ -88,6 +89,7 @@ class RecoveryWatches:
         self._query_range = query_range
         self._actions = actions  # restores the policy a decision started with (its revert runs on it)
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
+        self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash counts in its budget
 
     def start(self, decision_id: int, policy_name: str, target: str, check: RecoveryCheck, acted_at: float) -> None:
         """Watch a decision whose plan just succeeded, in a task of its own."""
@@ -133,7 +135,7 @@ class RecoveryWatches:
         self._recoveries.clear()
 
     def _spawn(self, decision_id: int, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"recovery-{decision_id}")
+        task = self.spawn(f"recovery-{decision_id}", work)
         self._recoveries[decision_id] = task
         task.add_done_callback(lambda done: self._settled(decision_id, done))
 

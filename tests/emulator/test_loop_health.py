@@ -100,5 +100,9 @@ async def test_a_loop_that_crashes_once_restarts_is_counted_and_the_replica_stay
         assert status == 200 and ready["loop_crashes"] == {"poller": 1} and ready["loop_error"] is None
         assert (await _get(svc, "/healthz"))[0] == 200
         assert svc.is_leader
+        # Every component's child tasks start through the supervisor (counted in its owner's budget).
+        spawns = [svc.parts.notifier.spawn, svc.executor._watches.spawn, svc.executor._approvals.spawn,
+                  svc.poller.spawn if svc.poller is not None else None]
+        assert all(getattr(s, "func", None) == svc.supervisor.child for s in spawns), spawns
     finally:
         await svc.__aexit__(None, None, None)

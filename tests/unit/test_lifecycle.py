@@ -197,3 +197,27 @@ async def test_spawned_work_is_named_and_cancelled_with_the_loops() -> None:
     assert sup.task("resume-verifications") is task
     await sup.cancel_tasks()
     assert task.cancelled() and sup.tasks == []
+
+
+# Calls that start a task outside the supervisor, each with why it may: a wait awaited (or cancelled)
+# in the same function is not background work.
+_IN_PLACE = {("daemon/common/lifecycle.py", "ensure_future"): "wait_or_stop's waiters, cancelled before it returns",
+             ("daemon/common/lifecycle.py", "create_task"): "the supervisor itself, and plain_spawn for tools",
+             ("daemon/workers/journal_upkeep.py", "ensure_future"): "a notice wait cancelled in the same function"}
+
+
+def test_every_background_task_of_the_daemon_starts_through_the_supervisor() -> None:
+    """No module of the daemon starts a task of its own (asyncio.create_task, loop.create_task,
+    ensure_future) but the supervisor and the in-place waits named above: per-group polls, recovery
+    watches, approved plans, notifier lanes and endpoint follows take a Spawn the service hands them."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = set()
+    for path in sorted((root / "daemon").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("create_task", "ensure_future"):
+                found.add((str(path.relative_to(root)), node.func.attr))
+    assert found <= set(_IN_PLACE), sorted(found - set(_IN_PLACE))
