@@ -24,8 +24,10 @@ from daemon.storage.decisions import Decisions
 from daemon.storage.effects import Effects
 from daemon.storage.evaluations import Evaluations
 from daemon.storage.freezes import Freezes
+from daemon.storage.history_bound import prune_history
 from daemon.storage.pins import Pins
 from daemon.storage.signals import DEFAULT_MAX_PENDING, Signals
+from daemon.storage.starts import Starts
 from daemon.storage.terms import Terms
 
 
@@ -55,6 +57,7 @@ class Journal(JournalCore):
         self.terms = Terms(self)
         self.effects = Effects(self)  # the door's writes and refusals (daemon/workers/door.py)
         self.cluster = ClusterMerge(self)
+        self.starts = Starts(self)  # versions' starts as detector triggers saw them (start tests)
 
     def close(self) -> None:
         self.signals.close()
@@ -77,8 +80,16 @@ class Journal(JournalCore):
                 " AND id NOT IN (SELECT signal_id FROM decisions)", (before,)).rowcount
             evaluations = db.execute("DELETE FROM evaluations WHERE at < ?", (before,)).rowcount
             db.execute("DELETE FROM freezes WHERE until < ?", (before,))  # over long ago
+            db.execute("DELETE FROM version_starts WHERE at < ?", (before,))  # their start tests long over
             # The door's rows; an escalated tug of war holds its pin until an operator answers it.
             db.execute("DELETE FROM effects WHERE at < ? AND kind != 'pin.escalated'", (before,))
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
 
         return self._tx(run)
+
+    @blocking
+    def prune_to_size(self, max_rows: int, keep_after: float) -> dict[str, int]:
+        """Bound the history in size as well as age: past `max_rows` decisions (or signals) delete the
+        oldest settled ones, never what is pending, unsettled or newer than `keep_after` that the guards
+        count (daemon/storage/history_bound.py says exactly what is kept)."""
+        return self._tx(lambda: prune_history(self._db, max_rows, keep_after))

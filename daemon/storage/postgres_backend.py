@@ -175,11 +175,25 @@ CREATE TABLE IF NOT EXISTS effects (
 CREATE INDEX IF NOT EXISTS effects_target ON effects(target, kind, at);
 """
 
+# Version 4: when each version of a target started serving, per detector trigger (its fingerprint):
+# tail_excess's start test resumes from it after a restart (daemon/storage/starts.py).
+STARTS = """
+CREATE TABLE IF NOT EXISTS version_starts (
+    target TEXT NOT NULL,
+    trigger_key TEXT NOT NULL,
+    version TEXT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (target, trigger_key, version)
+);
+"""
+
 # Every schema change is a new entry here and the same change in sqlite_backend.MIGRATIONS.
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA),
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
     Migration(3, "effects: every write the door let through or refused, intent and result", EFFECTS),
+    Migration(4, "version starts: when each version started, as a detector trigger saw it", STARTS),
 )
 
 DEFAULT_STATEMENT_TIMEOUT_SECONDS = 5.0

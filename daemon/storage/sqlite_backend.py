@@ -184,12 +184,26 @@ CREATE TABLE IF NOT EXISTS effects (
 CREATE INDEX IF NOT EXISTS effects_target ON effects(target, kind, at);
 """
 
+# Version 4: when each version of a target started serving, per detector trigger (its fingerprint):
+# tail_excess's start test resumes from it after a restart (daemon/storage/starts.py).
+STARTS = """
+CREATE TABLE IF NOT EXISTS version_starts (
+    target TEXT NOT NULL,
+    trigger_key TEXT NOT NULL,
+    version TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (target, trigger_key, version)
+);
+"""
+
 # Every schema change is a new entry here and the same change in postgres_backend.MIGRATIONS
 # (tests/unit/test_journal_backends.py compares the two schemas).
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA, _add_columns),
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
     Migration(3, "effects: every write the door let through or refused, intent and result", EFFECTS),
+    Migration(4, "version starts: when each version started, as a detector trigger saw it", STARTS),
 )
 
 

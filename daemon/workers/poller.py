@@ -18,6 +18,7 @@ from core.detection import BudgetEvidence, Detection
 from core.promql import render_query
 from core.query import Series, series_key
 from core.signal import Signal, SignalSource, TriggerRef, stable_key
+from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
 from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
@@ -28,6 +29,7 @@ from daemon.workers.emit import Emit
 from daemon.workers.series_pairing import LabelMemo, PairingMemo
 from daemon.workers.series_pairing import pair_companions as pair_companions  # bench_poll_cycle reads it here
 from detectors.base import ClusterReader, Detector, Offload, ReadsCluster, judges_together
+from detectors.tail_excess_start import RemembersStarts
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")
@@ -49,6 +51,7 @@ class Watch:
     # The last cycle's verdicts (what a gate on an alert trigger weighs): when, and per series.
     latest: "Latest | None" = field(default=None, compare=False, repr=False)
     no_data_since: float | None = None  # when its answers stopped holding a series of its model
+    starts_read: bool = False  # its journaled version starts handed to the detector (RemembersStarts)
 
 
 _BUDGET_FIELDS = attrgetter(*(f.name for f in fields(BudgetEvidence)))  # in the order BudgetEvidence(*...) takes
@@ -327,6 +330,9 @@ class Poller:
         if isinstance(watch.detector, ReadsCluster) and self._cluster is not None:
             await watch.detector.observe_cluster(self._cluster)
         pairs = watch.pairing.pair(mine, companions) if companions is not None else None
+        remembers = isinstance(watch.detector, RemembersStarts)
+        if remembers and not watch.starts_read:
+            await self._restore_starts(watch)
         try:
             await watch.detector.prepare(mine, now, self._offload, pairs)
         except Exception as exc:  # a failed refit leaves the old model in place; recorded, not fatal
@@ -361,6 +367,37 @@ class Poller:
         for series, detection in fired:
             await self._emit(detection_signal(watch, series, detection, now))
         await self._journal.evaluations.record_many.in_thread(rows)
+        if remembers:
+            await self._journal_starts(watch)
+
+    async def _restore_starts(self, watch: Watch) -> None:
+        """Before a detector's first cycle, the version starts journaled for its trigger: a restart or
+        a failover resumes their start tests and never starts a second one."""
+        detector = watch.detector
+        assert isinstance(detector, RemembersStarts)
+        try:
+            starts = await self._journal.starts.of.in_thread(watch.policy.target.key, watch.fingerprint)
+        except JournalError as exc:  # unread: tried again next cycle; meanwhile serving versions get no test
+            log.warning("journaled version starts unreadable", policy=watch.policy.name, error=str(exc))
+            return
+        detector.restore_starts(starts)
+        watch.starts_read = True
+
+    async def _journal_starts(self, watch: Watch) -> None:
+        """The version starts the detector found this cycle, journaled for a restart to resume."""
+        detector = watch.detector
+        assert isinstance(detector, RemembersStarts)
+        found = detector.take_new_starts()
+        if not found:
+            return
+        try:
+            await self._journal.starts.record.in_thread(watch.policy.target.key, watch.fingerprint, found)
+        except (JournalError, ValueError) as exc:  # the test runs on; a restart gives these versions none
+            self._metrics.faults.labels("poller").inc()
+            log.warning("version starts not journaled: a restart will not resume their start tests",
+                        policy=watch.policy.name, starts=found, error=str(exc))
+        else:
+            log.info("version started", policy=watch.policy.name, trigger=watch.bound.index, starts=found)
 
     def _mark_data(self, watch: Watch, has_data: bool, now: float) -> None:
         """Whether this cycle's answer held a fresh series of the watch's model; a change is logged."""
