@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from core.detection import Detection
 from core.query import Series
 from detectors._grid import align
+from detectors._slow_counts import counting_design
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
@@ -161,6 +162,11 @@ class TailExcessParams(DetectorParams):
     def budget(self) -> float:
         return 1.0 - self.quantile
 
+    def count_design(self) -> BankDesign | None:
+        """Counters: the bank on slow requests counted per step (detectors/_slow_counts.py), which
+        the detector uses where steps are short enough; None for a histogram."""
+        return counting_design(self.budget, self.null_share, self.sizes) if self.evidence == "counters" else None
+
     def test(self) -> Test:
         """What each evaluation needs besides the data."""
         lump = self.heaviest_slow if self.evidence == "counters" else 1.0
@@ -183,7 +189,7 @@ class TailExcessDetector:
     def __init__(self, params: TailExcessParams | Mapping[str, Any]) -> None:
         self.params = (params if isinstance(params, TailExcessParams)
                        else TailExcessParams.model_validate(params))
-        self._test = self.params.test()
+        self._test = replace(self.params.test(), count_design=self.params.count_design())
         self._tests = {self._test.lookback_seconds: self._test}  # by scored lookback: a few doublings
         self._lookback = self.params.lookback_seconds_
 
@@ -238,7 +244,11 @@ class TailExcessDetector:
                 promise = promises[step] = test.promise(step)
             return STORE.get(test.design, promise, requests_per_step)
 
-        batch = evaluate_excess_batch(test, grid, primary, totals, now, thresholds)
+        def count_thresholds(requests_per_step: float, step: float) -> tuple[tuple[float, ...], bool]:
+            assert test.count_design is not None  # asked for only when the test counts
+            return STORE.get(test.count_design, promises.get(step) or test.promise(step), requests_per_step)
+
+        batch = evaluate_excess_batch(test, grid, primary, totals, now, thresholds, count_thresholds)
         self._lookback = implied_lookback(self.params, batch)
         return batch
 

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
+from detectors._slow_counts import FALSE_COUNT_SHARE, WINDOW_SECONDS, batch_counting_problem, slow_counts
 from detectors.base import DetectorStatus
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.bank import NONE, BankRun, Scored, run_bank, scored_steps
@@ -57,6 +58,9 @@ class Test:
     """What a row's budget evidence (the window sums, the alert gate's input) covers: the least
     lookback, however far the scored lookback has grown, so hours of healthy history do not dilute
     a breach that began minutes ago."""
+    count_design: BankDesign | None = None
+    """Counters: the bank on slow requests counted per step (detectors/_slow_counts.py), used where
+    steps are short enough; None: counters are read as latency mass."""
     shared_hold_seconds: float = 0.0
     """How long into a firing version's episode its alarm waits while another serving version's
     evidence is too thin to tell a shared slowdown from this version's defect (0: never)."""
@@ -117,6 +121,7 @@ class ExcessBatch:
     inconsistent: NDArray[np.int_]
     recent_from: int = 0  # the first column of the recent window (0: the whole scored lookback)
     scored: Scored | None = None  # `scored_steps(units, requests)`, when the evaluation made it
+    counting: "Counting | None" = None  # counters: how the steps were counted (None: histogram)
 
     @cached_property
     def facts(self) -> RowFacts:
@@ -195,6 +200,17 @@ class Front:
     resets: NDArray[np.int_]
     inconsistent: NDArray[np.int_]
     scored: Scored  # units and requests at zero where a step is not scored, and where it is
+    design: BankDesign | None = None  # the bank the evidence is for (None: the test's own)
+    counting: "Counting | None" = None
+
+
+@dataclass(frozen=True)
+class Counting:
+    """How counters were read: slow requests counted per step, or latency mass and why."""
+
+    counted: bool
+    why_mass: str = ""  # the reason counting was not used ("" when it was)
+    counts_above: NDArray[np.float64] | None = None  # [S] the latency a lone slow request needed at the last step
 
 
 def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
@@ -220,9 +236,17 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
         with np.errstate(invalid="ignore"):
             inconsistent = (np.isfinite(d_primary) & np.isfinite(d_total) & (d_primary > d_total)).sum(axis=1)
     else:
-        mass = mass_evidence(d_primary, d_total, test.line, max(1, int(round(test.bulk_window_seconds / step))),
-                             test.bulk_slack)
-        ev, allowance = mass, mass.allowance
+        bulk_cols = max(1, int(round(test.bulk_window_seconds / step)))
+        counting, design = _counting(test, d_total, step), test.design
+        if counting.counted and test.count_design is not None:
+            null = test.count_design.null / (1.0 + FALSE_COUNT_SHARE)
+            counts = slow_counts(d_primary, d_total, test.line, null, bulk_cols,
+                                 max(1, int(round(WINDOW_SECONDS / step))), bulk_cols, test.bulk_slack)
+            ev, allowance, design = counts, counts.allowance, test.count_design
+            counting = replace(counting, counts_above=_last_where(counts.counts_above, np.isfinite(counts.units)))
+        else:
+            mass = mass_evidence(d_primary, d_total, test.line, bulk_cols, test.bulk_slack)
+            ev, allowance = mass, mass.allowance
         inconsistent = np.zeros(primary.shape[0], dtype=np.int_)
     rows = primary.shape[0]
     # Evidence leaves units and requests NaN at the same steps: scored where the units are finite.
@@ -238,7 +262,17 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
     status[~np.isfinite(totals).any(axis=1)] = NO_COUNTS
     status[latest < 0] = NO_DATA
     return Front(grid, step, ev.units, ev.requests, allowance, traffic, status, latest, steps.first_valid,
-                 steps.resets.sum(axis=1), inconsistent, sc)
+                 steps.resets.sum(axis=1), inconsistent, sc, design if test.evidence != "histogram" else None,
+                 counting if test.evidence != "histogram" else None)
+
+
+def _counting(test: Test, requests: NDArray[np.float64], step: float) -> Counting:
+    """Whether counters are counted per step (the test asks for it, and the steps are short enough
+    at the busiest row's traffic), or read as latency mass, and why."""
+    if test.count_design is None:
+        return Counting(False, "latency mass (counting per step not asked)")
+    problem = batch_counting_problem(requests, test.sizes[0] * test.budget, step)
+    return Counting(problem is None, problem or "")
 
 
 def row_thresholds(test: Test, traffic: NDArray[np.float64], step: float, thresholds: Thresholds
@@ -255,10 +289,16 @@ def row_thresholds(test: Test, traffic: NDArray[np.float64], step: float, thresh
 
 
 def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64],
-                          totals: NDArray[np.float64], now: float, thresholds: Thresholds) -> ExcessBatch:
+                          totals: NDArray[np.float64], now: float, thresholds: Thresholds,
+                          count_thresholds: Thresholds | None = None) -> ExcessBatch:
     """Decide every row of aligned cumulative counters [S x P] (see `front_end`) against the
-    null the test's rate is stated at."""
+    null the test's rate is stated at. `count_thresholds`: the thresholds of `test.count_design`,
+    used when counters are counted per step (the batch's test then carries that design)."""
     f = front_end(test, grid, primary, totals, now)
+    if f.design is not None and f.design is not test.design:
+        if count_thresholds is None:
+            raise ValueError("counters counted per step need the count design's thresholds")
+        test, thresholds = replace(test, design=f.design), count_thresholds
     h, derived = row_thresholds(test, f.traffic, f.step_seconds, thresholds)
     run = run_bank(test.design, f.units, f.requests, h, scored=f.scored)
     fired = (f.status == OK) & run.fired
@@ -266,7 +306,8 @@ def evaluate_excess_batch(test: Test, grid: NDArray[np.float64], primary: NDArra
     recent_from = (0 if test.recent_seconds >= test.lookback_seconds
                    else int(np.searchsorted(f.grid, now - test.recent_seconds, side="right")))
     return ExcessBatch(test, f.grid, f.step_seconds, f.units, f.requests, f.allowance, run, h, derived, f.traffic,
-                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent, recent_from, f.scored)
+                       f.status, fired, f.latest, f.first_seen, f.resets, f.inconsistent, recent_from, f.scored,
+                       f.counting)
 
 
 def _fmt(v: float) -> str:
@@ -291,8 +332,9 @@ class _Texts:
     budget_rates: tuple[float, float, float]  # a row's BudgetEvidence after its counts: null, alternative, allowed
 
     @classmethod
-    def of(cls, test: Test, cut: bool = False) -> "_Texts":
-        what = "requests" if test.evidence == "histogram" else "requests' worth of latency"
+    def of(cls, test: Test, cut: bool = False, counted: bool = False) -> "_Texts":
+        what = ("requests" if test.evidence == "histogram" else "requests (counted per step)" if counted
+                else "requests' worth of latency")
         promise = f"one false alarm per {test.promise_days:g} days at {test.design.null:.3%}"
         window = f"the last {test.recent_seconds:g} s" if cut else "the lookback"
         design = test.design
@@ -312,7 +354,8 @@ def batch_detections(b: ExcessBatch, kind: str, labels: Sequence[Mapping[str, st
     and nothing is rolled back on the detector's word. "Shown above" and not only "fires too": the
     busier version fires first, and the quieter one's evidence that it is just as slow comes before
     its own alarm. Until that evidence can come, the firing is held (`Test.shared_hold_seconds`)."""
-    texts = _Texts.of(b.test, b.recent_from > 0)  # the window sums left older scored steps out
+    texts = _Texts.of(b.test, b.recent_from > 0,  # the window sums left older scored steps out
+                      b.counting is not None and b.counting.counted)
     table = details_table(b, labels, version_label, texts.sizes)
     out = [_row_detection(b, row, kind, row_labels, texts, table) for row, row_labels in enumerate(labels)]
     firing = sorted({lab[version_label] for lab, d in zip(labels, out) if d.fired and version_label in lab})
@@ -427,6 +470,7 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
     fired, onset = False, None
     evidence: tuple[tuple[float, float], ...] = ()
     at = f"{texts.promise}, {per_second:.3g} req/s" + ("" if f.derived[row] else "; Wald bound until derived")
+    at += counting_note(b.counting, row, test.line)
     line = texts.line
     bucket = bucket_bound(labels) if table.histogram else test.line
     if bucket is not None and bucket != test.line:
@@ -472,6 +516,23 @@ def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str
     return Detection(detector=kind, fired=fired, reason=reason, value=stat,
                      baseline=bulk if math.isfinite(bulk) else None, threshold=h, score=f.score[row],
                      episode_start=onset, evidence=evidence, details=details, budget=budget)
+
+
+def counting_note(counting: Counting | None, row: int, line: float) -> str:
+    """What the reason adds about how counters were read: why as mass, or a count that could not
+    see requests just above the line (sub-line slow requests share steps); nothing otherwise."""
+    if counting is None:
+        return ""
+    if not counting.counted:
+        return f"; {counting.why_mass}" if counting.why_mass else ""
+    above = float(counting.counts_above[row]) if counting.counts_above is not None else math.nan
+    if above == math.inf:
+        return ("; no step counts: slow requests below the line in most steps (a heavy bulk) hide whether one "
+                "is above it")
+    if math.isfinite(above) and above > 1.01 * line:
+        return (f"; a lone slow request counts only above {_fmt(above)}: slow requests below the line share "
+                "steps often enough to pass for one above it")
+    return ""
 
 
 def _fired_evidence(b: ExcessBatch, row: int, details: dict[str, Any]) -> tuple[float, tuple[tuple[float, float], ...]]:

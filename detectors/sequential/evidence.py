@@ -16,7 +16,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 
-
 @dataclass(frozen=True)
 class Evidence:
     """Per step [S x P]: requests above the line (NaN: the step is not scored) and requests."""
@@ -47,13 +46,19 @@ def mass_evidence(latency: NDArray[np.float64], requests: NDArray[np.float64], l
     requests lift single pools, so the minimum stays clean and follows a genuine shift of the
     bulk within the window); a pool spans as many steps as it takes for POOL_REQUESTS requests at
     the row's typical traffic. A request may take (1 + slack) x the bulk before its latency counts."""
-    bulk = trailing_min(_pooled_means(latency, requests), bulk_window_cols)
+    bulk = bulk_means(latency, requests, bulk_window_cols)
     allowance = bulk * (1.0 + bulk_slack)
     scale = np.maximum(line - bulk, 0.1 * line)
     scored = np.isfinite(latency) & (requests > 0) & np.isfinite(bulk)
     with np.errstate(invalid="ignore"):
         units = np.where(scored, np.maximum(latency - requests * allowance, 0.0) / scale, np.nan)
     return MassEvidence(units, np.where(scored, requests, np.nan), allowance)
+
+
+def bulk_means(latency: NDArray[np.float64], requests: NDArray[np.float64], window_cols: int) -> NDArray[np.float64]:
+    """Per step, the bulk's per-request latency: the lowest pooled mean of the `window_cols` steps
+    before it (NaN: none of them has a request)."""
+    return trailing_min(_pooled_means(latency, requests), window_cols)
 
 
 def _pooled_means(latency: NDArray[np.float64], requests: NDArray[np.float64]) -> NDArray[np.float64]:
