@@ -89,6 +89,10 @@ class JournalSettings(_Section):
     """File holding the DSN (a key of an existing Secret, mounted)."""
     retention_days: float = Field(30.0, ge=1, alias="retentionDays")
     """Processed signals, their decisions and steps older than this are pruned (pending ones never)."""
+    max_history_rows: int = Field(100_000, ge=1000, alias="maxHistoryRows")
+    """The journal bounded in size as well as age: past this many decisions (or signals) the oldest
+    settled ones are pruned at each prune, before retentionDays; never pending signals, unsettled
+    decisions, what the guards' windows count, pins, freezes or bad marks (docs/operations.md)."""
     prune_interval_seconds: float = Field(3600.0, gt=0, alias="pruneIntervalSeconds")
     max_pending: int = Field(100_000, ge=1, alias="maxPending")
     """Pending signals past which the webhook answers 503 + Retry-After (Alertmanager retries)."""

@@ -24,6 +24,7 @@ from daemon.storage.decisions import Decisions
 from daemon.storage.effects import Effects
 from daemon.storage.evaluations import Evaluations
 from daemon.storage.freezes import Freezes
+from daemon.storage.history_bound import prune_history
 from daemon.storage.pins import Pins
 from daemon.storage.signals import DEFAULT_MAX_PENDING, Signals
 from daemon.storage.starts import Starts
@@ -85,3 +86,13 @@ class Journal(JournalCore):
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
 
         return self._tx(run)
+
+    @blocking
+    def prune_to_size(self, max_rows: int, keep_after: float) -> dict[str, int]:
+        """Bound the history in size as well as age: past `max_rows` decisions (or signals) delete the
+        oldest settled ones, never what is pending, unsettled or newer than `keep_after` that the guards
+        count (daemon/storage/history_bound.py says exactly what is kept). Raises ValueError for
+        `max_rows` < 1."""
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        return self._tx(lambda: prune_history(self._db, max_rows, keep_after))

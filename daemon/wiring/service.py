@@ -258,6 +258,12 @@ class Service:
         journal.writeFailureSeconds; None while it works. Never blocks."""
         return self.journal.write_health().trouble(self.settings.journal.write_failure_seconds)
 
+    def _guarded_seconds(self) -> float:
+        """How far back the guards count executed plans and signals (the policies' cooldown and
+        maxActions windows, the target budget's window, common cause's two spans): never pruned for size."""
+        br = self.settings.blast_radius
+        return max(guard_horizon(self.state.policies)[0], br.window_seconds, 2 * br.common_cause_span_seconds)
+
     def loop_trouble(self) -> str | None:
         """Why this replica's loops count as failing: one crashed loops.maxCrashes times within
         loops.crashWindowSeconds (restarts do not help); None while they run. Never blocks."""
@@ -456,7 +462,8 @@ class Service:
         sup.start("backlog-refill", Loop(lambda _: self.backlog.refill()), fault="backlog")
         sup.start("backlog-unmatched", Loop(lambda _: self.backlog.mark_unmatched()), fault="backlog")
         sup.start("policy-reload", self.reloader)
-        sup.start("journal-prune", JournalPruner(self.journal, self.metrics, self.settings.journal, self.clock))
+        sup.start("journal-prune", JournalPruner(self.journal, self.metrics, self.settings.journal, self.clock,
+                                                 self._guarded_seconds))
         sup.start("journal-probe", JournalProbe(self.journal, self.metrics, self.settings.journal.probe_interval_seconds,
                                                 self.journal_trouble))
         if self.journal.shared:

@@ -21,26 +21,48 @@ NOTICE_PAUSE_SECONDS = 0.1
 
 
 class JournalPruner:
-    """Keeps the journal bounded: a daemon runs for months, schedule ticks alone add 1,440 a day."""
+    """Keeps the journal bounded in age and in size: a daemon runs for months, schedule ticks alone add
+    1,440 a day, and an alert storm adds a decision per signal and policy in minutes.
+
+    Args:
+        journal: The journal.
+        metrics: Failed prunes count as faults under `journal`.
+        settings: retentionDays, maxHistoryRows, pruneIntervalSeconds.
+        clock: Unix time.
+        guarded_seconds: How far back the guards count (cooldown, maxActions windows, the target budget,
+            common cause): what is newer is never pruned for size. None: retentionDays' day minimum.
+    """
 
     def __init__(self, journal: Journal, metrics: Metrics, settings: JournalSettings,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], guarded_seconds: Callable[[], float] | None = None) -> None:
         self._journal = journal
         self._metrics = metrics
         self._settings = settings
         self._clock = clock
+        self._guarded_seconds = guarded_seconds or (lambda: 86400.0)
 
     async def run(self, stop: asyncio.Event) -> None:
-        settings = self._settings
         while not stop.is_set():
-            try:
-                pruned = await self._journal.prune.in_thread(self._clock() - settings.retention_days * 86400)
-                if any(pruned.values()):
-                    log.info("journal pruned", retention_days=settings.retention_days, **pruned)
-            except JournalError as exc:  # a busy journal is pruned next time; recorded, not fatal
-                self._metrics.faults.labels("journal").inc()
-                log.warning("journal prune failed", error=str(exc))
-            await wait_or_stop(stop, settings.prune_interval_seconds)
+            await self.prune_once()
+            await wait_or_stop(stop, self._settings.prune_interval_seconds)
+
+    async def prune_once(self) -> dict[str, int]:
+        """One prune by age, then by size; the rows deleted (a failure is recorded, not raised)."""
+        settings, now = self._settings, self._clock()
+        pruned: dict[str, int] = {}
+        try:
+            pruned = await self._journal.prune.in_thread(now - settings.retention_days * 86400)
+            if any(pruned.values()):
+                log.info("journal pruned", retention_days=settings.retention_days, **pruned)
+            sized = await self._journal.prune_to_size.in_thread(settings.max_history_rows,
+                                                                now - self._guarded_seconds())
+            if any(sized.values()):
+                log.warning("journal pruned to its size bound", max_history_rows=settings.max_history_rows, **sized)
+            pruned = {k: pruned.get(k, 0) + sized.get(k, 0) for k in {*pruned, *sized}}
+        except JournalError as exc:  # a busy journal is pruned next time; recorded, not fatal
+            self._metrics.faults.labels("journal").inc()
+            log.warning("journal prune failed", error=str(exc))
+        return pruned
 
 
 class SharedJournalWatch:

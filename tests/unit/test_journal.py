@@ -154,3 +154,76 @@ def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(open_journal
         assert cleared[0]["cleared_reason"] == "fixed"
     finally:
         j.close()
+
+
+def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay(open_journal: OpenJournal):
+    """Past the size bound the oldest settled decisions (with their steps) and processed signals go
+    first; never a pending signal, a decision executing, awaiting approval or with its recovery
+    unsettled, an executed plan the guards still count, a live pin, a freeze or a bad mark."""
+    j = open_journal()
+    now = time.time()
+    old = now - 10 * 86400  # older than the guards count, younger than retentionDays
+    keys = [f"k{i}" for i in range(14)] + ["pending"]
+    ids = [sid for sid, _ in j.signals.record([_signal(k) for k in keys])[0]]
+    settled = []
+    for i in range(8):  # settled, old: blocked floods and old executed plans
+        d = j.decisions.record(ids[i], "p", "ns/m", "blocked" if i % 2 else "succeeded", "", {},
+                               executed=i % 2 == 0)
+        j.decisions.record_step(d, 0, "notify", "apply", "ok", "", {}, 0.1)
+        settled.append(d)
+    executing = j.decisions.record(ids[8], "p", "ns/m", "executing", "", {}, executed=True)
+    awaiting = j.approvals.request(ids[9], "p", "ns/m", {"steps": []}, deadline=now + 3600).decision_id
+    watching = j.decisions.record(ids[10], "p", "ns/m", "succeeded", "", {}, executed=True)
+    j.decisions.record_step(watching, -1, "verify", "recovery", "pending", "checking", {}, None)
+    reverting = j.decisions.record(ids[11], "p", "ns/m", "succeeded", "", {}, executed=True)
+    j.decisions.record_step(reverting, -1, "verify", "recovery", "pending", "checking", {}, None)
+    j.decisions.record_verdict(reverting, "not_recovered", "did not hold", {"follow_up": "revert"})
+    guarded = j.decisions.record(ids[12], "p", "ns/m2", "succeeded", "", {}, executed=True)  # recent
+    j.signals.mark_processed(ids[:14])
+    j._db.execute("UPDATE signals SET received_at=? WHERE dedup_key != 'pending' AND dedup_key != 'k12'"
+                  " AND dedup_key != 'k13'", (old,))
+    j._db.execute("UPDATE signals SET received_at=? WHERE dedup_key = 'pending'", (old - 1,))
+    j._db.execute("UPDATE decisions SET at=? WHERE id != ?", (old, guarded))
+    j.pins.record("ns/m", "m", 1)
+    j.freezes.record("ns/m", "escalated", now + 3600)
+    j.bad_versions.mark("ns/m", 2, "rolled back")
+
+    pruned = j.prune_to_size(3, keep_after=now - 86400)
+
+    kept = {d.id for d in j.decisions.all()}
+    assert kept == {executing, awaiting, watching, reverting, guarded}  # 5 > 3: all that cannot go stay
+    assert pruned["decisions"] == 8 and pruned["steps"] == 8
+    signals = {s["dedup_key"] for s in j.signals.all()}
+    assert "pending" in signals and {"k8", "k9", "k10", "k11", "k12"} <= signals  # pending; a kept decision's
+    assert "k13" in signals  # processed but recent: common cause counts it
+    assert not signals & {f"k{i}" for i in range(8)}
+    assert [p["version"] for p in j.pins.live()] == [1]
+    assert j.freezes.active_on("ns/m") is not None and j.bad_versions.known("ns/m") == frozenset({2})
+    assert j.prune_to_size(3, keep_after=now - 86400) == {"decisions": 0, "steps": 0, "signals": 0}
+    assert j.prune_to_size(100, keep_after=now) == {"decisions": 0, "steps": 0, "signals": 0}  # under the bound
+    with pytest.raises(ValueError):
+        j.prune_to_size(0, keep_after=now)
+
+
+async def test_the_pruner_bounds_the_journal_in_size_each_round(tmp_path: Path):
+    """The journal-prune loop's round prunes by age, then by size past journal.maxHistoryRows, with
+    the guards' horizon the service hands it; a journal under the bound loses nothing."""
+    from daemon.common.config import JournalSettings
+    from daemon.common.metrics import Metrics
+    from daemon.workers.journal_upkeep import JournalPruner
+
+    j = Journal(tmp_path / "j.db")
+    ids = [sid for sid, _ in j.signals.record([_signal(f"k{i}") for i in range(1500)])[0]]
+    for sid in ids:
+        j.decisions.record(sid, "p", "ns/m", "blocked", "flood", {}, executed=False)
+    j.signals.mark_processed(ids)
+    j._db.execute("UPDATE signals SET received_at = received_at - 7200")
+    settings = JournalSettings.model_validate({"maxHistoryRows": 1000})
+    pruner = JournalPruner(j, Metrics(), settings, time.time, guarded_seconds=lambda: 3600.0)
+
+    pruned = await pruner.prune_once()
+
+    assert pruned["decisions"] == 500 and pruned["signals"] == 500
+    assert len(j.decisions.all()) == 1000 and len(j.signals.all()) == 1000
+    assert (await pruner.prune_once()).get("decisions", 0) == 0
+    j.close()

@@ -175,6 +175,7 @@ journal:
   path: /var/lib/tailguard/journal.db
   {{- end }}
   maxPending: {{ .Values.journal.maxPending | toJson }}
+  maxHistoryRows: {{ .Values.journal.maxHistoryRows | toJson }}
 prometheus:
   url: {{ .Values.prometheus.url | quote }}
   timeoutSeconds: {{ .Values.prometheus.timeoutSeconds }}
