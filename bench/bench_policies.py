@@ -151,10 +151,10 @@ def healthy_section(variants: list[Variant], levels: dict[str, Traffic], deploys
     for name, traffic in levels.items():
         for k, v in enumerate(variants):
             p = v.model.params
-            span = p.start_settle_seconds + p.start_horizon_seconds
-            alpha = p.start_alpha
+            span = v.model.start_span
+            alpha = v.model.start_alpha
             stated_day = 1.0 / p.false_alarm_days
-            stated_deploy = alpha + span / DAY / bank_days(p.false_alarm_days, alpha)
+            stated_deploy = alpha + span / DAY / (bank_days(p.false_alarm_days, alpha) if alpha > 0 else p.false_alarm_days)
             for fault in (HALF, NONE):
                 for alert in (ALERTS if v.model.alerts else (None,)):
                     t0 = time.process_time()
@@ -218,9 +218,9 @@ def defect_section(variants: list[Variant], levels: dict[str, Traffic], seeds: i
                               f"{int(early.sum())} | {causes(out)} |", flush=True)
                 counts = np.concatenate(kept)
                 p = variants[0].model.params
-                alpha = start_alpha(p.false_alarm_days, p.start_false_alarms)
+                alpha = start_alpha(p.false_alarm_days)  # the 0.001 per deploy, at most half a day's rate
                 first = deploy_limit(counts[:, 0], counts[:, 1], HALF.share, fault.share, alpha,
-                                     int(p.start_settle_seconds + p.start_horizon_seconds),
+                                     int(variants[0].model.start_span),
                                      Promise(bank_days(p.false_alarm_days, alpha), 1.0), traffic.mean, onset)
                 d = np.where(np.isfinite(first), first - onset, np.nan)
                 print(f"| {name} | {fault.name} | {'deploy' if onset == 0 else f'{onset} s in'} | "

@@ -133,13 +133,14 @@ def run_row(setup: Setup, row: Row, levels: NDArray[np.float64], outcome: Outcom
         first_cycle = -float(row.pre)
         begin = 0.0
     else:  # the daemon (re)starts: its history of a `triton` source is gone; the journal's start is restored
-        fire, starts = math.inf, {"2": 1700000000.0 + step}
+        fire, starts = math.inf, ({"2": 1700000000.0 + step} if model.start_alpha > 0 else {})
         history_from = restart_at if model.source == "triton" else -math.inf
         started_at, first_cycle = restart_at, math.ceil((restart_at + 1e-9) / step) * step
         begin = max(0.0, history_from)
     best, cause = fire, "start test"
     live = LiveRow(model, row, history_from)
-    live.detector.restore_starts(starts)
+    if starts and hasattr(live.detector, "restore_starts"):  # the journal's starts, as the poller hands them
+        live.detector.restore_starts(starts)
     events: list[tuple[float, int, str]] = []
     polls = candidates(model, row, levels, begin)
     polls = polls[polls >= first_cycle]
@@ -167,7 +168,7 @@ def run_row(setup: Setup, row: Row, levels: NDArray[np.float64], outcome: Outcom
                 best, cause = t, "alert"
     outcome.at[index] = best
     outcome.by[index] = cause if math.isfinite(best) else ""
-    outcome.live_calls += live.calls + (3 if restart_at is None else 0)
+    outcome.live_calls += live.calls + (3 if restart_at is None and starts else 0)
 
 
 def notify_times(setup: Setup, row: Row, restart_at: float | None) -> NDArray[np.float64]:

@@ -110,12 +110,14 @@ def start_fire(model: PolicyModel, row: Row, history_from: float = -math.inf) ->
     deploy (it has seen v1 serve), finds v2's start at its first samples, and is asked once at the
     horizon's end: a start test that crossed says when (`fired_at`), as it does every cycle after."""
     live = LiveRow(model, row, history_from)
-    rule = model.params.start_rule()
+    rule = model.params.start_rule() if hasattr(model.params, "start_rule") else None
+    if rule is None:  # no start test (off, or a detector that has none)
+        return math.inf, {}
     step = model.interval
     live.poll(-step)
     live.poll(2 * step)
     starts = dict(live.detector.take_new_starts())
-    if rule is None or "2" not in starts:
+    if "2" not in starts:
         return math.inf, starts
     end = starts["2"] - UNIX0 + rule.settle_seconds + rule.horizon_seconds + 2 * step
     if end > row.requests.size - row.pre - 1:

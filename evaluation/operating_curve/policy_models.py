@@ -52,6 +52,18 @@ class PolicyModel:
     def version_label(self) -> str:
         return self.params.version_label
 
+    @property
+    def start_alpha(self) -> float:
+        """The start test's false alarms per deploy (0: off, or a detector without one)."""
+        return float(getattr(self.params, "start_alpha", 0.0))
+
+    @property
+    def start_span(self) -> float:
+        """Seconds from the deploy the start test covers (its settle and horizon); 905 s, the
+        default's, for a detector without one: the deploy's window the per-deploy rate counts."""
+        settle = float(getattr(self.params, "start_settle_seconds", 5.0))
+        return settle + float(getattr(self.params, "start_horizon_seconds", 900.0))
+
 
 def model_of(policy: LoadedPolicy, file: str) -> PolicyModel:
     """What the benchmark runs of `policy`, or why it does not run it."""
