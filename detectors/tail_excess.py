@@ -32,6 +32,8 @@ from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
 from detectors.tail_excess_batch import OK, SLOWEST_COUNTED, ExcessBatch, Test, batch_detections, evaluate_excess_batch
+from detectors.sequential.start_test import START_ALPHA, bank_days, start_alpha
+from detectors.tail_excess_start import StartBook, StartRule, frame_starts, run_start_tests, settle, without_label
 
 VALUES_MOVED = ("tail_excess: `input: values` moved to its own detector: use `type: value_cusum` with the "
                 "`values:` parameters at the top level")
@@ -96,6 +98,18 @@ class TailExcessParams(DetectorParams):
     too thin to say whether it is slow too (shared cause) or not waits up to this long into its
     episode before its alarm stands alone (0: never). The busier version fires first in a shared
     slowdown; a version serving a tenth of the traffic needs minutes to show it."""
+    start_false_alarms: float = Field(START_ALPHA, ge=0.0, le=0.05)
+    """The start test's false alarms per deploy (detectors/tail_excess_start.py): from a version's
+    first request, its life so far is tested beside the bank; the bank keeps what is left of the
+    rate per version-day. 0 turns the start test off."""
+    start_horizon_seconds: float = Field(900.0, gt=0)
+    """How long after its settle a version's start test runs."""
+    start_settle_seconds: float = Field(5.0, ge=0)
+    """Steps that begin within this long of a version's first request are not evidence: requests held
+    by the deploy's own model load (~1.5 s on Triton, more on a busy node)."""
+    start_below_requests: float = Field(1000.0, gt=0)
+    """A version is starting only when its request counter at its first sample is below this, or
+    the other versions served this many requests before its first sample."""
 
     @model_validator(mode="before")
     @classmethod
@@ -173,7 +187,21 @@ class TailExcessParams(DetectorParams):
         return Test(BankDesign.for_budget(self.budget, self.null_share, self.sizes, lump), self.budget,
                     self.false_alarm_days, self.line, self.evidence, self.lookback_seconds_,
                     self.bulk_window_seconds, self.bulk_slack, self.max_staleness_seconds, self.sizes,
-                    recent_seconds=self.lookback_seconds_, shared_hold_seconds=self.shared_hold_seconds)
+                    recent_seconds=self.lookback_seconds_, shared_hold_seconds=self.shared_hold_seconds,
+                    bank_days=bank_days(self.false_alarm_days, self.start_alpha) if self.start_alpha > 0 else None,
+                    start_assumed=tuple(rule.describe().items()) if (rule := self.start_rule()) is not None else ())
+
+    @property
+    def start_alpha(self) -> float:
+        """The start test's probability per deploy: `start_false_alarms`, at most half a version-day's share."""
+        return start_alpha(self.false_alarm_days, self.start_false_alarms) if self.start_false_alarms > 0 else 0.0
+
+    def start_rule(self) -> StartRule | None:
+        """What the start test assumes (None: it is off)."""
+        if self.start_alpha <= 0:
+            return None
+        return StartRule(self.start_alpha, self.start_horizon_seconds, self.start_settle_seconds,
+                         self.start_below_requests)
 
 
 class TailExcessDetector:
@@ -192,10 +220,25 @@ class TailExcessDetector:
         self._test = replace(self.params.test(), count_design=self.params.count_design())
         self._tests = {self._test.lookback_seconds: self._test}  # by scored lookback: a few doublings
         self._lookback = self.params.lookback_seconds_
+        rule = self.params.start_rule()
+        self._starts = StartBook(rule) if rule is not None else None
 
     @property
     def lookback_seconds(self) -> float:
+        """The bank's lookback, or longer while a start test needs its whole span in the answer."""
+        book = self._starts
+        if book is not None and book.starts:
+            return max(self._lookback, book.rule.span_seconds(60.0))
         return self._lookback
+
+    def restore_starts(self, starts: Mapping[str, float]) -> None:
+        """Known start times of versions (the journal's): their start tests resume, never restart."""
+        if self._starts is not None:
+            self._starts.restore(starts)
+
+    def take_new_starts(self) -> list[tuple[str, float]]:
+        """The versions' starts found since the last call, for the caller to journal."""
+        return self._starts.take_new() if self._starts is not None else []
 
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
                       companions: Sequence[Series | None] | None = None) -> None:
@@ -210,14 +253,21 @@ class TailExcessDetector:
             return Detection(self.kind, False, "no request count: tail_excess needs companionQuery (the "
                                                "request counter, or the histogram's _count) with the same labels")
         try:
-            return self.detect_many([series], now, [companion])[0]
+            return self._detect_many([series], now, [companion], starts=False)[0]
         except (TypeError, ValueError) as exc:
             return Detection(self.kind, False, f"malformed series: {exc}")
 
     def detect_many(self, series: Sequence[Series], now: float,
                     companions: Sequence[Series | None] | None = None) -> list[Detection]:
-        """Aligns the series (each with its companion) on one grid and decides all rows at once.
+        """Aligns the series (each with its companion) on one grid and decides all rows at once,
+        the start tests with them (the whole answer: a version's start is judged beside the others).
         Raises on malformed series (see `align`)."""
+        return self._detect_many(series, now, companions, starts=True)
+
+    def _detect_many(self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None,
+                     starts: bool) -> list[Detection]:
+        """`detect_many`; `starts`: run the start tests (never on one series alone: a lone series
+        would read every other version as gone, and its own as new)."""
         if not series:
             return []
         if companions is None or any(c is None for c in companions):
@@ -226,8 +276,21 @@ class TailExcessDetector:
         paired = [c for c in companions if c is not None]
         grid, counters = align([*series, *paired])
         n = len(series)
+        labels = [s.labels for s in series]
+        book = self._starts if starts else None
+        frame = None
+        if book is not None:
+            frame = frame_starts(book, grid, counters[n:], labels, self.params.version_label)
+            counters = settle(book, frame, grid, counters, n)
         batch = self.evaluate(grid, counters[:n], counters[n:], now)
-        return batch_detections(batch, self.kind, [s.labels for s in series], self.params.version_label)
+        out = batch_detections(batch, self.kind, labels, self.params.version_label)
+        if book is None or frame is None:
+            if self._starts is None:
+                return out
+            return [d if lab.get(self.params.version_label) else without_label(d, self.params.version_label)
+                    for lab, d in zip(labels, out)]
+        return run_start_tests(book, frame, self._test, grid, counters[:n], counters[n:],
+                               self.params.version_label, now, batch, out)
 
     def evaluate(self, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
                  now: float) -> ExcessBatch:

@@ -67,6 +67,8 @@ class Test:
     bank_days: float | None = None
     """The bank's own promise when a start test spends part of the stated rate per deploy
     (detectors/sequential/start_test.py `bank_days`); None: the stated `promise_days`."""
+    start_assumed: tuple[tuple[str, float], ...] = ()
+    """What the start test assumes (alpha per deploy, horizon, settle, ...), for every row's details."""
 
     def promise(self, step_seconds: float) -> Promise:
         return Promise(self.bank_days if self.bank_days is not None else self.promise_days, step_seconds)
@@ -452,7 +454,8 @@ def details_table(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_l
         episode_units=f.episode_units, episode_requests=f.episode_requests, window_units=f.window_units,
         window_requests=f.window_requests, scored_steps=f.scored_steps, resets=f.resets,
         inconsistent=f.inconsistent, first_seen=f.first_seen, lookback_seconds=test.lookback_seconds,
-        budget_window_seconds=min(test.recent_seconds, test.lookback_seconds))
+        budget_window_seconds=min(test.recent_seconds, test.lookback_seconds), bank_false_alarm_days=test.bank_days,
+        start=test.start_assumed)
 
 
 def _row_detection(b: ExcessBatch, row: int, kind: str, labels: Mapping[str, str], texts: _Texts,

@@ -44,6 +44,8 @@ class DetailsTable:
     first_seen: list[int]
     lookback_seconds: float = 900.0  # the scored window
     budget_window_seconds: float = 900.0  # what the window sums (and the alert gate) cover
+    bank_false_alarm_days: float | None = None  # the bank's own promise when a start test spends part of the rate
+    start: tuple[tuple[str, float], ...] = ()  # what the start test assumes (empty: it is off)
 
 
 def row_details(t: DetailsTable, row: int) -> dict[str, Any]:
@@ -58,6 +60,9 @@ def row_details(t: DetailsTable, row: int) -> dict[str, Any]:
         "thresholds": dict(zip(t.sizes, hs)),
         "lookback_seconds": t.lookback_seconds, "budget_window_seconds": t.budget_window_seconds,
     }
+    if t.start:  # the start test beside the bank: what it assumes, and the share of the rate the bank keeps
+        assumed["bank_false_alarm_days"] = t.bank_false_alarm_days
+        assumed["start_test"] = dict(t.start)
     # "input": what a replica of an older version reads to draw no recovery line on counters (a
     # shared journal during a rolling upgrade); the journaled details stay as they were.
     details: dict[str, Any] = {

@@ -50,7 +50,7 @@ class StartRule:
     settle_seconds: float
     below_requests: float
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, float]:
         return {"alpha_per_deploy": self.alpha, "horizon_seconds": self.horizon_seconds,
                 "settle_seconds": self.settle_seconds, "start_below_requests": self.below_requests}
 
@@ -347,12 +347,13 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
                     primary: NDArray[np.float64], totals: NDArray[np.float64], version_label: str,
                     now: float, batch: ExcessBatch, out: list[Detection]) -> list[Detection]:
     """The start tests of one evaluation: each version with a known start, tested over the aligned
-    range, its verdict put on `out` (the bank's Detections, one per row)."""
+    range, its verdict put on `out` (the bank's Detections, one per row). `test`: the detector's own
+    (its front end decides the evidence for the version's rows alone)."""
     by_version, unlabeled = frame.by_version, frame.unlabeled
     rule = book.rule
     step = float(np.median(np.diff(grid))) if grid.size > 1 else 1.0
     f = batch.facts
-    allowed = test.budget * test.design.lump
+    allowed = batch.test.budget * batch.test.design.lump  # in the units of the batch's window sums
     verdicts: dict[str, StartVerdict] = {}
     unserved: dict[str, float] = {}
     for version, at in list(book.starts.items()):
@@ -368,7 +369,10 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
             continue  # over for a horizon: the verdict is no longer news
         first_col = int(np.searchsorted(grid, at - 2.0 * step, side="left"))
         cols = slice(first_col, None)
-        front = front_end(replace(test, lookback_seconds=now - grid[first_col] + 1e-6), grid[cols],
+        # Counters as latency mass, never counted per step: the exact bound is for Poisson lumps of
+        # at most `heaviest_slow` units, what mass is under the null; a count's corrections for
+        # merged and sub-line requests are set for a version's steady state, not its first minute.
+        front = front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[cols],
                           primary[vr.rows, cols], totals[vr.rows, cols], now)
         units = _sum_finite(front.units)
         requests = _sum_finite(np.where(np.isfinite(front.units), front.requests, np.nan))
@@ -377,10 +381,23 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
             book._note(version, f"missing from the answer for {gaps} step(s) since its start (it disappeared and "
                                 "returned): those steps are not scored")
         verdicts[version] = test_version(book, version, front.grid, units, requests, int(front.resets.sum()), now,
-                                         test.design, others_above(by_version, version, f.window_units,
+                                         _design(front, test), others_above(by_version, version, f.window_units,
                                                                    f.window_requests, allowed))
     decided = [s == OK for s in f.status]
     return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved)
+
+
+def _as_mass(test: Test, lookback_seconds: float) -> Test:
+    """The detector's test over `lookback_seconds`, counters read as latency mass."""
+    if getattr(test, "count_design", None) is not None:
+        return replace(test, lookback_seconds=lookback_seconds, count_design=None)
+    return replace(test, lookback_seconds=lookback_seconds)
+
+
+def _design(front: Any, test: Test) -> Any:
+    """The design the front end's evidence is for: counters counted per step carry their own
+    (`Front.design`), latency mass and histograms the test's."""
+    return getattr(front, "design", None) or test.design
 
 
 def _sum_finite(x: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -246,3 +246,18 @@ def test_the_bank_keeps_what_the_start_test_leaves_of_the_rate() -> None:
     assert test.promise(1.0).days == test.bank_days
     off = TailExcessDetector({**PARAMS, "start_false_alarms": 0}).params.test()
     assert off.bank_days is None and off.promise(1.0).days == 30.0
+
+
+def test_every_row_says_what_the_start_test_assumes_and_the_bank_keeps() -> None:
+    """`tailguard status` shows a trigger's most telling verdict's `assumed`: the start test's rule
+    and the bank's own promise are there on every row, a version in its start test adds its start."""
+    v1 = _version("1", 0, 1100, 40.0, 0.0005, 1)
+    v2 = _version("2", 1000, 1100, 40.0, 0.0005, 2)
+    out = _cycles(TailExcessDetector(PARAMS), [v1, v2], 950, 1100)[-1][1]
+    old, new = out[0].details["assumed"], out[1].details["assumed"]
+    assert old["start_test"] == {"alpha_per_deploy": 0.001, "horizon_seconds": 900.0, "settle_seconds": 5.0,
+                                 "start_below_requests": 1000.0}
+    assert old["bank_false_alarm_days"] == pytest.approx(30.0 / 0.97) and old["false_alarm_days"] == 30.0
+    assert new["start_test"]["started_at"] == 1001.0
+    off = _cycles(TailExcessDetector({**PARAMS, "start_false_alarms": 0}), [v1, v2], 1100, 1100)[-1][1]
+    assert "start_test" not in off[0].details["assumed"] and "bank_false_alarm_days" not in off[0].details["assumed"]
