@@ -214,8 +214,9 @@ def defect_section(variants: list[Variant], levels: dict[str, Traffic], seeds: i
                         early = out.at < onset
                         d = np.where(np.isfinite(out.at), out.at - onset, np.nan)[~early]
                         print(f"| {name} | {fault.name} | {'deploy' if onset == 0 else f'{onset} s in'} | {v.label} | "
-                              f"{alert.name if alert else '-'} | {median_delay(d):.0f} | {np.mean(np.isfinite(d)):.0%} | "
-                              f"{int(early.sum())} | {causes(out)} |", flush=True)
+                              f"{alert.name if alert else '-'} | {f'{median_delay(d):.0f}' if d.size else '-'} | "
+                              f"{f'{np.mean(np.isfinite(d)):.0%}' if d.size else '-'} | {int(early.sum())} | "
+                              f"{causes(out)} |", flush=True)
                 counts = np.concatenate(kept)
                 p = variants[0].model.params
                 alpha = start_alpha(p.false_alarm_days)  # the 0.001 per deploy, at most half a day's rate
