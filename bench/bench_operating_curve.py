@@ -6,11 +6,17 @@ evidence gate), through the project's own decision core (detectors/sequential).
     python bench/bench_operating_curve.py            # the full run: 3,000 version-days, 200 seeds
     python bench/bench_operating_curve.py --quick    # a smoke run: 300 version-days, 40 seeds
     python bench/bench_operating_curve.py --traffic 40,diurnal   # some traffic levels only
+    python bench/bench_operating_curve.py --skip-replay --skip-baselines --days 100 --seeds 20 --traffic 40
+                                                     # tailguard and the limit only, a few CPU-minutes
 
 Definitions (docs/detectors.md): the budget of P99.9 < 500 ms is 0.1% of requests above 500 ms,
 half budget 0.05%; the stated rate is one false alarm per version per 30 days at half budget;
 a rate holds when its Poisson 95% lower bound is at most the stated rate and the estimate at most
-1.2x it. Delays are seconds from the onset, censored at the horizon (10 min; 2 h at 4 req/s).
+1.2x it. Delays are seconds from the onset, censored at the horizon (15 min; 2 h at 4 req/s).
+
+Counters are read as the live detector reads them at 1 s steps (Triton's /metrics): slow requests
+counted per step (detectors/_slow_counts.py), so their healthy cases include tails far heavier
+than the line (0.05% at 3,000 ms) and a heavy sub-line tail (2% at 300 ms, none above the line).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from detectors.sequential.design import BankDesign  # noqa: E402
 from detectors.sequential.thresholds import Promise  # noqa: E402
 from detectors.tail_excess import TailExcessParams  # noqa: E402
 from evaluation.operating_curve.arrivals import Fault, seeded_run  # noqa: E402
+from evaluation.operating_curve.counted import CountedTailguard  # noqa: E402
 from evaluation.operating_curve.deciders import Alert, Decider, Limit, Naive, Tailguard  # noqa: E402
 from evaluation.operating_curve.runs import Rate, delays, detected, false_alarms, median_delay, tune_naive  # noqa: E402
 from evaluation.operating_curve.traffic import Traffic  # noqa: E402
@@ -38,13 +45,14 @@ BUDGET = 0.001
 NULL = BUDGET / 2
 STEP = 1.0
 DEFECTS = (Fault(0.005, 900), Fault(0.002, 600), Fault(0.003, 600), Fault(0.01, 600), Fault(0.1, 600))
-HEALTHY = (Fault(0.0005, 900), Fault(0.0005, 600), Fault(0.0005, 501), Fault(0.0005, 1500))
+HEALTHY = (Fault(0.0005, 900), Fault(0.0005, 600), Fault(0.0005, 501), Fault(0.0005, 1500), Fault(0.0005, 3000),
+           Fault(0.02, 300))
 TRAFFIC = (Traffic(4.0), Traffic(40.0), Traffic(400.0), Traffic(40.0, swing=0.6))
 GATE = (NULL, 2 * BUDGET, 0.01)
 
 
 def horizon(traffic: Traffic) -> float:
-    return 7200.0 if traffic.mean < 10 else 600.0
+    return 7200.0 if traffic.mean < 10 else 900.0
 
 
 def lookback(traffic: Traffic) -> float:
@@ -113,7 +121,8 @@ def traffic_levels(spec: str | None) -> tuple[Traffic, ...]:
     return tuple(t for name, t in names.items() if name in wanted)
 
 
-def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traffic, ...] = TRAFFIC) -> bool:
+def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traffic, ...] = TRAFFIC,
+                  baselines: bool = True) -> bool:
     stated = 1.0 / rate_days
     promise = Promise(rate_days, STEP)
     ok = True
@@ -122,27 +131,29 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
           f"1 s steps; line {LINE_MS:g} ms\n")
     for traffic in levels:
         t0 = time.process_time()
-        tg = [Tailguard.of(TailExcessParams(line=LINE_MS, evidence=ev), STEP, lookback(traffic))
-              for ev in ("histogram", "counters")]
-        n_slow = tune_naive(traffic, Fault(NULL, 900), days, LINE_MS, stated)
-        naive = Naive(n_slow)
-        alerts = [Alert(), Alert(gate=GATE, gate_lookback_seconds=lookback(traffic))]
-        print(f"### {traffic.name} (naive poller tuned to N = {n_slow} requests above the line in 60 s)\n")
+        tg: list[Decider] = [Tailguard.of(TailExcessParams(line=LINE_MS, evidence="histogram"), STEP, lookback(traffic)),
+                             CountedTailguard.counting(TailExcessParams(line=LINE_MS), STEP, lookback(traffic))]
+        if baselines:
+            n_slow = tune_naive(traffic, Fault(NULL, 900), days, LINE_MS, stated)
+            others: list[Decider] = [Naive(n_slow), Alert(), Alert(gate=GATE, gate_lookback_seconds=lookback(traffic))]
+            print(f"### {traffic.name} (naive poller tuned to N = {n_slow} requests above the line in 60 s)\n")
+        else:
+            others = []
+            print(f"### {traffic.name} (baselines left out)\n")
         print("| healthy case | decider | false alarms | per version-day | 95% lower | holds 1/" f"{rate_days:g} |")
         print("|---|---|---|---|---|---|")
         for k, fault in enumerate(HEALTHY):
             limit = Limit(NULL, 2 * BUDGET, promise, traffic.mean * STEP)
             # The cases differ only in the slow requests' latency: every decider but the one on
             # latency mass sees the same counts (same seed), so they are run on the first case only.
-            deciders: list[Decider] = [*tg, limit, naive, *alerts] if k == 0 else [tg[1]]
+            deciders: list[Decider] = [*tg, limit, *others] if k == 0 else [tg[1]]
             rates = false_alarms(deciders, traffic, fault, days, LINE_MS)
             for d in deciders:
                 r: Rate = rates[d.name]
                 held = r.holds(stated)
-                # The promise: a histogram's at half budget whatever the latency; counters' for slow
-                # requests up to twice the line (heaviest_slow); 1500 ms is shown, not promised.
-                promised = d.name.startswith("tailguard") and not (
-                    d.name == "tailguard (counters)" and fault.latency_ms > 2 * LINE_MS)
+                # The promise: at half budget whatever the slow requests' latency, on a histogram
+                # and on counters counted per step (sub-line slow requests included).
+                promised = d.name.startswith("tailguard")
                 if promised and not held:
                     ok = False
                 mark = ("yes" if held else "**no**") if promised else ("yes" if held else "no")
@@ -152,7 +163,7 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
         print("|---|---|---|---|---|")
         for fault in DEFECTS:
             limit = Limit(NULL, fault.share, promise, traffic.mean * STEP)
-            deciders = [*tg, limit, naive, *alerts]
+            deciders = [*tg, limit, *others]
             found = delays(deciders, traffic, fault, seeds, horizon(traffic), LINE_MS)
             lim = median_delay(found["limit"])
             for d in deciders:
@@ -160,14 +171,14 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
                 ratio = med / lim if math.isfinite(med) and math.isfinite(lim) and lim > 0 else math.nan
                 print(f"| {fault.name} | {d.name} | {med:.0f} | {detected(found[d.name]):.0%} | "
                       f"{'' if d.name == 'limit' or math.isnan(ratio) else f'{ratio:.2f}x'} |")
-            ok &= _checks(traffic, fault, found, lim, naive.name)
+            ok &= _checks(traffic, fault, found, lim, others[0].name if others else None)
         print(f"\n({time.process_time() - t0:.0f} CPU-s)\n")
     return ok
 
 
-def _checks(traffic: Traffic, fault: Fault, found: dict[str, np.ndarray], lim: float, naive: str) -> bool:
-    """The issue's bars for this case, printed where one fails."""
-    ok = True
+def _checks(traffic: Traffic, fault: Fault, found: dict[str, np.ndarray], lim: float, naive: str | None) -> bool:
+    """The issues' bars for this case, printed where one fails."""
+    ok = _counter_checks(traffic, fault, found, lim)
     slack = 1.3 if traffic.mean < 10 else 1.1
     for name in ("tailguard (histogram)",):
         med = median_delay(found[name])
@@ -180,10 +191,29 @@ def _checks(traffic: Traffic, fault: Fault, found: dict[str, np.ndarray], lim: f
             if share < 0.9:
                 print(f"  FAIL {traffic.name}, {fault.name}: {name} detects {share:.0%} of the seeds the limit detects")
                 ok = False
+        if naive is None:
+            continue
         nv = median_delay(found[naive])
         either = detected(found[name]) >= 0.5 or detected(found[naive]) >= 0.5
         if either and not med <= nv + STEP:
             print(f"  FAIL {traffic.name}, {fault.name}: {name} median {med:.0f} s slower than the naive poller's {nv:.0f} s")
+            ok = False
+    return ok
+
+
+def _counter_checks(traffic: Traffic, fault: Fault, found: dict[str, np.ndarray], lim: float) -> bool:
+    """Counters at 1 s steps (issue 41): every defect's median within 1.15x the limit (+ 1 step, as the
+    histogram's bar) at 4 and 40 req/s (400 req/s, where slow requests share steps, is measured, not barred); 0.2% at 600 ms
+    found within 15 minutes in at least 80% of seeds at 40 req/s."""
+    name, ok = "tailguard (counters)", True
+    med = median_delay(found[name])
+    if traffic.swing == 0 and traffic.mean <= 40 and not med <= 1.15 * lim + STEP:
+        print(f"  FAIL {traffic.name}, {fault.name}: {name} median {med:.0f} s > 1.15x limit {lim:.0f} s + 1 step")
+        ok = False
+    if traffic.swing == 0 and traffic.mean == 40 and fault == Fault(0.002, 600):
+        within = float(np.mean(found[name] <= 900.0))  # NaN (not found) compares False
+        if within < 0.8:
+            print(f"  FAIL {traffic.name}, {fault.name}: {name} finds {within:.0%} within 900 s (bar 80%)")
             ok = False
     return ok
 
@@ -195,6 +225,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, help="seeds per defect (default 200)")
     ap.add_argument("--rate-days", type=float, default=30.0, help="one false alarm per this many version-days")
     ap.add_argument("--skip-replay", action="store_true", help="leave out the reference-replay section")
+    ap.add_argument("--skip-baselines", action="store_true",
+                    help="leave out the naive poller (and its tuning) and the alert rules")
     ap.add_argument("--traffic", help="traffic levels to run, comma-separated from 4, 40, 400, diurnal (default: all)")
     args = ap.parse_args()
     days = args.days or (300 if args.quick else 3000)
@@ -204,7 +236,7 @@ def main() -> None:
     print(f"# Operating curve (`{cmd}`)\n")
     if not args.skip_replay:
         replay_section(range(1, 201))
-    ok = curve_section(days, seeds, args.rate_days, levels)
+    ok = curve_section(days, seeds, args.rate_days, levels, baselines=not args.skip_baselines)
     print("every bar met" if ok else "some bars not met (FAIL lines above)")
 
 

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.stats import chi2
 
-from evaluation.operating_curve.arrivals import Fault, poisson_chunk, seeded_run
-from evaluation.operating_curve.deciders import Decider, Naive
+from evaluation.operating_curve.arrivals import Fault, Steps, poisson_chunk, seeded_run
+from evaluation.operating_curve.deciders import Decider, Naive, Run
 from evaluation.operating_curve.traffic import DAY, Traffic
+
+
+@runtime_checkable
+class Warmed(Run, Protocol):
+    """A run whose front end reads history before its first step (given it, never tested on it)."""
+
+    def warm(self, steps: Steps) -> None: ...
 
 
 def phase_of(seed: int) -> float:
@@ -20,14 +27,33 @@ def phase_of(seed: int) -> float:
     return float(np.random.default_rng(10_000 + seed).uniform(0, DAY))
 
 
+HISTORY_SECONDS = 720.0
+"""A seeded run's version served this long before the onset, at half budget (0.05% at 900 ms):
+what a decider's front end reads behind its first step (the counting's bulk and sub-line windows,
+detectors/_slow_counts.py); no decider's test sees it."""
+
+
+def history(seed: int, traffic: Traffic, line_ms: float, step: float = 1.0) -> Steps:
+    """The healthy steps before a seeded run's onset (one row; Poisson counts, its own seed)."""
+    cols = int(round(HISTORY_SECONDS / step))
+    t = (np.arange(cols) - cols) * step
+    requests = traffic.rate(t[None, :], phase_of(seed) if traffic.swing else 0.0) * step
+    return poisson_chunk(np.random.default_rng(50_000 + seed), requests, Fault(0.0005, 900), line_ms)
+
+
 def delays(deciders: Sequence[Decider], traffic: Traffic, fault: Fault, seeds: Sequence[int], horizon: float,
            line_ms: float, step: float = 1.0) -> dict[str, NDArray[np.float64]]:
-    """Seconds from the onset to each decider's first alarm, per seed (NaN: not within `horizon`)."""
+    """Seconds from the onset to each decider's first alarm, per seed (NaN: not within `horizon`).
+    A decider that reads history behind its first step (`warm`) is given HISTORY_SECONDS of it."""
     out: dict[str, list[float]] = {d.name: [] for d in deciders}
     for seed in seeds:
         steps = seeded_run(seed, traffic, fault, horizon, line_ms, step, phase_of(seed) if traffic.swing else 0.0)
+        before = None
         for d in deciders:
             run = d.start(1)
+            if isinstance(run, Warmed):
+                before = before if before is not None else history(seed, traffic, line_ms, step)
+                run.warm(before)
             run.feed(steps)
             out[d.name].append(float(run.first[0]))
     return {name: np.array(v) for name, v in out.items()}
