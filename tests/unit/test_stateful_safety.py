@@ -447,10 +447,11 @@ def unknown_is_never_failure() -> bool:
 
 
 NEEDS_DOOR = pytest.mark.xfail(not door_built(), strict=True, reason=(
-    "issue #42: the pin reconciler ignores runtime freezes and bad marks, and the executor's retries and "
-    "the recovery revert do not re-check freezes, until every write passes the one door (daemon/workers/door.py)"))
+    "issue #42: the pin reconciler ignores runtime freezes and bad marks until every write passes the one "
+    "door (daemon/workers/door.py, 8b9d4ac)"))
 NEEDS_UNKNOWN = pytest.mark.xfail(not unknown_is_never_failure(), strict=True, reason=(
-    "issue #42: a partial outage reads as not recovered and the rollback is reverted"))
+    "issue #42: incomplete evidence (an outage, a clock step across a restart) reads as not recovered and the "
+    "rollback is reverted, until unknown is never failure (policies/recovery.py, ea55736)"))
 
 
 # ---- the unit run: one test per invariant ---------------------------------------------------------
@@ -515,3 +516,28 @@ def test_found_a_pin_loading_a_version_the_operator_marked_bad() -> None:
                             ("a_replica_goes_down", {"url": replica_url("ranker", 0)}),
                             ("an_operator_marks_a_version_bad", {"model": "ranker", "version": 1}),
                             ("a_replica_comes_back", {"url": replica_url("ranker", 0)})])
+
+
+@NEEDS_UNKNOWN
+def test_found_a_revert_after_a_clock_step_and_a_restart() -> None:
+    """Found by the machine on a68c353 (4,162 steps, 6.8 s CPU): a detection rolls ranker back to the
+    good version 1; 15 s of good samples; the system clock steps an hour forward and the process
+    restarts, adopting it: the resumed watch finds its window over and reads back the two samples
+    taken before the step. Before ea55736 that was "not recovered" and the good rollback was reverted;
+    now it is unknown (escalated, never reverted)."""
+    replay((REVERT,), [("a_detector_fires", {"model": "ranker"}),
+                       ("time_passes", {"seconds": 15.0}),
+                       ("the_clock_steps", {"seconds": 3600.0}),
+                       ("a_process_restarts", {"slot": "a"})])
+
+
+@NEEDS_UNKNOWN
+def test_one_good_sample_then_an_outage_is_not_reverted() -> None:
+    """The issue's reproduction in the machine's terms (the path the machine's first failing sequence
+    on a68c353 took before shrinking found the shorter clock-step one): a rollback, one good sample,
+    Prometheus down past the window; with onNotRecovered: revert nothing is undone."""
+    machine = replay((REVERT,), [("an_alert_fires", {"model": "ranker", "redelivery": False}),
+                                 ("prometheus_goes_down", {"outage": "whole"}),
+                                 ("time_passes", {"seconds": 120.0}),
+                                 ("time_passes", {"seconds": 120.0})])
+    assert not [w for w in machine.world.triton.writes if w.writer == "recovery_revert"]
