@@ -146,7 +146,9 @@ def settle_section(deploys: int) -> None:
 
 def live_section(seeds: range) -> bool:
     """The live detector, `detect_many` every second from the deploy on the seeds' arrivals (an old
-    version serving beside it from before), against the replay's crossing second."""
+    version served alone before it, none after: a full rollout), against the replay's crossing
+    second. A busy old version serving on beside it holds a crossing until it is shown below the
+    new version's share (the bank's shared-slowdown rule): a second or so at 40 req/s."""
     print("## The live detector against the replay (histogram, 40 req/s)\n")
     params = TailExcessParams(line=LINE_MS, evidence="histogram")
     spec = StartSpec.of(params)
@@ -164,9 +166,9 @@ def live_section(seeds: range) -> bool:
 
 def _live_first(params: TailExcessParams, steps: Steps) -> float:
     """Seconds from the first request to the live detector's first start-test alarm."""
-    t0 = 1_000.0  # the deploy's first request; the old version serves from 0
+    t0 = 1_000.0  # the deploy's first request; the old version serves from 0 until then (a full rollout)
     old_t = np.arange(0.0, t0 + steps.requests.shape[1] + 1)
-    old_n = np.cumsum(np.full(old_t.size, 40.0))
+    old_n = np.cumsum(np.where(old_t < t0, 40.0, 0.0))
     old = (Series({"version": "1", "le": "500"}, old_t.tolist(), old_n.tolist()),
            Series({"version": "1"}, old_t.tolist(), old_n.tolist()))
     new_t = t0 + np.arange(0, steps.requests.shape[1] + 1, dtype=np.float64)  # the sample at zero first

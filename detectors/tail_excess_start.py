@@ -20,9 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from core.detection import Detection
-from detectors.sequential.acceptance import shown_above
+from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.start_test import first_crossing, life_statistic, start_bounds
-from detectors.tail_excess_batch import OK, ExcessBatch, Test, front_end
+from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Test, front_end
 
 START_GRID = 1.25
 """The start bound is computed at the top of the version's traffic on a grid of this ratio (its
@@ -187,10 +187,11 @@ def _requests_in(total: NDArray[np.float64]) -> float:
 
 def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units: NDArray[np.float64],
                  requests: NDArray[np.float64], resets: int, now: float, design: Any,
-                 others_above: Sequence[str]) -> StartVerdict:
+                 others: Others, hold_seconds: float = 0.0) -> StartVerdict:
     """The start test of one version with a known start, over its summed evidence per step [P] on
-    `grid` (NaN: not scored). `resets`: counter resets in its rows over the range; `others_above`:
-    other versions shown above their budget (a shared cause: no fire)."""
+    `grid` (NaN: not scored). `resets`: counter resets in its rows over the range; `others`: what
+    the other versions show (above budget: a shared cause, no fire; undecided: a crossing waits up
+    to `hold_seconds` for them, as the bank's alarm does)."""
     rule, at = book.rule, book.starts[version]
     end = at + rule.settle_seconds + rule.horizon_seconds
     base: dict[str, Any] = {"started_at": at, **rule.describe(), "ends_at": end}
@@ -237,11 +238,16 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
     if cross >= 0:
         fired_at = float(grid[cross])
         details.update(status="fired", fired_at=fired_at)
-        if others_above:
-            details["shared_slowdown"] = list(others_above)
+        if others.above:
+            details.update(status="shared", shared_slowdown=list(others.above))
             return StartVerdict(version, "shared", f"start test: {what} reached its bound at {fired_at:.0f}, but "
-                                f"version(s) {', '.join(others_above)} are above budget too: a shared cause, no fire",
+                                f"version(s) {', '.join(others.above)} are above budget too: a shared cause, no fire",
                                 details, started_at=at)
+        if others.undecided and now - fired_at < hold_seconds:
+            details.update(status="held", shared_hold=list(others.undecided))
+            return StartVerdict(version, "held", f"start test held: {what} reached its bound at {fired_at:.0f}; "
+                                f"version(s) {', '.join(others.undecided)} cannot yet be told slow too or not (held "
+                                f"up to {hold_seconds:g} s, {now - fired_at:.0f} s so far)", details, started_at=at)
         return StartVerdict(version, "fired", f"start test: {what}; member {k} reached {bounds[0]:.2f} at "
                                               f"{fired_at:.0f}", details, fired=True, started_at=at)
     status = "ended" if now >= end else "running"
@@ -291,18 +297,43 @@ def without_label(d: Detection, version_label: str) -> Detection:
         "status": "no_version_label", "reason": why}})
 
 
-def others_above(versions: Mapping[str, VersionRows], version: str, window_units: Sequence[float],
-                 window_requests: Sequence[float], allowed: float) -> list[str]:
-    """The other versions shown above `allowed` over the recent window (summed over their rows)."""
-    out = []
-    for other, vr in versions.items():
+@dataclass(frozen=True)
+class Others:
+    """What the other versions of the answer show beside a version's start test."""
+
+    above: list[str]  # shown above their budget: a shared cause
+    undecided: list[str]  # serving, neither above budget nor shown below the version's share yet
+
+
+def judge_others(batch: ExcessBatch, versions: Mapping[str, VersionRows], version: str, since: float,
+                 now: float) -> Others:
+    """The bank's shared-slowdown rule (tail_excess_batch.judge_others) over the start test's span:
+    each other version shown above its budget over the recent window or since `since` (a shared
+    cause), or, serving, not yet shown below this version's share since then by Wald's acceptance
+    (HOLD_ERROR): undecided, and a crossing waits for it as the bank's alarm does."""
+    f, test = batch.facts, batch.test
+    allowed, null = test.budget * test.design.lump, test.design.null
+    cols = batch.timestamps > since
+    def span(rows: list[int]) -> tuple[float, float]:
+        u = batch.units[rows][:, cols]
+        ok = np.isfinite(u)
+        return float(np.where(ok, u, 0.0).sum()), float(np.where(ok, batch.requests[rows][:, cols], 0.0).sum())
+    mine_u, mine_n = span(versions[version].rows)
+    share = mine_u / mine_n if mine_n > 0 else 0.0
+    age = max(now - since, 0.0)
+    above, undecided = [], []
+    for other, vr in sorted(versions.items()):
         if other == version:
             continue
-        u = sum(window_units[r] for r in vr.rows)
-        n = sum(window_requests[r] for r in vr.rows)
-        if shown_above(u, n, allowed):
-            out.append(other)
-    return sorted(out)
+        w_u = sum(f.window_units[r] for r in vr.rows)
+        w_n = sum(f.window_requests[r] for r in vr.rows)
+        e_u, e_n = span(vr.rows)
+        if shown_above(w_u, w_n, allowed) or shown_above(e_u, e_n, allowed):
+            above.append(other)
+        elif (e_n > 0 and e_n >= SLOWEST_COUNTED * age and share > null
+              and not accept_null(e_u, e_n, null, share, HOLD_ERROR).accepted):
+            undecided.append(other)
+    return Others(above, undecided)
 
 
 @dataclass(frozen=True)
@@ -353,7 +384,6 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
     rule = book.rule
     step = float(np.median(np.diff(grid))) if grid.size > 1 else 1.0
     f = batch.facts
-    allowed = batch.test.budget * batch.test.design.lump  # in the units of the batch's window sums
     verdicts: dict[str, StartVerdict] = {}
     unserved: dict[str, float] = {}
     for version, at in list(book.starts.items()):
@@ -381,8 +411,9 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
             book._note(version, f"missing from the answer for {gaps} step(s) since its start (it disappeared and "
                                 "returned): those steps are not scored")
         verdicts[version] = test_version(book, version, front.grid, units, requests, int(front.resets.sum()), now,
-                                         _design(front, test), others_above(by_version, version, f.window_units,
-                                                                   f.window_requests, allowed))
+                                         _design(front, test), judge_others(batch, by_version, version,
+                                                                            at + rule.settle_seconds, now),
+                                         test.shared_hold_seconds)
     decided = [s == OK for s in f.status]
     return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved)
 
@@ -414,4 +445,4 @@ def _gaps(total: NDArray[np.float64], grid: NDArray[np.float64], at: float) -> i
 
 
 __all__ = ["RemembersStarts", "StartBook", "StartRule", "StartVerdict", "apply_verdicts", "find_starts",
-           "StartFrame", "frame_starts", "others_above", "run_start_tests", "settle", "start_of", "without_label", "test_version", "version_rows"]
+           "StartFrame", "frame_starts", "Others", "judge_others", "run_start_tests", "settle", "start_of", "without_label", "test_version", "version_rows"]

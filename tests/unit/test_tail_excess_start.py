@@ -261,3 +261,33 @@ def test_every_row_says_what_the_start_test_assumes_and_the_bank_keeps() -> None
     assert new["start_test"]["started_at"] == 1001.0
     off = _cycles(TailExcessDetector({**PARAMS, "start_false_alarms": 0}), [v1, v2], 1100, 1100)[-1][1]
     assert "start_test" not in off[0].details["assumed"] and "bank_false_alarm_days" not in off[0].details["assumed"]
+
+
+def _slow_from(pair: tuple[Series, Series], at: float, share: float, seed: int) -> tuple[Series, Series]:
+    """A version's bucket with `share` of its requests from `at` on moved above the line."""
+    bucket, count = pair
+    rng = np.random.default_rng(seed)
+    n = np.diff(np.asarray(count.values), prepend=0.0)
+    slow = np.where(np.asarray(count.timestamps) > at, rng.binomial(n.astype(np.int64), share), 0)
+    return Series(bucket.labels, bucket.timestamps, (np.asarray(bucket.values) - np.cumsum(slow)).tolist()), count
+
+
+def test_a_slowdown_the_serving_versions_share_is_no_start_test_fire() -> None:
+    v1 = _slow_from(_version("1", 0, 1300, 40.0, 0.0005, 1), 1000, 0.005, 21)
+    v2 = _version("2", 1000, 1300, 40.0, 0.005, 2)
+    timeline = _cycles(TailExcessDetector(PARAMS), [v1, v2], 950, 1300)
+    assert not any(d.fired and d.reason.startswith("start test") for _, ds in timeline for d in ds)
+    statuses = {d.details["start_test"]["status"] for _, ds in timeline for d in ds[1:] if "start_test" in d.details}
+    assert statuses & {"shared", "held"}
+
+
+def test_a_quiet_healthy_neighbour_holds_the_start_test_until_it_is_shown_below() -> None:
+    # A neighbour at 5 req/s is shown below v2's ~0.5% after ~600 of its requests, two minutes.
+    v1 = _version("1", 0, 1400, 5.0, 0.0005, 1)
+    v2 = _version("2", 1000, 1400, 40.0, 0.005, 2)
+    timeline = _cycles(TailExcessDetector(PARAMS), [v1, v2], 950, 1400)
+    held = [now for now, ds in timeline if len(ds) > 1 and ds[1].details.get("start_test", {}).get("status") == "held"]
+    fired = _first_fire(timeline)
+    # Held as the bank's alarm is held (the same rule), both stand once v1 is shown below.
+    assert held and fired is not None and fired[0] > held[-1]
+    assert fired[1].details["start_test"]["status"] == "fired" and "start test: " in fired[1].reason
