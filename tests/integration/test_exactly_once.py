@@ -46,7 +46,7 @@ from daemon.storage.records import Decision
 from lab.ports import free_port
 from lab.process import ManagedProcess
 from lab.triton import TritonServer, served_versions
-from tests.support.helpers import TOKEN, sample_payload, wait_for
+from tests.support.helpers import NO_BLAST_RADIUS, TOKEN, sample_payload, wait_for
 from lab.kube.emulator import KubeEmulator, RecordedRequest
 from lab.kube.schemas import object_errors
 from tests.support.kube_helpers import http_route, kube_settings, virtual_service, write_kubeconfig
@@ -79,6 +79,7 @@ class Daemon:
             "journal": {"path": str(self.journal)},
             "executor": {"workers": 1, "pinReconcileIntervalSeconds": 3600},
             "log": {"format": "json", "level": "info"},
+            "blastRadius": NO_BLAST_RADIUS,
             **settings,
         }))
         self.runs: list[ManagedProcess] = []

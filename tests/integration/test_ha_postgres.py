@@ -29,7 +29,8 @@ from daemon.wiring.service import Service
 from lab.kube.emulator import KubeEmulator
 from lab.ports import free_port
 from lab.process import ManagedProcess
-from tests.support.helpers import TOKEN, local_settings, notify_policy, payload_with, sample_payload, wait_for
+from tests.support.helpers import (NO_BLAST_RADIUS, TOKEN, local_settings, notify_policy, payload_with, sample_payload,
+                                   wait_for)
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.kube_helpers import kube_settings, write_kubeconfig
 from tests.support.paths import REPO
@@ -87,7 +88,7 @@ class Replica:
             "journal": {"backend": "postgres", "sharedPollSeconds": 0.2},
             "kubernetes": kube_settings(kubeconfig), "leaderElection": LEASE,
             "executor": {"workers": 2, "pinReconcileIntervalSeconds": 3600},
-            "log": {"format": "json", "level": "info"},
+            "log": {"format": "json", "level": "info"}, "blastRadius": NO_BLAST_RADIUS,
         }))
         self.process = ManagedProcess(
             [sys.executable, "-m", "daemon.wiring.cli", "run", "--config", str(self.config)],

@@ -31,7 +31,7 @@ from lab.policies import ALERT_ONLY_VERIFY, PAGE_ALERT_TRIGGER
 from lab.ports import free_port
 from lab.process import ManagedProcess
 from lab.triton import TritonServer, served_versions
-from tests.support.helpers import TOKEN, sample_payload, wait_for
+from tests.support.helpers import NO_BLAST_RADIUS, TOKEN, sample_payload, wait_for
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 from tests.support.paths import REPO
 
@@ -58,7 +58,7 @@ class Daemon:
             "journal": {"backend": "postgres", "sharedPollSeconds": 0.2},
             "kubernetes": kube_settings(kubeconfig), "leaderElection": LEASE,
             "executor": {"workers": 1, "pinReconcileIntervalSeconds": 3600, "tritonTimeoutSeconds": 30},
-            "log": {"format": "json", "level": "info"},
+            "log": {"format": "json", "level": "info"}, "blastRadius": NO_BLAST_RADIUS,
         }))
         self.process = ManagedProcess(
             [sys.executable, "-m", "daemon.wiring.cli", "run", "--config", str(config)], root / f"{name}.log",

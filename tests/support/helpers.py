@@ -106,15 +106,18 @@ async def post_alerts(svc: Service, body: dict[str, Any] | bytes, *, token: str 
     return answer
 
 
+NO_BLAST_RADIUS: dict[str, Any] = {"maxTargetsPerWindow": None, "commonCauseTargets": None, "commonCauseShare": None}
+"""The blastRadius settings of a daemon under test, unless the test asks for them: on by default, common
+cause holds every signal a span (60 s) before it acts, which tests of other things would only wait out."""
+
+
 def local_settings(tmp: Path, policies: Path, **overrides: Any) -> Settings:
     raw: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "policies": {"path": str(policies), "reloadIntervalSeconds": 0.2},
         "journal": {"path": str(tmp / "journal.db")},
         "executor": {"workers": 2},
-        # Off unless a test asks: common cause holds every signal a span (60 s) before it acts, which
-        # tests of other things would only wait out. Blast-radius tests pass their own.
-        "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None, "commonCauseShare": None},
+        "blastRadius": NO_BLAST_RADIUS,
     }
     raw.update(overrides)
     os.environ["TAILGUARD_WEBHOOK_TOKEN"] = TOKEN
