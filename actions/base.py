@@ -122,10 +122,11 @@ class Effect:
 
 class Refused(ActionError):
     """The door refused a write: nothing was sent, and the refusal is journaled. `check` names the
-    question that said no ("leader", "fence", "freeze", "bad_version", "writer", "journal")."""
+    question that said no ("leader", "fence", "freeze", "bad_version", "writer", "journal"). Only a
+    journal that could not be read or written is worth trying again (`retryable`)."""
 
-    def __init__(self, check: str, reason: str) -> None:
-        super().__init__(f"refused by the door ({check}): {reason}", retryable=False)
+    def __init__(self, check: str, reason: str, retryable: bool = False) -> None:
+        super().__init__(f"refused by the door ({check}): {reason}", retryable=retryable)
         self.check = check
         self.reason = reason
 

@@ -30,7 +30,7 @@ import contextlib
 import contextvars
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, NoReturn, TypeVar
 
 import structlog
 from prometheus_client import Counter
@@ -131,7 +131,10 @@ class Door:
         who = current()
         if who is None:
             return Refused("writer", "no writer declared")
-        refused = await self.refusal(who, effect)
+        try:
+            refused = await self.refusal(who, effect)
+        except JournalError as exc:
+            return Refused("journal", f"the checks could not be read: {exc}", retryable=True)
         return Refused(*refused) if refused is not None else None
 
     async def write(self, effect: Effect, send: Callable[[], Awaitable[T]]) -> T:
@@ -141,7 +144,11 @@ class Door:
             log.error("write refused: no writer declared", kind=effect.kind, summary=effect.summary)
             raise Refused("writer", "no writer declared for this write (only the executor, the pin reconciler "
                                     "and the recovery revert write)")
-        refused = await self.refusal(who, effect)
+        try:
+            refused = await self.refusal(who, effect)
+        except JournalError as exc:
+            # What may forbid the write cannot be read: no write (a journal outage passes; retryable).
+            await self._refuse(who, effect, "journal", f"the checks could not be read: {exc}", journal=False)
         if refused is not None:
             await self._refuse(who, effect, *refused)
         try:
@@ -173,19 +180,27 @@ class Door:
         return {**dict(effect.data), "loads": effect.loads} if effect.loads is not None else dict(effect.data)
 
     async def _refuse(self, who: Acting, effect: Effect, check: str, reason: str, *, journal: bool = True,
-                      intent: int | None = None) -> None:
+                      intent: int | None = None) -> NoReturn:
         """Journal the refusal (unless the journal itself refused) and raise it: nothing is sent."""
         self._writes.labels(who.writer, effect.kind, f"refused_{check}").inc()
+        retryable = check == "journal"
         log.warning("write refused", writer=who.writer, target=who.target, kind=effect.kind, check=check,
                     reason=reason, summary=effect.summary)
         if journal:
             data = {**self._data(effect), "check": check, **({"intent": intent} if intent is not None else {})}
             await self._record(who, effect, REFUSED, reason, data)
-        raise Refused(check, reason)
+        raise Refused(check, reason, retryable)
 
     async def _record(self, who: Acting, effect: Effect, status: str, message: str, data: dict[str, Any]) -> None:
         """A result or refusal row, not fenced (what happened is journaled even after a takeover); a
-        journal failure here is logged: the write happened (or did not) whatever the journal says."""
+        journal failure here is logged: the write happened (or did not) whatever the journal says.
+        While the journal's writes are failing it is not attempted: the intent without a result says
+        "in doubt", as the executor's own intent row does, and the caller's record of the outcome (a
+        step row) is not kept waiting behind this one for a connection."""
+        health = self._journal.write_health()
+        if health.failing_seconds > 0:
+            log.warning("write's result not journaled: the journal is failing", status=status, error=health.error)
+            return
         try:
             await self._journal.effects.record.in_thread(who.writer, who.target, effect.kind, status, message,
                                                          {**data, "summary": effect.summary}, who.decision_id)

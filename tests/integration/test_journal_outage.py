@@ -23,9 +23,11 @@ from tests.support.postgres import PostgresServer
 pytestmark = pytest.mark.integration
 
 LOAD = b"/v2/repository/models/ranker/load"
-JOURNAL_AWAY_SECONDS = 8.0
-"""How long the journal stays away after the load has landed: longer than the pool waits for a
-connection (5 s), so the write of the load's result fails, not waits. Counted from the landing, not
+JOURNAL_AWAY_SECONDS = 18.0
+"""How long the journal stays away after the load has landed: long enough that the write of the
+load's result fails, not waits. Two writes follow the load, each waiting up to the pool's 5 s for a
+connection (and for the journal's lock behind another write's wait): the door's result row
+(daemon/workers/door.py), then the step's result, which must fail for the resume to be tested. Counted from the landing, not
 from the request: on a busy machine the model load itself can outlast a fixed outage, and the
 result would then be written normally, with no outage to recover from."""
 

@@ -351,3 +351,15 @@ async def test_re_pins_spread_wider_than_the_window_do_not_escalate(world: World
     world.triton.redeploy(2)
     assert (await world.pins.reconcile_once())[KEY].ok
     assert world.effects(kind="pin.escalated") == [] and len(world.effects(kind="pin.repin")) == 4
+
+
+async def test_a_journal_that_cannot_be_read_refuses_the_write_retryably(world: World) -> None:
+    """The checks cannot be read (the journal is gone): nothing is sent; the refusal is typed and
+    retryable (a journal outage passes), never a crash of the caller."""
+    world.journal.close()
+    with acting(EXECUTOR, KEY, 1), pytest.raises(Refused) as refused:
+        await world.door.write(Effect("triton.load", "load v1", loads=1), _send_ok)
+    assert refused.value.check == "journal" and refused.value.retryable and world.door.sent == 0
+    with acting(PINS, KEY):
+        asked = await world.door.ask(Effect("triton.load", "load v1", loads=1))
+    assert asked is not None and asked.check == "journal"
