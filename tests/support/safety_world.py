@@ -407,7 +407,7 @@ class Process:
         self.executor = Executor(self.journal, self.state, registry, self.deps, metrics, may_act=self.may_act,
                                  clock=self.time, sleep=world.clock.sleep,
                                  query_range=world.prometheus.query_range, escalation_freeze_seconds=600.0,
-                                 blast_radius=BlastRadiusSettings())
+                                 blast_radius=world.blast_radius)
         self.pins = PinReconciler(self.journal, self.state, self.deps, metrics, self.may_act, self.executor.lock_for,
                                   actions=registry)
         self.freezes = FreezeControl(self.journal, metrics, False, clock=self.time)
@@ -448,8 +448,11 @@ def _door_class() -> Any:
 class World:
     """The ports, the clock, the processes, and what the oracle saw."""
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop,
+                 blast_radius: BlastRadiusSettings | None = None) -> None:
         self.path = path
+        # The shipped defaults unless told (the common-cause hold makes every decision wait its span).
+        self.blast_radius = blast_radius or BlastRadiusSettings()
         self.loop = loop
         self.clock = ModelClock(loop)
         self.system_step = 0.0  # how far NTP stepped the system clock from monotonic time
