@@ -97,7 +97,8 @@ def test_default_is_one_replica_with_sqlite_on_a_pvc_and_recreate(tmp_path: Path
     assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert _volumes(objects)["journal"]["persistentVolumeClaim"] == {"claimName": f"{SA}-journal"}
     config = _config(objects)
-    assert config["journal"] == {"backend": "sqlite", "path": "/var/lib/tailguard/journal.db", "maxPending": 100000}
+    assert config["journal"] == {"backend": "sqlite", "path": "/var/lib/tailguard/journal.db", "maxPending": 100000,
+                                 "maxHistoryRows": 100000}
     assert str(Path(config["journal"]["path"]).parent) == _mounts(objects)["journal"]["mountPath"]
     assert config["leaderElection"]["enabled"] is True
     assert hr.one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] >= deployment["spec"]["replicas"]
@@ -159,7 +160,7 @@ def test_postgres_with_three_replicas(tmp_path: Path) -> None:
     assert mount["readOnly"] is True
     config = _config(objects)
     assert config["journal"] == {"backend": "postgres", "dsnFile": f"{mount['mountPath']}/dsn", "sharedPollSeconds": 1,
-                                 "maxPending": 100000}
+                                 "maxPending": 100000, "maxHistoryRows": 100000}
     assert config["leaderElection"]["enabled"] is True
     assert hr.one(objects, "Role", f"{SA}-leader-election")
     settings = daemon_settings(objects, tmp_path)

@@ -252,7 +252,8 @@ def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) ->
     ({}, {"max_signal_age_seconds": 600.0, "escalation_freeze_seconds": 3600.0, "queue_size": 10_000,
           "notification_queue_size": 1000, "max_pending": 100_000, "max_targets_per_window": 5,
           "window_seconds": 3600.0, "common_cause_targets": 3, "common_cause_share": None,
-          "common_cause_span_seconds": 60.0, "max_history_rows": 100_000}),
+          "common_cause_span_seconds": 60.0, "max_history_rows": 100_000, "max_crashes": 5,
+          "crash_window_seconds": 300.0}),
     ({"executor": {"maxSignalAgeSeconds": 2.5, "escalationFreezeSeconds": 86400, "queueSize": 1_000_000,
                    "notificationQueueSize": 1},
       "journal": {"maxPending": 5_000_000},
@@ -283,17 +284,19 @@ def test_executor_journal_and_blast_radius_settings_reach_the_daemon(
            "max_targets_per_window": br.max_targets_per_window, "window_seconds": br.window_seconds,
            "common_cause_targets": br.common_cause_targets, "common_cause_share": br.common_cause_share,
            "common_cause_span_seconds": br.common_cause_span_seconds,
-           "max_history_rows": settings.journal.max_history_rows}
+           "max_history_rows": settings.journal.max_history_rows, "max_crashes": settings.loops.max_crashes,
+           "crash_window_seconds": settings.loops.crash_window_seconds}
     assert {k: got[k] for k in expected} == expected
     assert all(type(got[k]) is type(v) for k, v in expected.items())
 
 
 def test_chart_defaults_are_the_daemon_defaults() -> None:
-    """The chart's executor, journal.maxPending and blastRadius defaults are the daemon's own."""
-    from daemon.common.config import BlastRadiusSettings, ExecutorSettings, JournalSettings
+    """The chart's executor, journal.maxPending, blastRadius and loops defaults are the daemon's own."""
+    from daemon.common.config import BlastRadiusSettings, ExecutorSettings, JournalSettings, LoopSettings
 
     values = hr.chart().values
-    for section, model in ((values["executor"], ExecutorSettings()), (values["blastRadius"], BlastRadiusSettings())):
+    for section, model in ((values["executor"], ExecutorSettings()), (values["blastRadius"], BlastRadiusSettings()),
+                           (values["loops"], LoopSettings())):
         defaults = model.model_dump(by_alias=True)
         assert {k: defaults[k] for k in section} == section
     assert values["journal"]["maxPending"] == JournalSettings().max_pending

@@ -206,6 +206,11 @@ blastRadius:
   commonCauseTargets: {{ .Values.blastRadius.commonCauseTargets | toJson }}
   commonCauseShare: {{ .Values.blastRadius.commonCauseShare | toJson }}
   commonCauseSpanSeconds: {{ .Values.blastRadius.commonCauseSpanSeconds | toJson }}
+loops:
+  restartInitialSeconds: {{ .Values.loops.restartInitialSeconds | toJson }}
+  restartMaxSeconds: {{ .Values.loops.restartMaxSeconds | toJson }}
+  maxCrashes: {{ .Values.loops.maxCrashes | toJson }}
+  crashWindowSeconds: {{ .Values.loops.crashWindowSeconds | toJson }}
 freeze: {{ .Values.freeze }}
 {{- with .Values.notifications }}
 notifications:
