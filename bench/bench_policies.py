@@ -206,7 +206,9 @@ def defect_section(variants: list[Variant], levels: dict[str, Traffic], seeds: i
             for onset in (0, MIDLIFE):
                 kept: list[NDArray[np.float64]] = []
                 for v in variants:
-                    for alert in (ALERTS[:1] if v.model.alerts else (None,)):
+                    # A governed alert acts only while the detector is blind: one alert model shows it.
+                    models = (ALERTS if v.ruling == "gate" else ALERTS[:1]) if v.model.alerts else (None,)
+                    for alert in models:
                         out, rows = run_cell(Setup(v.model, traffic, alert, v.ruling), fault, seeds, onset + horizon,
                                              seed + 3 * onset + int(fault.latency_ms), float(onset), HALF)
                         kept = kept or rows
