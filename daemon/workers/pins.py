@@ -67,7 +67,8 @@ Announce = Callable[[Mapping[str, Any]], None]  # hands a notification event ove
 
 
 class PinReconciler:
-    """Periodically re-applies journaled pins. Acts only while `may_act()` and not frozen.
+    """Periodically re-applies journaled pins, each load through the door (writer "pins"): only while
+    `may_act()`, no freeze covers the target and the pinned version is not marked bad.
 
     Args:
         journal: Holds the pins (target key, model, version).
@@ -79,6 +80,12 @@ class PinReconciler:
         interval_seconds: Time between passes.
         actions: The action registry; its pinning action (`actions.base.pinning_action`) re-applies
             pins. Without one, no pin is re-applied (pins still end with their policies).
+        announce: Hands a notification event over (the notifier's publish): a tug of war's first
+            re-pin per version (`acted`) and its escalation (`escalated`).
+        repin_escalate_after, repin_window_seconds: Re-pins of a redeployed rolled-back version within
+            the window after which the target escalates (settings `executor.repinEscalateAfter`,
+            `executor.repinWindowSeconds`).
+        clock: Unix time of the re-pin window; the journal's (pins and effects are stamped with it).
     """
 
     def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
