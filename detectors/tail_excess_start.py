@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -61,10 +62,19 @@ class StartRule:
 
 @dataclass(frozen=True)
 class VersionRows:
-    """One version's rows of an answer, summed: its request counter [P] and its evidence."""
+    """One version's rows of an answer: which, whether any served a request in the range, and
+    (built when first read: most cycles read none) their summed request counter [P]."""
 
     rows: list[int]
-    total: NDArray[np.float64]  # summed cumulative requests per column (NaN: no row has a sample)
+    serving: bool
+    totals: NDArray[np.float64] = field(repr=False)  # the answer's request counters [S x P]
+
+    @cached_property
+    def total(self) -> NDArray[np.float64]:
+        """Summed cumulative requests per column (NaN: no row has a sample)."""
+        block = self.totals[self.rows]
+        seen = np.isfinite(block).any(axis=0)
+        return np.where(seen, np.nansum(block, axis=0), np.nan)
 
 
 @dataclass(frozen=True)
@@ -128,18 +138,17 @@ def version_rows(labels: Sequence[Mapping[str, str]], version_label: str, totals
             unlabeled.append(row)
         else:
             groups.setdefault(version, []).append(row)
-    out = {}
-    for version, rows in groups.items():
-        block = totals[rows]
-        seen = np.isfinite(block).any(axis=0)
-        out[version] = VersionRows(rows, np.where(seen, np.nansum(block, axis=0), np.nan))
+    # A row served in the range when its counter moved (fmax/fmin skip NaN; an all-NaN row compares False).
+    moved = (np.fmax.reduce(totals, axis=1) > np.fmin.reduce(totals, axis=1)) if totals.shape[1] else (
+        np.zeros(totals.shape[0], dtype=bool))
+    out = {version: VersionRows(rows, bool(moved[rows].any()), totals) for version, rows in groups.items()}
     return out, unlabeled
 
 
 def find_starts(book: StartBook, grid: NDArray[np.float64], versions: Mapping[str, VersionRows]) -> None:
     """Decide which versions started in this range and record them in `book` (pure but for the
     book). Versions serving at the detector's first evaluation are marked served, with no start."""
-    serving = {v for v, vr in versions.items() if _requests_in(vr.total) > 0}
+    serving = {v for v, vr in versions.items() if vr.serving}
     if not book.first_cycle_done:
         book.first_cycle_done = True
         book.served |= serving - set(book.starts)
@@ -258,7 +267,8 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
 
 def apply_verdicts(out: list[Detection], decided: Sequence[bool], version_label: str, rule: StartRule,
                    verdicts: Mapping[str, StartVerdict], by_version: Mapping[str, VersionRows],
-                   unlabeled: Sequence[int], unserved: Mapping[str, float]) -> list[Detection]:
+                   unlabeled: Sequence[int], unserved: Mapping[str, float],
+                   first_seen: Mapping[int, float] | None = None) -> list[Detection]:
     """Each Detection with its version's start test: in `details["start_test"]` and what it assumed
     in `details["assumed"]["start_test"]`; a fired start test fires the version's first decided row
     (its episode starts at the version's start, the dedup key). Rows without the version label, and
@@ -271,10 +281,15 @@ def apply_verdicts(out: list[Detection], decided: Sequence[bool], version_label:
             d = out[row]
             details = dict(d.details)
             details["start_test"] = v.details
+            seen = (first_seen or {}).get(row)
+            if seen is not None and "series_first_seen" in details:
+                details["series_first_seen"] = seen  # the bank's series begin at the settle's end
             assumed = details.get("assumed")
             if isinstance(assumed, Mapping):
                 details["assumed"] = {**assumed, "start_test": {**rule.describe(), "started_at": v.started_at}}
             if v.fired and row == lead and not d.fired:
+                if seen is not None and v.started_at is not None:
+                    details["onset_after_first_sample_s"] = v.started_at - seen
                 result[row] = replace(d, fired=True, reason=f"{v.reason}; {d.reason}", episode_start=v.started_at,
                                       details=details)
             else:
@@ -342,6 +357,7 @@ class StartFrame:
 
     by_version: dict[str, VersionRows]
     unlabeled: list[int]
+    first_seen: dict[int, float] = field(default_factory=dict)  # started versions' rows: their first sample
 
 
 def frame_starts(book: StartBook, grid: NDArray[np.float64], totals: NDArray[np.float64],
@@ -350,7 +366,15 @@ def frame_starts(book: StartBook, grid: NDArray[np.float64], totals: NDArray[np.
     grid: a start test may reach further back than the bank's window)."""
     by_version, unlabeled = version_rows(labels, version_label, totals)
     find_starts(book, grid, by_version)
-    return StartFrame(by_version, unlabeled)
+    # Before the settle takes their first samples out: what `series_first_seen` says of these rows.
+    first_seen = {}
+    for version in book.starts:
+        vr = by_version.get(version)
+        for row in vr.rows if vr is not None else ():
+            have = np.flatnonzero(np.isfinite(totals[row]))
+            if have.size:
+                first_seen[row] = float(grid[int(have[0])])
+    return StartFrame(by_version, unlabeled, first_seen)
 
 
 def settle(book: StartBook, frame: StartFrame, grid: NDArray[np.float64], counters: NDArray[np.float64],
@@ -415,7 +439,8 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
                                                                             at + rule.settle_seconds, now),
                                          test.shared_hold_seconds)
     decided = [s == OK for s in f.status]
-    return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved)
+    return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved,
+                          frame.first_seen)
 
 
 def _as_mass(test: Test, lookback_seconds: float) -> Test:

@@ -94,6 +94,7 @@ def test_a_deploy_seen_by_the_detector_is_tested_from_its_first_request() -> Non
                                                   "settle_seconds": 5.0, "start_below_requests": 1000.0,
                                                   "started_at": 1001.0}
     assert now - 1001 < 90
+    assert d.details["series_first_seen"] == 1000.0 and d.details["onset_after_first_sample_s"] == 1.0
     # The bank alone (no start test) is later on the same arrivals.
     alone = _first_fire(_cycles(TailExcessDetector({**PARAMS, "start_false_alarms": 0}), [v1, v2], 950, 1400))
     assert alone is None or alone[0] > now
