@@ -110,6 +110,10 @@ async def test_a_restart_resumes_the_start_test_from_the_journaled_start(journal
     detector = next(w for g in again.groups.values() for w in g.watches).detector
     assert detector._starts is not None and detector._starts.starts == {"2": 1001.0}  # type: ignore[attr-defined]
     assert journal.starts.of("default/ranker", watch.fingerprint) == {"2": 1001.0}  # nothing new journaled
+    # What `tailguard status` shows of the trigger: the start test's assumptions beside the bank's.
+    assumed = again.telling()[("ranker-start", 0)]["assumed"]
+    assert assumed["start_test"]["alpha_per_deploy"] == 0.001 and assumed["start_test"]["settle_seconds"] == 5.0
+    assert assumed["bank_false_alarm_days"] == pytest.approx(30.0 / 0.97)
     # Without the journal the same restart gives v2 no start test (it was serving at the start).
     cold = _poller(Journal(":memory:"), prom, signals)
     await _cycle(cold, 1120.0)
