@@ -113,17 +113,22 @@ class Supervisor:
     is counted, tailguard_loop_crashes_total{component=...} (and tailguard_faults_total, but for a
     child, whose owner counts its own), and logged once. At `restart.max_crashes` crashes of one
     component within `restart.window_seconds`, `trouble` names it: the service then answers /readyz
-    and /healthz 503 and a leader hands its Lease back. `on_stop` pushes a step on an exit stack;
-    `stop` sets the stop event and runs the steps last-pushed first, each even when one before failed.
+    and /healthz 503 and a leader hands its Lease back. An outage (`outages`: the journal's errors)
+    is no crash: restarted and counted as a fault the same way, it spends no crash budget, since a
+    new pod would find the same database down (the journal's own health says it, in /readyz).
+    `on_stop` pushes a step on an exit stack; `stop` sets the stop event and runs the steps
+    last-pushed first, each even when one before failed.
 
     Args:
         metrics: Where a crash is counted.
         restart: The backoff and the crash budget.
         clock: Monotonic seconds (the crash window).
+        outages: Exception types that say a dependency is down, not that the code is broken.
     """
 
     def __init__(self, metrics: Metrics, restart: RestartPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 outages: tuple[type[BaseException], ...] = ()) -> None:
         self.stopping = asyncio.Event()
         """Set once stop() begins; every component's `run(stop)` gets it."""
         self._metrics = metrics
@@ -132,6 +137,8 @@ class Supervisor:
         self._stack = AsyncExitStack()
         self._tasks: dict[asyncio.Task[Any], bool] = {}  # live tasks (start order) -> cancelled by cancel_tasks
         self._crashes: dict[str, deque[float]] = {}  # component -> times of its crashes in the window
+        self._outages = outages
+        self._outage_times: dict[str, deque[float]] = {}  # component -> its outage failures (backoff only)
         self._last_error: dict[str, str] = {}
 
     @property
@@ -200,19 +207,25 @@ class Supervisor:
                 return
 
     def _crashed(self, fault: str, task: str, exc: BaseException, *, logged: bool) -> int:
-        """Count one crash of `fault`; returns its crashes within the window."""
+        """Count one crash of `fault` (an outage: one failure); returns its crashes (failures) within
+        the window, which set the backoff."""
+        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, self._outages):
+            if logged:
+                self._metrics.faults.labels(fault).inc()
+                log.warning("component failed on an outage", component=fault, task=task, error=error)
+            self._outage_times.setdefault(fault, deque()).append(self._clock())
+            return self._in_window(fault, self._outage_times)
         self._metrics.loop_crashes.labels(fault).inc()
         if logged:
             self._metrics.faults.labels(fault).inc()
-            log.error("component crashed", component=fault, task=task, error=f"{type(exc).__name__}: {exc}",
-                      exc_info=exc)
-        times = self._crashes.setdefault(fault, deque())
-        times.append(self._clock())
-        self._last_error[fault] = f"{type(exc).__name__}: {exc}"
+            log.error("component crashed", component=fault, task=task, error=error, exc_info=exc)
+        self._crashes.setdefault(fault, deque()).append(self._clock())
+        self._last_error[fault] = error
         return self._in_window(fault)
 
-    def _in_window(self, fault: str) -> int:
-        times = self._crashes.get(fault)
+    def _in_window(self, fault: str, where: dict[str, deque[float]] | None = None) -> int:
+        times = (self._crashes if where is None else where).get(fault)
         if not times:
             return 0
         horizon = self._clock() - self.restart.window_seconds

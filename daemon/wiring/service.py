@@ -96,7 +96,8 @@ class Service:
         self.intake = SignalIntake(self.journal, self.metrics)  # the webhook's and the detectors' one path
         loops = settings.loops
         self.supervisor = Supervisor(self.metrics, RestartPolicy(loops.restart_initial_seconds, loops.restart_max_seconds,
-                                                                 loops.max_crashes, loops.crash_window_seconds))
+                                                                 loops.max_crashes, loops.crash_window_seconds),
+                                     outages=(JournalError,))  # the journal down: not ready, but no restart
         self._stop = self.supervisor.stopping
         self.is_leader = not settings.leader_election.enabled
         # Under leader election a replica acts only once the journal handed it a term (its fencing

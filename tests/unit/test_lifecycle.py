@@ -199,6 +199,41 @@ async def test_spawned_work_is_named_and_cancelled_with_the_loops() -> None:
     assert task.cancelled() and sup.tasks == []
 
 
+class _DatabaseDown(Exception):
+    pass
+
+
+async def test_an_outage_restarts_the_loop_but_spends_no_crash_budget() -> None:
+    """A loop (or a child) failing on an outage type (the journal down) is restarted with backoff and
+    counted as a fault, not as a crash: a new pod would find the same database down, so the probes
+    are left to the journal's own health."""
+    metrics = Metrics()
+    sup = Supervisor(metrics, RestartPolicy(initial_seconds=0.01, max_seconds=0.02, max_crashes=2),
+                     outages=(_DatabaseDown,))
+    runs: list[int] = []
+
+    async def down(stop: asyncio.Event) -> None:
+        runs.append(1)
+        raise _DatabaseDown("journal write failed")
+
+    async def child() -> None:
+        raise _DatabaseDown("journal read failed")
+
+    with structlog.testing.capture_logs() as logs:
+        sup.start("journal-prune", Loop(down))
+        await asyncio.gather(sup.child("poll-1", child(), fault="poller", logged=True), return_exceptions=True)
+        deadline = time.monotonic() + 5
+        while len(runs) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    assert len(runs) >= 4 and sup.trouble() is None and sup.crash_counts() == {}
+    assert _crashes(metrics, "journal-prune") is None and (_faults(metrics, "journal-prune") or 0) >= 4
+    assert _faults(metrics, "poller") == 1.0
+    assert any(e["event"] == "component failed on an outage" for e in logs)
+    assert not any(e["event"] == "component crashed" for e in logs)
+    sup.on_stop(sup.cancel_tasks)
+    await sup.stop()
+
+
 # Calls that start a task outside the supervisor, each with why it may: a wait awaited (or cancelled)
 # in the same function is not background work.
 _IN_PLACE = {("daemon/common/lifecycle.py", "ensure_future"): "wait_or_stop's waiters, cancelled before it returns",
