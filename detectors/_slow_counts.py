@@ -73,6 +73,20 @@ class SlowCounts(Evidence):
     counts_above: NDArray[np.float64]
 
 
+MIN_WINDOW_STEPS = 60
+"""The bulk's centre and the merge correction are read over at least this many steps (60 s at 1 s
+steps, 300 s at Prometheus' 5 s): over Prometheus' 12 steps a minute, the rate of counted steps
+follows each chance cluster of the null and lifts the counts of the steps after it (at 5 s steps
+and 40 req/s, 2x the stated false alarms), and the lowest mean of 12 steps is often not a quiet one."""
+
+
+def windows(step_seconds: float, bulk_window_seconds: float) -> tuple[int, int, int]:
+    """The columns `slow_counts` reads at steps of `step_seconds`: the bulk's centre window, the
+    sub-line window (WINDOW_SECONDS, at least twice the centre's) and the merge window."""
+    bulk = max(MIN_WINDOW_STEPS, int(round(bulk_window_seconds / step_seconds)))
+    return bulk, max(2 * bulk, int(round(WINDOW_SECONDS / step_seconds))), bulk
+
+
 def counting_design(budget: float, null_share: float, sizes: tuple[float, ...]) -> BankDesign:
     """The bank on counted steps: exact counts (lump 1) at the null raised by FALSE_COUNT_SHARE."""
     return BankDesign.for_budget(budget, null_share * (1.0 + FALSE_COUNT_SHARE), sizes, 1.0)

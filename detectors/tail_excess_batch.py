@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
-from detectors._slow_counts import FALSE_COUNT_SHARE, WINDOW_SECONDS, batch_counting_problem, slow_counts
+from detectors._slow_counts import FALSE_COUNT_SHARE, batch_counting_problem, slow_counts, windows
 from detectors.base import DetectorStatus
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.bank import NONE, BankRun, Scored, run_bank, scored_steps
@@ -242,8 +242,8 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
         counting, design = _counting(test, d_total, step), test.design
         if counting.counted and test.count_design is not None:
             null = test.count_design.null / (1.0 + FALSE_COUNT_SHARE)
-            counts = slow_counts(d_primary, d_total, test.line, null, bulk_cols,
-                                 max(1, int(round(WINDOW_SECONDS / step))), bulk_cols, test.bulk_slack)
+            counts = slow_counts(d_primary, d_total, test.line, null, *windows(step, test.bulk_window_seconds),
+                                 test.bulk_slack)
             ev, allowance, design = counts, counts.allowance, test.count_design
             counting = replace(counting, counts_above=_last_where(counts.counts_above, np.isfinite(counts.units)))
         else:

@@ -11,7 +11,7 @@ from scipy.stats import poisson
 from core.query import Series
 from detectors._grid import align
 from detectors._slow_counts import (FALSE_COUNT_SHARE, MERGE_LIMIT, counting_problem, lumps_needed,
-                                    merge_probability, slow_counts, trailing_sum)
+                                    merge_probability, slow_counts, trailing_sum, windows)
 from detectors.sequential.bank import first_alarms
 from detectors.sequential.thresholds import STORE
 from detectors.tail_excess import TailExcessDetector
@@ -175,3 +175,20 @@ def test_live_a_missing_companion_is_a_reason() -> None:
     lat, _ = triton(120, Fault(NULL, 900.0))
     d = TailExcessDetector({"line": LINE_MS * 1000}).detect(lat, float(lat.timestamps[-1]), None)
     assert not d.fired and "no request count" in d.reason
+
+
+def test_windows_hold_enough_steps_at_prometheus_steps() -> None:
+    """At 5 s steps the centre and the merge correction read 60 steps (300 s), not 12."""
+    assert windows(1.0, 60.0) == (60, 600, 60)
+    assert windows(5.0, 60.0) == (60, 120, 60)
+
+
+def test_live_prometheus_steps_count_at_40_rps() -> None:
+    """40 req/s scraped every 5 s (200 requests a step) is counted per step, and a healthy heavy
+    tail (0.05% at 3,000 ms) for 30 minutes does not fire."""
+    lat, req = triton(1800, Fault(NULL, 3000.0), step=5, seed=9)
+    det = TailExcessDetector({"line": LINE_MS * 1000, "lookback_seconds": 1800})
+    d = det.detect(lat, float(lat.timestamps[-1]), req)
+    assert STORE.wait()
+    d = det.detect(lat, float(lat.timestamps[-1]), req)
+    assert not d.fired and "requests (counted per step)" in d.reason
