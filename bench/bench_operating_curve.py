@@ -128,7 +128,7 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
     ok = True
     print(f"## Operating curve at one false alarm per {rate_days:g} version-days at half budget\n")
     print(f"{days:,} simulated version-days per traffic level and healthy case; {len(seeds)} seeds per defect; "
-          f"1 s steps; line {LINE_MS:g} ms\n")
+          f"{STEP:g} s steps; line {LINE_MS:g} ms\n")
     for traffic in levels:
         t0 = time.process_time()
         tg: list[Decider] = [Tailguard.of(TailExcessParams(line=LINE_MS, evidence="histogram"), STEP, lookback(traffic)),
@@ -147,7 +147,7 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
             # The cases differ only in the slow requests' latency: every decider but the one on
             # latency mass sees the same counts (same seed), so they are run on the first case only.
             deciders: list[Decider] = [*tg, limit, *others] if k == 0 else [tg[1]]
-            rates = false_alarms(deciders, traffic, fault, days, LINE_MS)
+            rates = false_alarms(deciders, traffic, fault, days, LINE_MS, STEP)
             for d in deciders:
                 r: Rate = rates[d.name]
                 held = r.holds(stated)
@@ -164,7 +164,7 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
         for fault in DEFECTS:
             limit = Limit(NULL, fault.share, promise, traffic.mean * STEP)
             deciders = [*tg, limit, *others]
-            found = delays(deciders, traffic, fault, seeds, horizon(traffic), LINE_MS)
+            found = delays(deciders, traffic, fault, seeds, horizon(traffic), LINE_MS, STEP)
             lim = median_delay(found["limit"])
             for d in deciders:
                 med = median_delay(found[d.name])
@@ -206,6 +206,8 @@ def _counter_checks(traffic: Traffic, fault: Fault, found: dict[str, np.ndarray]
     histogram's bar) at 4 and 40 req/s (400 req/s, where slow requests share steps, is measured, not barred); 0.2% at 600 ms
     found within 15 minutes in at least 80% of seeds at 40 req/s."""
     name, ok = "tailguard (counters)", True
+    if STEP != 1.0:  # the bars are for Triton's /metrics read every second
+        return ok
     med = median_delay(found[name])
     if traffic.swing == 0 and traffic.mean <= 40 and not med <= 1.15 * lim + STEP:
         print(f"  FAIL {traffic.name}, {fault.name}: {name} median {med:.0f} s > 1.15x limit {lim:.0f} s + 1 step")
@@ -227,11 +229,19 @@ def main() -> None:
     ap.add_argument("--skip-replay", action="store_true", help="leave out the reference-replay section")
     ap.add_argument("--skip-baselines", action="store_true",
                     help="leave out the naive poller (and its tuning) and the alert rules")
+    ap.add_argument("--step", type=float, default=1.0,
+                    help="seconds per step (5: Prometheus' scrape, at 4 and 40 req/s: 400 req/s at 5 s steps is too long "
+                         "to count; with --skip-baselines, which are modelled at 1 s)")
     ap.add_argument("--traffic", help="traffic levels to run, comma-separated from 4, 40, 400, diurnal (default: all)")
     args = ap.parse_args()
     days = args.days or (300 if args.quick else 3000)
     seeds = range(1, (args.seeds or (40 if args.quick else 200)) + 1)
     levels = traffic_levels(args.traffic)
+    if args.step != 1.0 and not args.skip_baselines:
+        raise SystemExit("--step other than 1 needs --skip-baselines (the naive poller and the alert rules are modelled "
+                         "at 1 s steps)")
+    global STEP
+    STEP = args.step
     cmd = " ".join(["python bench/bench_operating_curve.py", *sys.argv[1:]])  # what reproduces this run
     print(f"# Operating curve (`{cmd}`)\n")
     if not args.skip_replay:
