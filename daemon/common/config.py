@@ -195,7 +195,8 @@ class BlastRadiusSettings(_Section):
 
     On by default (docs/operations.md, "Safe defaults"): a burst on more than 3 targets acts on
     none, and at most 5 distinct targets are changed an hour. The price: every signal that may act is
-    held commonCauseSpanSeconds before it does, and a real regression on 4 targets at once escalates."""
+    held quietHoldSeconds before it does (commonCauseSpanSeconds when another target signalled
+    around it), and a real regression on 4 targets at once escalates."""
 
     max_targets_per_window: int | None = Field(5, ge=1, alias="maxTargetsPerWindow")
     """Distinct targets changed within windowSeconds past which a plan on one more target is blocked."""
@@ -210,6 +211,10 @@ class BlastRadiusSettings(_Section):
     """The span within which signals on many targets count as one burst with a likely shared cause,
     counted by arrival (when the journal received each): a signal is held until a span after its
     arrival, then judged on the signals that arrived within a span before or after it."""
+    quiet_hold_seconds: float | None = Field(15.0, ge=0, alias="quietHoldSeconds")
+    """A signal alone (no other target signalled from a span before its arrival to this long after
+    it) is judged this long after its arrival instead of a whole span: a lone regression waits
+    seconds, a burst whose next target signals within it is held the span. null: always the span."""
 
 
 class LoopSettings(_Section):

@@ -6,7 +6,13 @@ held until commonCauseSpanSeconds after its *arrival* (when the journal received
 the signals that arrived within a span before and after that arrival, whichever worker journaled or
 takes them and however late a worker gets to it: a burst of 20 targets taken four at a time by four
 workers is one burst for every one of them. A signal taken later than a span after its arrival is
-not held again. That delay is the price of "act on none"; both limits are off by default.
+not held again. That delay is the price of "act on none".
+
+A lone signal is not held the whole span: after quietHoldSeconds, a signal on whose arrival no other
+target signalled (from a span before it until now) is judged at once. A regression arrives with one
+deploy of one model, and a common cause (a node, the network, Prometheus) reaches many targets at the
+same moment, so the next target of a burst signals within seconds: a deploy's rollback waits the
+short hold, a burst is still held the span and acted on by none.
 
 Escalate once: the first suppressed signal of a burst escalates; one whose arrival lies within a
 span of an arrival already suppressed (by any worker of this process) does not.
@@ -16,7 +22,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import replace
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Collection
 
 import structlog
 
@@ -55,20 +61,31 @@ class BlastGuard:
     def common_cause_on(self) -> bool:
         return self.settings.common_cause_targets is not None or self.settings.common_cause_share is not None
 
-    async def hold(self, signal_id: int) -> float | None:
+    async def hold(self, signal_id: int, targets: Collection[str] = ()) -> float | None:
         """Wait until a span has passed since the signal arrived, so that the rest of its burst is
-        journaled before it is judged; returns its arrival (unix time), None when common cause is off.
+        journaled before it is judged (only quietHoldSeconds when no target but its own `targets`
+        signalled around it by then); returns its arrival (unix time), None when common cause is off.
         A signal the journal no longer has counts as arriving now."""
         if not self.common_cause_on:
             return None
         row = await self._journal.signals.get.in_thread(signal_id)
         arrived = row.received_at if row is not None else self._clock()
         span = self.settings.common_cause_span_seconds
-        # Never more than a span: an arrival stamped by a replica whose clock runs ahead holds no longer.
-        wait = min(span, arrived + span - self._clock())
+        quiet = self.settings.quiet_hold_seconds
+        if quiet is not None and quiet < span:
+            await self._wait_until(arrived, quiet)
+            others = {t for t, _ in await self._signal_targets(arrived - span)} - set(targets)
+            if not others:  # alone so far: no burst to wait for
+                return arrived
+        await self._wait_until(arrived, span)
+        return arrived
+
+    async def _wait_until(self, arrived: float, seconds: float) -> None:
+        """Sleep until `seconds` after `arrived`; never more than `seconds` (an arrival stamped by a
+        replica whose clock runs ahead holds no longer)."""
+        wait = min(seconds, arrived + seconds - self._clock())
         if wait > 0 and self._sleep is not None:
             await self._sleep(wait)
-        return arrived
 
     async def check(self, policy: LoadedPolicy, *, commit: bool,
                     arrived_at: float | None = None) -> GuardDecision | None:

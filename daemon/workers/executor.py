@@ -153,7 +153,7 @@ class Executor:
                 log.info("signal matched no policy", labels=dict(signal.labels))
             else:
                 # With common-cause suppression on: let the burst it arrived in show first.
-                arrived_at = await self._blast.hold(signal_id)
+                arrived_at = await self._blast.hold(signal_id, {p.target.key for p in policies})
             # Decisions a crash left executing under a policy the signal no longer matches (renamed,
             # removed, retargeted since): finished on the policy they started with, not stranded.
             matched = {p.name for p in policies}

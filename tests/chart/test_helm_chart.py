@@ -252,7 +252,8 @@ def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) ->
     ({}, {"max_signal_age_seconds": 600.0, "escalation_freeze_seconds": 3600.0, "queue_size": 10_000,
           "notification_queue_size": 1000, "max_pending": 100_000, "max_targets_per_window": 5,
           "window_seconds": 3600.0, "common_cause_targets": 3, "common_cause_share": None,
-          "common_cause_span_seconds": 60.0, "max_history_rows": 100_000, "max_crashes": 5,
+          "common_cause_span_seconds": 60.0, "quiet_hold_seconds": 15.0, "max_history_rows": 100_000,
+          "max_crashes": 5,
           "crash_window_seconds": 300.0}),
     ({"executor": {"maxSignalAgeSeconds": 2.5, "escalationFreezeSeconds": 86400, "queueSize": 1_000_000,
                    "notificationQueueSize": 1},
@@ -283,7 +284,7 @@ def test_executor_journal_and_blast_radius_settings_reach_the_daemon(
            "notification_queue_size": ex.notification_queue_size, "max_pending": settings.journal.max_pending,
            "max_targets_per_window": br.max_targets_per_window, "window_seconds": br.window_seconds,
            "common_cause_targets": br.common_cause_targets, "common_cause_share": br.common_cause_share,
-           "common_cause_span_seconds": br.common_cause_span_seconds,
+           "common_cause_span_seconds": br.common_cause_span_seconds, "quiet_hold_seconds": br.quiet_hold_seconds,
            "max_history_rows": settings.journal.max_history_rows, "max_crashes": settings.loops.max_crashes,
            "crash_window_seconds": settings.loops.crash_window_seconds}
     assert {k: got[k] for k in expected} == expected

@@ -1281,8 +1281,10 @@ def _policies_on(models: list[str]) -> str:
 
 
 def _blast(**limits: Any) -> BlastRadiusSettings:
-    """Only the limits given on (the daemon's defaults turn the count and the budget on)."""
-    return BlastRadiusSettings(**{"maxTargetsPerWindow": None, "commonCauseTargets": None, **limits})
+    """Only the limits given on (the daemon's defaults turn the count and the budget on), every signal
+    held the whole span unless the quiet hold is given."""
+    return BlastRadiusSettings(**{"maxTargetsPerWindow": None, "commonCauseTargets": None,
+                                  "quietHoldSeconds": None, **limits})
 
 
 async def _journal_alerts(h: Harness, models: list[str]) -> list[tuple[int, Signal]]:
@@ -1348,6 +1350,33 @@ async def test_a_burst_taken_four_at_a_time_while_the_clock_runs_acts_on_none(h:
     assert timer.now >= h.now + 57 + 60  # the last arrival's span passed: the clock ran through the burst
     arrivals = sorted(s["received_at"] for s in await h.journal.signals.all.in_thread())
     assert arrivals[-1] - arrivals[0] == pytest.approx(57)
+
+
+async def test_a_lone_signal_waits_the_quiet_hold_only_and_acts(h: Harness):
+    """With the shipped settings a lone signal (no other target signalled around it) is held
+    quietHoldSeconds (15 s), not the whole span, and then acts: a deploy's rollback does not wait a
+    minute for a burst that is not there."""
+    h.advance = True
+    ex = h.executor(_policies_on(["m0", "m1"]), blast_radius=Settings().blast_radius)
+    ((signal_id, signal),) = await _journal_alerts(h, ["m0"])
+    await ex.process(signal_id, signal)
+
+    assert h.sleeps == [15]
+    assert len(h.trace_of("apply")) == 1
+    assert [d.state for d in await h.journal.decisions.all.in_thread()] == ["succeeded"]
+
+
+async def test_a_second_target_within_the_quiet_hold_holds_the_whole_span(h: Harness):
+    """Another target signalling within the quiet hold makes the signal wait the whole span (the
+    burst may go on): held 15 s, then the rest of the 60 s span, before it is judged."""
+    h.advance = True
+    ex = h.executor(_policies_on(["m0", "m1"]), blast_radius=Settings().blast_radius)
+    journaled = await _journal_alerts(h, ["m0", "m1"])
+    signal_id, signal = journaled[0]
+    await ex.process(signal_id, signal)
+
+    assert h.sleeps[0] == 15 and sum(h.sleeps) == pytest.approx(60, abs=1)
+    assert len(h.trace_of("apply")) == 1  # two targets are no common cause at the limit of three
 
 
 async def test_a_signal_taken_long_after_its_burst_is_still_judged_on_it(h: Harness):

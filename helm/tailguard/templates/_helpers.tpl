@@ -206,6 +206,7 @@ blastRadius:
   commonCauseTargets: {{ .Values.blastRadius.commonCauseTargets | toJson }}
   commonCauseShare: {{ .Values.blastRadius.commonCauseShare | toJson }}
   commonCauseSpanSeconds: {{ .Values.blastRadius.commonCauseSpanSeconds | toJson }}
+  quietHoldSeconds: {{ .Values.blastRadius.quietHoldSeconds | toJson }}
 loops:
   restartInitialSeconds: {{ .Values.loops.restartInitialSeconds | toJson }}
   restartMaxSeconds: {{ .Values.loops.restartMaxSeconds | toJson }}
