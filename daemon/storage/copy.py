@@ -8,7 +8,7 @@ from daemon.storage.journal import Journal
 
 # Parents before children (foreign keys); schema_migrations is each journal's own.
 TABLES = ("signals", "decisions", "steps", "approvals", "evaluations", "pins", "pin_history", "bad_versions",
-          "guard_marks", "freezes", "leadership", "effects", "version_starts")
+          "guard_marks", "freezes", "leadership", "effects", "version_starts", "shard_terms")
 _CHUNK = 5_000  # rows per executemany: bounded memory on the target side
 
 

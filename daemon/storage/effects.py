@@ -4,7 +4,7 @@ escalation marks (the tug of war with a deploy pipeline, counted per target)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload
@@ -23,13 +23,17 @@ class Effects:
 
     @blocking
     def record(self, writer: str, target: str, kind: str, status: str, message: str, data: dict[str, Any],
-               decision_id: int | None = None, *, fenced: bool = False) -> int:
+               decision_id: int | None = None, *, fenced: bool = False,
+               also_check: Callable[[], None] | None = None) -> int:
         """One effect row; its id. `fenced`: refused (JournalFenced) when another replica took a newer
-        term: an intent journaled fenced is the fence check of the write it announces."""
+        term: an intent journaled fenced is the fence check of the write it announces. `also_check`
+        runs first inside the same transaction and may refuse it too (a shard's term: ShardTerms.check)."""
         checked(writer=writer, target=target, kind=kind, status=status, message=message)
         core = self._core
 
         def run() -> int:
+            if also_check is not None:
+                also_check()
             term = core.fence.term if core.fence is not None else None
             row = core._db.execute(
                 "INSERT INTO effects(at, writer, target, kind, status, message, data, term, decision_id)"

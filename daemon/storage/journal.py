@@ -26,6 +26,7 @@ from daemon.storage.evaluations import Evaluations
 from daemon.storage.freezes import Freezes
 from daemon.storage.history_bound import prune_history
 from daemon.storage.pins import Pins
+from daemon.storage.shard_terms import ShardTerms
 from daemon.storage.signals import DEFAULT_MAX_PENDING, Signals
 from daemon.storage.starts import Starts
 from daemon.storage.terms import Terms
@@ -55,6 +56,7 @@ class Journal(JournalCore):
         self.pins = Pins(self)
         self.bad_versions = BadVersions(self)
         self.terms = Terms(self)
+        self.shard_terms = ShardTerms(self)  # a fence term per shard (sharding.shards > 1)
         self.effects = Effects(self)  # the door's writes and refusals (daemon/workers/door.py)
         self.cluster = ClusterMerge(self)
         self.starts = Starts(self)  # versions' starts as detector triggers saw them (start tests)

@@ -188,12 +188,24 @@ CREATE TABLE IF NOT EXISTS version_starts (
 );
 """
 
+# Version 5: a fence term per shard (daemon/storage/shard_terms.py).
+SHARD_TERMS = """
+CREATE TABLE IF NOT EXISTS shard_terms (
+    shard BIGINT PRIMARY KEY,
+    term BIGINT NOT NULL,
+    holder TEXT NOT NULL,
+    shards BIGINT NOT NULL,
+    since DOUBLE PRECISION NOT NULL
+);
+"""
+
 # Every schema change is a new entry here and the same change in sqlite_backend.MIGRATIONS.
 MIGRATIONS = (
     Migration(1, "journal schema as of the first PostgreSQL release", SCHEMA),
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
     Migration(3, "effects: every write the door let through or refused, intent and result", EFFECTS),
     Migration(4, "version starts: when each version started, as a detector trigger saw it", STARTS),
+    Migration(5, "shard terms: a fencing token per shard when targets are sharded across replicas", SHARD_TERMS),
 )
 
 DEFAULT_STATEMENT_TIMEOUT_SECONDS = 5.0

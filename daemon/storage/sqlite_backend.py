@@ -197,6 +197,18 @@ CREATE TABLE IF NOT EXISTS version_starts (
 );
 """
 
+# Version 5: a fence term per shard (daemon/storage/shard_terms.py): with sharding on, each shard's
+# Lease holder takes its shard's term, and the door refuses a write whose shard term is not current.
+SHARD_TERMS = """
+CREATE TABLE IF NOT EXISTS shard_terms (
+    shard INTEGER PRIMARY KEY,
+    term INTEGER NOT NULL,
+    holder TEXT NOT NULL,
+    shards INTEGER NOT NULL,   -- the shard count the term was taken under (replicas must agree)
+    since REAL NOT NULL
+);
+"""
+
 # Every schema change is a new entry here and the same change in postgres_backend.MIGRATIONS
 # (tests/unit/test_journal_backends.py compares the two schemas).
 MIGRATIONS = (
@@ -204,6 +216,7 @@ MIGRATIONS = (
     Migration(2, "leadership terms: fencing tokens for writes of the replica that acts", FENCING),
     Migration(3, "effects: every write the door let through or refused, intent and result", EFFECTS),
     Migration(4, "version starts: when each version started, as a detector trigger saw it", STARTS),
+    Migration(5, "shard terms: a fencing token per shard when targets are sharded across replicas", SHARD_TERMS),
 )
 
 

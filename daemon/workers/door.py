@@ -7,7 +7,9 @@ journal, not a cache, everything that may forbid it:
 - who writes: the worker that declared itself with `acting` (the executor's steps and reverts, the
   pin reconciler, the recovery revert); a write with no declared writer is refused;
 - leadership: `may_act()`, and the journal's term: the intent is journaled as a fenced write, so it
-  is refused once another replica took a newer term;
+  is refused once another replica took a newer term; with sharding on (`shards`), this replica must
+  hold the Lease of the target's shard and the shard's term in the journal (checked in the intent's
+  own transaction: daemon/storage/shard_terms.py), else the write is refused (check `shard`);
 - every freeze covering the target: the settings file's `freeze`, a runtime freeze of the whole
   daemon (API, CLI, control ConfigMap), of the target, and an escalation's freeze of the target;
 - known-bad versions: a Triton load of a version marked bad for the target is refused;
@@ -28,9 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, NoReturn, Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter
@@ -41,6 +44,7 @@ from daemon.storage.effects import DONE, FAILED, INTENT, REFUSED
 from daemon.storage.errors import JournalError, JournalFenced
 from daemon.storage.journal import Journal
 from daemon.storage.records import DAEMON_SCOPE
+from daemon.storage.shard_terms import ShardFenced
 from daemon.workers.freezes import blocking_reason
 from daemon.workers.state import ExecutorState
 
@@ -51,6 +55,18 @@ T = TypeVar("T")
 EXECUTOR = "executor"
 PINS = "pins"
 REVERT = "revert"
+
+
+class ShardGate(Protocol):
+    """What the door asks about shards (daemon/cluster/shards.py's ShardManager)."""
+
+    def shard_of(self, target: str) -> int:
+        """The target's shard."""
+        ...
+
+    def may_write(self, shard: int) -> bool:
+        """Whether this replica leads `shard` now (its Lease held, its renew deadline not passed)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,10 +107,12 @@ class Door:
         may_act: False on a replica that is not the leader.
         metrics: `tailguard_door_writes_total{writer,kind,result}` counts each write and refusal.
         clock: Unix time (freezes expire on it).
+        shards: With sharding on, who leads the target's shard; None: one leader for every target.
     """
 
     def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, may_act: Callable[[], bool],
-                 metrics: Metrics, clock: Callable[[], float] = time.time) -> None:
+                 metrics: Metrics, clock: Callable[[], float] = time.time, shards: ShardGate | None = None) -> None:
+        self.shards = shards
         self._journal = journal
         self._state = state
         self._deps = deps
@@ -110,6 +128,10 @@ class Door:
             return "writer", f"{who.writer} acts on {who.target}, not on {effect.target}"
         if not self._may_act():
             return "leader", "this replica may not act (not the leader, or no term held)"
+        if self.shards is not None:
+            shard = self.shards.shard_of(who.target)
+            if not self.shards.may_write(shard):
+                return "shard", f"this replica does not lead shard {shard} of {who.target}"
         if self._state.frozen:
             return "freeze", "daemon frozen by the settings file (`freeze: true`)"
         now = self._clock()
@@ -151,10 +173,15 @@ class Door:
             await self._refuse(who, effect, "journal", f"the checks could not be read: {exc}", journal=False)
         if refused is not None:
             await self._refuse(who, effect, *refused)
+        also_check = None
+        if self.shards is not None:  # the shard's term, checked in the intent's own transaction
+            also_check = functools.partial(self._journal.shard_terms.check, self.shards.shard_of(who.target))
         try:
             intent = await self._journal.effects.record.in_thread(
                 who.writer, who.target, effect.kind, INTENT, effect.summary, self._data(effect), who.decision_id,
-                fenced=True)
+                fenced=True, also_check=also_check)
+        except ShardFenced as exc:
+            await self._refuse(who, effect, "shard", str(exc), journal=False)
         except JournalFenced as exc:
             await self._refuse(who, effect, "fence", str(exc), journal=False)
         except JournalError as exc:

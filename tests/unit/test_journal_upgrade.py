@@ -118,4 +118,4 @@ def test_an_old_journal_takes_new_writes(old_journal: Path):
         assert [p["target"] for p in j.pins.live()] == ["prod/imported"]
     finally:
         j.close()
-    assert sqlite3.connect(old_journal).execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (4,)
+    assert sqlite3.connect(old_journal).execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (5,)
