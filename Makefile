@@ -38,6 +38,8 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+	$(PY) scripts/check_module_size.py
+	$(PY) scripts/check_duplicates.py
 	@echo 'the quick unit run: -m "$(UNIT)"'
 	$(PY) -m pytest -q -p no:cacheprovider -m "$(UNIT)"
 	@echo 'the rest: -m "integration or slow" (real servers, processes, slow tests)'

@@ -142,3 +142,19 @@ def detect_each(
     if len(companions) != len(series):
         raise ValueError(f"{len(series)} series but {len(companions)} companions")
     return [detect(s, now, c) for s, c in zip(series, companions)]
+
+
+def unpaired(
+    detect: Callable[[Series, float, Series | None], Detection],
+    series: Sequence[Series],
+    now: float,
+    companions: Sequence[Series | None] | None,
+) -> list[Detection] | None:
+    """The head of a `detect_many` that judges each series with its companion on one grid: nothing for
+    no series, each series alone (`detect_each`) when a companion is missing, and None when every
+    series has its companion (then the caller aligns them together)."""
+    if not series:
+        return []
+    if companions is None or any(c is None for c in companions):
+        return detect_each(detect, series, now, companions if companions is not None else [None] * len(series))
+    return None

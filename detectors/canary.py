@@ -34,7 +34,7 @@ from core.canary import CanaryRoles, canary_roles
 from core.detection import Detection
 from core.query import Series
 from detectors._grid import align
-from detectors.base import ClusterReader, DetectorParams, detect_each
+from detectors.base import ClusterReader, DetectorParams, unpaired
 from detectors.canary_start import START_ALPHA, bank_days, life_start, start_alpha, start_statistic, start_thresholds
 from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
@@ -104,11 +104,9 @@ class TailCanaryDetector(TailExcessDetector):
 
     def detect_many(self, series: Sequence[Series], now: float,
                     companions: Sequence[Series | None] | None = None) -> list[Detection]:
-        if not series:
-            return []
-        if companions is None or any(c is None for c in companions):
-            return detect_each(self.detect, series, now,
-                               companions if companions is not None else [None] * len(series))
+        alone = unpaired(self.detect, series, now, companions)
+        if alone is not None or companions is None:
+            return alone or []
         paired = [c for c in companions if c is not None]
         grid, counters = align([*series, *paired])
         n = len(series)

@@ -27,7 +27,7 @@ from core.detection import Detection
 from core.query import Series
 from detectors._grid import align
 from detectors._slow_counts import counting_design
-from detectors.base import DetectorParams, Offload, detect_each
+from detectors.base import DetectorParams, Offload, unpaired
 from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
@@ -268,11 +268,9 @@ class TailExcessDetector:
                      starts: bool) -> list[Detection]:
         """`detect_many`; `starts`: run the start tests (never on one series alone: a lone series
         would read every other version as gone, and its own as new)."""
-        if not series:
-            return []
-        if companions is None or any(c is None for c in companions):
-            return detect_each(self.detect, series, now,
-                               companions if companions is not None else [None] * len(series))
+        alone = unpaired(self.detect, series, now, companions)
+        if alone is not None or companions is None:
+            return alone or []
         paired = [c for c in companions if c is not None]
         grid, counters = align([*series, *paired])
         n = len(series)
