@@ -52,6 +52,7 @@ from policies.schema import AlertTrigger
 START = 1_800_000_000.0  # the fake clock's start (unix seconds)
 MODELS = ("ranker", "scorer")
 REPLICAS = 2  # per model
+LOAD_SECONDS = 1.5  # a Triton load with a new version policy (docs/stack-facts.md)
 ALERT = "TritonTailLatencyHigh"
 QUERY = 'p999{model="$model"}'
 LINE = 500.0  # the verify line (below is good)
@@ -170,9 +171,11 @@ class Replica:
     up: bool = True
     pinned: list[int] | None = None  # the version policy's `specific` versions; None: latest
     ready: list[int] = field(default_factory=list)
+    generation: int = 0  # a new pod each start: a load sent to the old one never lands
 
     def start(self) -> None:
         """A pod starts: its config from the repository (latest), the newest version loaded."""
+        self.generation += 1
         self.pinned = None
         self.ready = [max(self.repository)]
 
@@ -215,6 +218,8 @@ class TritonPort:
                 replica.start()
                 self.replicas[replica_url(model, i)] = replica
         self.writes: list[Write] = []
+        self.landing: set[asyncio.Future[None]] = set()  # loads sent, not landed yet
+        self.slow = False  # loads land LOAD_SECONDS after they are sent (else at once)
         self._seq = itertools.count()
 
     def of(self, model: str) -> list[tuple[str, Replica]]:
@@ -227,7 +232,10 @@ class TritonPort:
     def client(self, url: str, process: "Process") -> "TritonClient":
         return TritonClient(self, url, process)
 
-    def load(self, url: str, model: str, config: Mapping[str, Any], process: "Process") -> None:
+    async def load(self, url: str, model: str, config: Mapping[str, Any], process: "Process") -> None:
+        """A load request: checked against the journal when it is sent; landing at once, or while
+        `slow` LOAD_SECONDS later (rules interleave with it: a freeze, a takeover, a restart, the pod
+        going down). The load is the replica's, not the client's: a client that goes away does not stop it."""
         replica = self._replica(url, model)
         specific = (config.get("version_policy") or {}).get("specific")
         versions = sorted(int(v) for v in specific["versions"]) if specific else None
@@ -235,6 +243,24 @@ class TritonPort:
         missing = [v for v in versions or () if v not in replica.repository]
         if missing:
             raise _triton_error(f"failed to load '{model}' version {missing[0]}: not found in the repository")
+        if not self.slow:
+            replica.pinned = versions
+            replica.ready = list(versions) if versions else [max(replica.repository)]
+            return
+        landing = asyncio.ensure_future(self._land(url, replica, replica.generation, versions))
+        self.landing.add(landing)
+        landing.add_done_callback(self._landed)
+        await asyncio.shield(landing)
+
+    def _landed(self, landing: asyncio.Future[None]) -> None:
+        self.landing.discard(landing)
+        if not landing.cancelled():
+            landing.exception()  # retrieved: its client may have gone away (a restart) and not await it
+
+    async def _land(self, url: str, replica: Replica, generation: int, versions: list[int] | None) -> None:
+        await self._world.clock.sleep(LOAD_SECONDS)
+        if replica.generation != generation or not replica.up:  # the pod went down or restarted meanwhile
+            raise TritonDown(f"connection to {url} reset")
         replica.pinned = versions
         replica.ready = list(versions) if versions else [max(replica.repository)]
 
@@ -269,7 +295,7 @@ class TritonClient:
         return self._port._replica(self._url, model).config()
 
     async def load_model(self, model: str, config: str | None = None) -> None:
-        self._port.load(self._url, model, json.loads(config) if config else {}, self._process)
+        await self._port.load(self._url, model, json.loads(config) if config else {}, self._process)
 
     async def close(self) -> None:
         return None

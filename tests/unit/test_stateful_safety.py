@@ -43,7 +43,7 @@ from tests.support.safety_world import (MAX_ACTIONS, MAX_ACTIONS_WINDOW, MODELS,
 
 # ---- budgets ------------------------------------------------------------------------------------
 
-UNIT = settings(derandomize=True, database=None, deadline=None, max_examples=120, stateful_step_count=50,
+UNIT = settings(derandomize=True, database=None, deadline=None, max_examples=80, stateful_step_count=50,
                 suppress_health_check=list(HealthCheck), print_blob=False,
                 phases=(Phase.explicit, Phase.reuse, Phase.generate))
 """The unit run: fixed and derandomized (the same sequences every run), not shrunk (a failure's shrunk
@@ -174,10 +174,18 @@ class SafetyMachine(RuleBasedStateMachine):
         try:
             for slot in list(self.world.processes):
                 self.loop.run_until_complete(self._stop(slot))
+            self.loop.run_until_complete(self._cancel_landing())
             self.world.close()
         finally:
             self.loop.close()
             self._dir.cleanup()
+
+    async def _cancel_landing(self) -> None:
+        """Loads still in flight when the run ends: the world stops with them."""
+        landing = list(self.world.triton.landing)
+        for load in landing:
+            load.cancel()
+        await asyncio.gather(*landing, return_exceptions=True)
 
     # ---- rules ----------------------------------------------------------------------------------
 
@@ -279,6 +287,12 @@ class SafetyMachine(RuleBasedStateMachine):
         if replica.up:
             replica.start()
             self._follow(replica.model)
+
+    @rule(slow=st.booleans())
+    def triton_loads_take_time(self, slow: bool) -> None:
+        """Loads land 1.5 s after they are sent (a real load's time), or at once: while they take time,
+        a freeze, a takeover, a restart or a pod going down can fall between a load and its answer."""
+        self.world.triton.slow = slow
 
     @rule(model=models, new=st.booleans(), bad=st.booleans())
     def the_pipeline_deploys(self, model: str, new: bool, bad: bool) -> None:
@@ -387,8 +401,12 @@ class SafetyMachine(RuleBasedStateMachine):
                      for w in writes if w.term != w.current_term]
             return stale + [f"term {t} has writers {sorted(p)}" for t, p in by_term.items() if len(p) > 1]
         if name == SIGNALS:
+            # Journaled once, and decided at most once per policy (a restart or a takeover resumes, never repeats).
             keys = [s["dedup_key"] for s in world.observer.signals.all()]
-            return [f"{k} journaled {keys.count(k)} times" for k in sorted(self.acked) if keys.count(k) != 1]
+            decided = [(d.signal_id, d.policy) for d in world.observer.decisions.all()]
+            return ([f"{k} journaled {keys.count(k)} times" for k in sorted(self.acked) if keys.count(k) != 1]
+                    + [f"signal {i} decided {decided.count((i, p))} times by {p}" for i, p in sorted(set(decided))
+                       if decided.count((i, p)) > 1])
         if name == RATE:
             out = []
             decisions = [d for d in world.observer.decisions.all() if d.executed]
