@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from actions.base import ActionDeps, Effect, Refused
+from core.decision import DecisionState
 from daemon.cluster.shard_assignment import shard_of
 from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalFenced
@@ -38,7 +39,7 @@ class Gate:
 
 
 def _door(journal: Journal, gate: Gate | None) -> Door:
-    return Door(journal, ExecutorState(PolicySet([])), ActionDeps(), lambda: True, Metrics(), shards=gate)
+    return Door(journal, ExecutorState(PolicySet(())), ActionDeps(), lambda: True, Metrics(), shards=gate)
 
 
 async def _write(door: Door) -> str:
@@ -118,7 +119,7 @@ async def test_mixed_rollout_old_single_leader_and_sharded_replica(open_journal:
         await _write(old_door)
     assert refused.value.check == "fence" and SHARDED in refused.value.reason
     with pytest.raises(JournalFenced):  # its decisions too, not only the door's intents
-        old.decisions.record(1, "p", TARGET, "executing", "", {}, executed=True)
+        old.decisions.record(1, "p", TARGET, DecisionState.EXECUTING, "", {}, executed=True)
     assert await _write(new_door) == "sent"
     # The old leader re-takes a term: the single-leader regime is back, and the shard term no longer fences.
     old.terms.take("old-leader", lease_transitions=1)
