@@ -94,9 +94,22 @@ async def write(what: str, request: Awaitable[Any]) -> Any:
         raise api_error(exc, what) from exc
 
 
+async def list_objects(kube: "ApiClient | None", who: str, *, group: str, version: str, plural: str,
+                       namespace: str, timeout_seconds: float = REQUEST_TIMEOUT_SECONDS) -> list[dict[str, Any]]:
+    """Every object of one resource in `namespace` (the HPAs of a namespace), as dicts; a named API
+    group only (not the core group, whose path is /api/v1). Raises ActionError."""
+    request = CustomObjectsApi(client(kube, who)).list_namespaced_custom_object(
+        group, version, namespace, plural, _request_timeout=timeout_seconds)
+    listed = await read(f"list {plural}.{group} in {namespace}", request)
+    return [dict(item) for item in cast(dict[str, Any], listed).get("items") or []]
+
+
 @dataclass(frozen=True)
 class CustomObject:
-    """One namespaced custom object (a VirtualService, an HTTPRoute): GET it, or JSON-patch it."""
+    """One namespaced object of a named API group: GET it, or JSON-patch it. Custom objects (a
+    VirtualService, an HTTPRoute) and built-in ones alike (apps/v1 Deployments, autoscaling/v2 HPAs):
+    the generic client builds the same /apis/<group>/<version>/namespaces/... paths and keeps the
+    objects as dicts. Core-group objects (ConfigMaps: /api/v1) are not served by it."""
 
     kube: "ApiClient | None"
     who: str  # who reads and writes it, named when there is no client

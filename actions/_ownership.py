@@ -1,15 +1,20 @@
 """Objects someone else owns, decided from their metadata alone (pure; no I/O).
 
-A VirtualService, HTTPRoute or ConfigMap that a progressive-delivery or GitOps controller owns is
-not ours to edit: the controller would put its own value back (a tug of war), or we would corrupt
-its rollout. Evidence, from `metadata`:
+A VirtualService, HTTPRoute, ConfigMap, Deployment or HorizontalPodAutoscaler that a
+progressive-delivery, GitOps or autoscaling controller owns is not ours to edit: the controller
+would put its own value back (a tug of war), or we would corrupt its rollout. Evidence, from `metadata`:
 
 - `ownerReferences`: kind Canary of apiVersion flagger.app/* (Flagger); kind Rollout of
-  argoproj.io/* (Argo Rollouts);
+  argoproj.io/* (Argo Rollouts); kind ScaledObject of keda.sh/* (KEDA, on the HPA it made);
 - the managers in `managedFields`: names starting with "flagger" (Flagger); "rollouts-controller",
   "argo-rollouts" (Argo Rollouts); "argocd-controller", "argocd-application-controller",
-  "kustomize-controller", "helm-controller" (GitOps: Argo CD, Flux). An entry for the status
-  subresource only is not evidence: it manages status, not what we write.
+  "kustomize-controller", "helm-controller" (GitOps: Argo CD, Flux); "keda-operator" (KEDA). An
+  entry for the status subresource only is not evidence: it manages status, not what we write;
+- labels and annotations those controllers put on what they manage: Argo CD's
+  `argocd.argoproj.io/tracking-id` annotation (annotation tracking) and `argocd.argoproj.io/instance`
+  label, Flux's `kustomize.toolkit.fluxcd.io/name` and `helm.toolkit.fluxcd.io/name` labels (GitOps);
+  KEDA's `scaledobject.keda.sh/name` label and `app.kubernetes.io/managed-by: keda-operator` (on the
+  HPA of a ScaledObject). `app.kubernetes.io/instance` alone is not: Helm sets it too.
 
 `app.kubernetes.io/managed-by: Helm` (or the manager "helm") is not: a Helm-installed object is fine
 to edit unless a GitOps controller also manages it.
@@ -27,19 +32,27 @@ from pydantic import AfterValidator
 
 from core.outcome import PermanentError
 
-OwnerKey = Literal["flagger", "argo-rollouts", "gitops"]
+OwnerKey = Literal["flagger", "argo-rollouts", "gitops", "keda"]
 
 _OWNER_NAMES: Mapping[str, str] = {"flagger": "Flagger", "argo-rollouts": "Argo Rollouts",
-                                   "gitops": "a GitOps controller"}
+                                   "gitops": "a GitOps controller", "keda": "KEDA"}
 _OWNER_REFERENCES: Mapping[str, tuple[str, str]] = {  # kind -> (apiVersion group prefix, owner)
     "Canary": ("flagger.app/", "flagger"),
     "Rollout": ("argoproj.io/", "argo-rollouts"),
+    "ScaledObject": ("keda.sh/", "keda"),
 }
 _MANAGERS: Mapping[str, str] = {
     "rollouts-controller": "argo-rollouts", "argo-rollouts": "argo-rollouts",
     "argocd-controller": "gitops", "argocd-application-controller": "gitops",
-    "kustomize-controller": "gitops", "helm-controller": "gitops",
+    "kustomize-controller": "gitops", "helm-controller": "gitops", "keda-operator": "keda",
 }
+# Label or annotation key -> owner, whatever its value; and (key, value) pairs that name an owner.
+_MARK_KEYS: Mapping[str, str] = {
+    "argocd.argoproj.io/tracking-id": "gitops", "argocd.argoproj.io/instance": "gitops",
+    "kustomize.toolkit.fluxcd.io/name": "gitops", "helm.toolkit.fluxcd.io/name": "gitops",
+    "scaledobject.keda.sh/name": "keda",
+}
+_MARK_VALUES: Mapping[tuple[str, str], str] = {("app.kubernetes.io/managed-by", "keda-operator"): "keda"}
 
 
 def _distinct(keys: tuple[OwnerKey, ...]) -> tuple[OwnerKey, ...]:
@@ -79,6 +92,11 @@ def owners(metadata: Mapping[str, Any]) -> list[Owner]:
         managed_by = _manager_owner(str(entry.get("manager") or ""))
         if managed_by and entry.get("subresource") != "status":
             found.setdefault(managed_by, Owner(managed_by, f"manager {entry.get('manager')}"))
+    for where in ("labels", "annotations"):
+        for mark, value in (metadata.get(where) or {}).items():
+            marked = _MARK_KEYS.get(mark) or _MARK_VALUES.get((mark, str(value)))
+            if marked:
+                found.setdefault(marked, Owner(marked, f"{where[:-1]} {mark}={value}"))
     return list(found.values())
 
 
@@ -130,9 +148,15 @@ def changed_by_note(metadata: Mapping[str, Any] | None) -> str:
 
 def ownership_of(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The part of `metadata` the decisions read, small enough to journal with a reading."""
-    return {
+    slim: dict[str, Any] = {
         "ownerReferences": [{k: r.get(k) for k in ("apiVersion", "kind", "name")}
                             for r in metadata.get("ownerReferences") or []],
         "managedFields": [{k: e.get(k) for k in ("manager", "operation", "time", "subresource") if e.get(k)}
                           for e in metadata.get("managedFields") or []],
     }
+    for where in ("labels", "annotations"):  # only the marks the decision reads
+        marks = {k: v for k, v in (metadata.get(where) or {}).items()
+                 if k in _MARK_KEYS or (k, str(v)) in _MARK_VALUES}
+        if marks:
+            slim[where] = marks
+    return slim

@@ -8,6 +8,7 @@ from actions.base import Action
 from actions.gateway import RetuneTimeout
 from actions.istio import ShiftWeights
 from actions.notify import Notify
+from actions.scale import Scale
 from actions.triton import TritonRollback
 
 ACTIONS: Mapping[str, type[Action]] = MappingProxyType({
@@ -15,4 +16,5 @@ ACTIONS: Mapping[str, type[Action]] = MappingProxyType({
     Notify.kind: Notify,
     ShiftWeights.kind: ShiftWeights,
     RetuneTimeout.kind: RetuneTimeout,
+    Scale.kind: Scale,
 })

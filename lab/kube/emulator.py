@@ -40,6 +40,7 @@ from aiohttp import web
 
 from lab.kube._selectors import SelectorError, parse_label_selector
 from lab.kube.schemas import SchemaRegistry, default_registry
+from lab.kube.workloads import HPA_MANAGER, apply_defaults, clamped_replicas, scales, semantic_errors
 
 Obj = dict[str, Any]
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
@@ -84,6 +85,9 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", ("v1",), "services", "Service"),
     ResourceType("discovery.k8s.io", ("v1",), "endpointslices", "EndpointSlice"),
     ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease"),
+    # Deployments and their HPAs, with the defaults, checks and HPA floor of lab/kube/workloads.py.
+    ResourceType("apps", ("v1",), "deployments", "Deployment"),
+    ResourceType("autoscaling", ("v2",), "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
     ResourceType("networking.istio.io", ISTIO_VERSIONS, "virtualservices", "VirtualService", True),
     ResourceType("networking.istio.io", ISTIO_VERSIONS, "destinationrules", "DestinationRule", True),
     ResourceType("gateway.networking.k8s.io", ("v1", "v1beta1"), "httproutes", "HTTPRoute", True),
@@ -538,10 +542,10 @@ class KubeEmulator:
         return body
 
     def _validate(self, rt: ResourceType, obj: Obj) -> None:
-        errors = self.registry.errors(obj)
+        errors = [(e.field, f"Invalid value: {e.message}") for e in self.registry.errors(obj)]
+        errors += semantic_errors(rt.kind, obj)
         if errors:
-            raise self._invalid(rt, obj.get("metadata", {}).get("name", ""),
-                                [(e.field, f"Invalid value: {e.message}") for e in errors])
+            raise self._invalid(rt, obj.get("metadata", {}).get("name", ""), errors)
 
     @staticmethod
     def _invalid(rt: ResourceType, name: str, errors: list[tuple[str, str]]) -> ApiError:
@@ -580,10 +584,12 @@ class KubeEmulator:
         if rt.custom:
             meta["generation"] = 1
         meta["resourceVersion"] = "0"  # placeholder so the schema sees the final shape
+        apply_defaults(rt.kind, obj)
         self._validate(rt, obj)
         meta["resourceVersion"] = self._next_rv()
         self._store[key] = obj
         self._changed("ADDED", rt, obj, None)
+        self._autoscale(rt, obj)
         return obj
 
     def _replace(self, rt: ResourceType, current: Obj, desired: Obj, *, keep_status: bool) -> tuple[Obj, bool]:
@@ -603,6 +609,7 @@ class KubeEmulator:
             desired.pop("status", None)
             if "status" in current:
                 desired["status"] = copy.deepcopy(current["status"])
+        apply_defaults(rt.kind, desired)
         if desired == current:
             return current, False  # a no-op write does not bump resourceVersion, as in etcd
         if rt.custom and _body_fields(desired) != _body_fields(current):
@@ -611,7 +618,25 @@ class KubeEmulator:
         meta["resourceVersion"] = self._next_rv()
         self._store[(rt.group, rt.plural, old_meta["namespace"], old_meta["name"])] = desired
         self._changed("MODIFIED", rt, desired, current)
+        self._autoscale(rt, desired)
         return desired, True
+
+    def _autoscale(self, rt: ResourceType, written: Obj) -> None:
+        """The HPA controller after a write to an HPA or a Deployment: every Deployment an HPA of the
+        namespace scales is kept within its floor and ceiling (lab/kube/workloads.py)."""
+        if rt.kind not in ("Deployment", "HorizontalPodAutoscaler"):
+            return
+        apps, hpas = self.resource_type("deployments"), self.resource_type("horizontalpodautoscalers")
+        namespace = written["metadata"]["namespace"]
+        for hpa in list(self._iter(hpas, namespace)):
+            for deployment in list(self._iter(apps, namespace)):
+                replicas = int(deployment["spec"].get("replicas", 1))
+                wanted = clamped_replicas(hpa, replicas) if scales(hpa, deployment) else replicas
+                if wanted != replicas:
+                    scaled = copy.deepcopy(deployment)
+                    scaled["spec"]["replicas"] = wanted
+                    _track_fields(scaled, deployment, HPA_MANAGER, "apps/v1")
+                    self._replace(apps, deployment, scaled, keep_status=True)
 
     def _patched(self, rt: ResourceType, rec: RecordedRequest, current: Obj, body: Any) -> Obj:
         base = self._as_version(rt, current, rec.version)

@@ -55,7 +55,7 @@ CASES: dict[str, dict[str, Any]] = {
         "rbac": {"namespaces": ["serving", "models"]},
         "actions": {"istio": {"enabled": True}, "httproute": {"enabled": True},
                     "configmap": {"enabled": True, "names": ["ranker-limits"]},
-                    "tritonDiscovery": {"enabled": True}},
+                    "tritonDiscovery": {"enabled": True}, "scale": {"enabled": True}},
         "networkPolicy": {"enabled": True, "egress": {"enabled": True, "apiServer": {"cidrs": ["10.0.0.1/32"]}}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "prometheusRule": {"enabled": True},
@@ -428,6 +428,9 @@ def expected_rbac(values: dict[str, Any]) -> set[tuple]:
         rules.add(("", "configmaps", ("get", "patch"), tuple(sorted(actions["configmap"]["names"]))))
     if actions["tritonDiscovery"]["enabled"]:
         rules.add(("discovery.k8s.io", "endpointslices", ("list", "watch"), ()))
+    if actions["scale"]["enabled"]:
+        rules.add(("apps", "deployments", ("get", "patch"), ()))
+        rules.add(("autoscaling", "horizontalpodautoscalers", ("get", "list", "patch"), ()))
     scopes = ["cluster"] if v["rbac"]["clusterWide"] else (v["rbac"]["namespaces"] or [hr.NAMESPACE])
     grant = {(scope, *rule) for scope in scopes for rule in rules}
     le = v["leaderElection"]
@@ -470,7 +473,8 @@ RBAC_CASES = {
     "rbac-off": {"rbac": {"create": False}},
     "cluster-wide-all": {"rbac": {"clusterWide": True, "namespaces": ["ignored"]},
                          "actions": {"configmap": {"enabled": True, "names": ["b", "a"]},
-                                     "tritonDiscovery": {"enabled": True}}},
+                                     "tritonDiscovery": {"enabled": True}, "scale": {"enabled": True}}},
+    "scale-only": {"actions": {"istio": {"enabled": False}, "scale": {"enabled": True}}},
 }
 
 

@@ -128,6 +128,16 @@ live in one namespace, see rbac-leader-election.yaml.
   resourceNames: {{ .configmap.names | uniq | toJson }}
   verbs: [get, patch]
 {{- end }}
+{{- if .scale.enabled }}
+# kubernetes.scale: patch a Deployment's replicas, or the minReplicas of the HPA that scales it
+# (list: the HPA is found by its scaleTargetRef). No scale subresource: the patch tests resourceVersion.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, patch]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [get, list, patch]
+{{- end }}
 {{- if .tritonDiscovery.enabled }}
 # list/watch, not get: EndpointSlice names are generated, so they are found by the
 # kubernetes.io/service-name label.
