@@ -43,14 +43,33 @@ def assign(shards: int, replicas: Iterable[str]) -> dict[int, str]:
     return {s: rendezvous_owner(s, members) or members[0] for s in range(shards)}
 
 
+def assign_bounded(shards: int, replicas: Iterable[str]) -> dict[int, str]:
+    """Rendezvous hashing with bounded loads: shard by shard (in index order), the highest-weight
+    replica that holds less than its fair share. Every replica computes the same answer from the same
+    members; no replica gets more than ceil(shards / replicas), and a join or leave still moves few
+    shards (measured in bench/bench_shards.py)."""
+    members = sorted(set(replicas))
+    if not members:
+        return {}
+    share = fair_share(shards, len(members))
+    load = dict.fromkeys(members, 0)
+    out: dict[int, str] = {}
+    for s in range(shards):
+        ranked = sorted(members, key=lambda r: (stable_hash64(f"{r}\x00{s}"), r), reverse=True)
+        owner = next(r for r in ranked if load[r] < share)
+        load[owner] += 1
+        out[s] = owner
+    return out
+
+
 def fair_share(shards: int, replicas: int) -> int:
     """The most shards one replica should hold: ceil(shards / replicas) (all of them when alone)."""
     return math.ceil(shards / max(1, replicas))
 
 
 def preferred(shards: int, replicas: Iterable[str], me: str) -> set[int]:
-    """The shards rendezvous hashing gives `me` among `replicas` (`me` counted in)."""
-    return {s for s, owner in assign(shards, {*replicas, me}).items() if owner == me}
+    """The shards bounded-load rendezvous hashing gives `me` among `replicas` (`me` counted in)."""
+    return {s for s, owner in assign_bounded(shards, {*replicas, me}).items() if owner == me}
 
 
 def moved(before: Mapping[int, str], after: Mapping[int, str]) -> int:

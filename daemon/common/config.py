@@ -157,6 +157,21 @@ class LeaderElectionSettings(_Section):
         return self.state_config_map or f"{self.lease_name}-state"
 
 
+class ShardingSettings(_Section):
+    """Targets sharded across replicas (docs/operations.md "Sharding"); 1: one leader acts for all."""
+
+    shards: int = Field(1, ge=1, le=1024)
+    """Fixed shard count; every replica must run the same one (the journal refuses another). Above 1
+    needs leaderElection.enabled (its namespace and durations) and the PostgreSQL journal."""
+    lease_prefix: str | None = Field(None, alias="leasePrefix", min_length=1, max_length=200)
+    """Shard Leases are <leasePrefix>-shard-<i>, membership Leases <leasePrefix>-member-<replica>;
+    None: leaderElection.leaseName."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.shards > 1
+
+
 class LogSettings(_Section):
     format: Literal["auto", "json", "console"] = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -282,6 +297,7 @@ class Settings(_Section):
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings, alias="leaderElection")
+    sharding: ShardingSettings = Field(default_factory=ShardingSettings)
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     blast_radius: BlastRadiusSettings = Field(default_factory=BlastRadiusSettings, alias="blastRadius")
     loops: LoopSettings = Field(default_factory=LoopSettings)
@@ -311,6 +327,12 @@ def _cross_field_problem(settings: Settings) -> str | None:
         return (f"leaderElection.renewDeadlineSeconds ({le.renew_deadline_seconds:g}) must be below "
                 f"leaseDurationSeconds ({le.lease_duration_seconds:g}): a leader must stop acting before "
                 "its Lease can be taken")
+    if settings.sharding.enabled and not le.enabled:
+        return (f"sharding.shards ({settings.sharding.shards}) above 1 needs leaderElection.enabled "
+                "(the shard Leases use its namespace and durations)")
+    if settings.sharding.enabled and settings.journal.backend != "postgres":
+        return (f"sharding.shards ({settings.sharding.shards}) above 1 needs the PostgreSQL journal "
+                "(journal.backend: postgres): every replica reads the signals the others journaled")
     if le.enabled and le.retry_period_seconds >= le.renew_deadline_seconds:
         return (f"leaderElection.retryPeriodSeconds ({le.retry_period_seconds:g}) must be below "
                 f"renewDeadlineSeconds ({le.renew_deadline_seconds:g})")
