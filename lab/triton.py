@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import py_compile
 import shutil
 import sys
 import sysconfig
@@ -143,6 +144,7 @@ def write_model_repository(
     seed: int = 0,
     fast_ms_max: float | None = None,
     fault_file_by_version: Mapping[int, Path] | None = None,
+    precompile: bool = False,
 ) -> Path:
     """Write a Python-backend model into a Triton model repository.
 
@@ -167,6 +169,12 @@ def write_model_repository(
         fast_ms_max: Upper bound of a uniform normal-path latency; None: always `fast_ms`.
         fault_file_by_version: Versions that take their slow path by input and fault file (above)
             instead of by `slow_fraction_by_version`.
+        precompile: Write each version's bytecode now, so that the stub writes nothing into a
+            version folder when it loads. Otherwise the first load of a version changes its folder,
+            and Triton then reloads that version in full on the next load naming it, even while it
+            serves (a production repository does not change under a loaded version; the warm switch
+            relies on that). Off by default: a load with no config then counts the model changed,
+            which some tests' hand-made "redeploy" relies on.
 
     Returns:
         The model's folder, ``root / name``.
@@ -199,6 +207,9 @@ def write_model_repository(
                 fault_file=str(faults[version]) if version in faults else None,
             )
         )
+        if precompile:
+            # Compiled before Triton reads the folder: the stub finds its bytecode current, writes nothing.
+            py_compile.compile(str(version_dir / "model.py"), doraise=True)
     return model_dir
 
 
