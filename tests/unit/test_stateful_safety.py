@@ -601,3 +601,24 @@ def test_a_revert_after_no_recovery_waits_out_a_freeze() -> None:
                        ("an_alert_fires", {"model": "ranker", "redelivery": False}),
                        ("an_operator_freezes", {"scope": target_key("ranker")}),
                        ("time_passes", {"seconds": 120.0})], judged_not_recovered)
+
+
+@NEEDS_DOOR
+def test_found_a_decision_resumed_by_a_new_leader_while_the_daemon_is_frozen() -> None:
+    """Found by the machine on a68c353 with the pin reconciler's and the recovery revert's writes set
+    aside (8,296 steps, 11.4 s CPU): loads take their time; a detection rolls ranker back and its loads
+    are in flight; the daemon is frozen; replica b takes over and resumes the decision still
+    `executing` (its signal is pending): the resume re-applied the rollback, frozen. The first leader's
+    loads, sent before the freeze, are the only ones."""
+    def only_the_first_leader_wrote(machine: SafetyMachine) -> None:
+        writes = machine.world.triton.writes
+        assert {w.process for w in writes} == {"a#1"}
+        assert [w.url for w in writes if w.target == target_key("ranker")] == [replica_url("ranker", i)
+                                                                              for i in range(REPLICAS)]
+
+    replay((FREEZE,), [("the_pipeline_deploys", {"model": "ranker", "new": False, "bad": False}),
+                       ("a_detector_fires", {"model": "scorer"}),
+                       ("triton_loads_take_time", {"slow": True}),
+                       ("a_detector_fires", {"model": "ranker"}),
+                       ("an_operator_freezes", {"scope": DAEMON_SCOPE}),
+                       ("a_replica_takes_over", {"slot": "b"})], only_the_first_leader_wrote)
