@@ -22,6 +22,7 @@ from daemon.http.secret_reload import RELOAD_SECONDS, SecretReloader
 from daemon.cluster.kube import identity
 from daemon.cluster.objects import KubeObjectReader
 from daemon.cluster.leader import LeaderElector
+from daemon.cluster.shards import ShardManager
 from daemon.common.clock import SteadyClock
 from daemon.common.config import ApiTokenEntry, Settings, journal_store, resolve_secrets
 from daemon.common.lifecycle import Loop, RestartPolicy, Supervisor, wait_or_stop
@@ -34,6 +35,7 @@ from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
 from daemon.wiring.parts import base_url, build_parts
+from daemon.wiring.sharding import start_sharding
 from daemon.workers.approvals import ApprovalExpiry, ApprovalResult
 from daemon.workers.backlog import Backlog
 from daemon.workers.freezes import FreezeControl
@@ -126,6 +128,7 @@ class Service:
         self.port: int | None = None
         self.identity = identity()  # holderIdentity and Event reportingInstance (POD_NAME or host_pid)
         self.elector: LeaderElector | None = None
+        self.shards: ShardManager | None = None  # sharding.shards > 1 (daemon/wiring/sharding.py)
         self.cluster_state: ClusterState | None = None  # shared pins/guard marks, with leader election
         self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
                                   self.executor.lock_for,
@@ -216,6 +219,15 @@ class Service:
                 self._term_task = self.supervisor.spawn("take-term", self._take_term())
         self.is_leader = leader
         self._acting_changed()
+
+    def _shards_led(self, led: frozenset[int]) -> None:
+        """Sharding: the shards this replica leads changed (their terms taken). Leading any counts as
+        acting; the journal's pending signals are read again and the poller follows the new set."""
+        self.is_leader = self.term_held = bool(led)
+        self._acting_changed()
+        self.backlog.policies_changed()
+        if self.poller is not None:
+            self.poller.sync(self.state.policies)
 
     async def _take_term(self) -> None:
         """Take the journal's next term for this replica (retried while the journal fails and this
@@ -445,7 +457,12 @@ class Service:
                 on_change=self._acting_changed, clock=self.clock,
                 retry_seconds=le.retry_period_seconds, request_timeout_seconds=le.renew_deadline_seconds)
             sup.start("cluster-state", self.cluster_state)
-        if self.settings.leader_election.enabled and self.kube is not None:
+        if self.settings.sharding.enabled and self.kube is not None:
+            # A Lease per shard instead of the one leader's (#45).
+            self.shards = start_sharding(self.kube, self.settings, self.identity, self.journal, self.metrics,
+                                         self.deps.actuator, self.executor, self.poller, sup, self._shards_led,
+                                         self.clock)
+        elif self.settings.leader_election.enabled and self.kube is not None:
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,
                                          self.set_leader, may_lead=self.lead_trouble)
             sup.start("leader-election", self.elector, joined=True)

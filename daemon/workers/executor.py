@@ -131,6 +131,9 @@ class Executor:
                                         query_range, actions=registry)
         self._approvals = ApprovalGate(journal, state, metrics, self.lock_for, self._evidence.frozen, self._finish,
                                        self._send, approval_base_url, clock, on_recorded)
+        # With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
+        # A signal whose target's shard it does not lead is left pending for the replica that does.
+        self.owns: Callable[[str], bool] | None = None
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
@@ -145,8 +148,15 @@ class Executor:
 
     async def process(self, signal_id: int, signal: Signal) -> list[Plan]:
         """Decide and act for one journaled signal, then mark it processed."""
-        plans = []
+        plans: list[Plan] = []
         policies = matching_policies(self.state.policies.policies, signal)
+        if policies and self.owns is not None:
+            # One owner per signal: the shard of its first matching target (a signal matching targets of
+            # several shards is acted on there; the door refuses its writes on the others' targets).
+            owner = min(p.target.key for p in policies)
+            if not self.owns(owner):
+                log.debug("signal left pending for its shard's leader", signal=signal.dedup_key, target=owner)
+                return plans
         with structlog.contextvars.bound_contextvars(signal=signal.dedup_key, signal_name=signal.name):
             arrived_at = None
             if not policies:

@@ -154,6 +154,8 @@ class Poller:
         self.groups: dict[GroupKey, QueryGroup] = {}
         # Starts each group's poll task; the service hands the supervisor's, so a crash counts.
         self.spawn: Spawn = plain_spawn
+        # With sharding on: whether this replica watches a policy (it leads its target's shard); None: all.
+        self.follows: Callable[[LoadedPolicy], bool] | None = None
 
     def sync(self, policies: PolicySet) -> None:
         """Follow a policy reload; detectors whose trigger did not change keep their state."""
@@ -161,6 +163,8 @@ class Poller:
         old_groups = self.groups
         groups: dict[GroupKey, QueryGroup] = {}
         for policy in policies.enabled:
+            if self.follows is not None and not self.follows(policy):
+                continue  # another replica leads this target's shard (sharding; daemon/wiring/sharding.py)
             for bound in policy.detectors:
                 fp = _fingerprint(policy, bound)
                 values = {"model": policy.target.model, "namespace": policy.target.namespace}

@@ -31,7 +31,13 @@ def _load(tmp_path: Path, raw: dict[str, Any]) -> Settings:
      "acting before its Lease can be taken"),
     ({**KUBE, "leaderElection": {"enabled": True, "renewDeadlineSeconds": 2}},
      "leaderElection.retryPeriodSeconds (2) must be below renewDeadlineSeconds (2)"),
-], ids=["election-without-kubernetes", "control-configmap-without-kubernetes", "renew-deadline", "retry-period"])
+    ({**KUBE, "sharding": {"shards": 4}},
+     "sharding.shards (4) above 1 needs leaderElection.enabled (the shard Leases use its namespace and durations)"),
+    ({**KUBE, "leaderElection": {"enabled": True}, "sharding": {"shards": 4}},
+     "sharding.shards (4) above 1 needs the PostgreSQL journal (journal.backend: postgres): every replica reads "
+     "the signals the others journaled"),
+], ids=["election-without-kubernetes", "control-configmap-without-kubernetes", "renew-deadline", "retry-period",
+        "shards-without-election", "shards-on-sqlite"])
 def test_settings_that_do_not_fit_together_fail_at_load_in_one_line(tmp_path: Path, raw: dict[str, Any],
                                                                    message: str) -> None:
     """Each cross-section mistake fails load_settings (what `tailguard run` and the chart's rendered
@@ -97,3 +103,11 @@ def test_a_tls_certificate_that_cannot_be_loaded_fails_before_the_daemon_starts(
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     with pytest.raises(ConfigError, match=f"^listen.tls: cannot load {cert} / {key}: "):
         resolve_secrets(settings)
+
+
+def test_sharding_is_off_by_default_and_one_shard_is_todays_single_leader(tmp_path: Path) -> None:
+    settings = _load(tmp_path, {})
+    assert settings.sharding.shards == 1 and not settings.sharding.enabled
+    on = _load(tmp_path, {**KUBE, "leaderElection": {"enabled": True},
+                          "journal": {"backend": "postgres", "dsn": "postgresql://u@h/db"}, "sharding": {"shards": 8}})
+    assert on.sharding.enabled and on.sharding.lease_prefix is None

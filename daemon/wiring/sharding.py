@@ -1,0 +1,57 @@
+"""Sharding wired into a service (sharding.shards > 1): the shard manager takes the place of the
+single-leader elector, and the door, the executor and the poller follow the shards it leads.
+
+- the door refuses a write on a target whose shard this replica does not lead, and journals the
+  write's intent only under the shard's current term (daemon/storage/shard_terms.py);
+- the executor leaves a signal whose target's shard another replica leads pending in the shared
+  journal, for that replica;
+- the poller watches only the policies of the targets of the shards led here;
+- a replica leading at least one shard counts as acting (`may_act`): the schedules, the approvals'
+  expiry and the webhook intake run as on a leader, each write still passing the door's shard check.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import structlog
+
+from daemon.cluster.shards import ShardManager
+from daemon.common.config import Settings
+from daemon.common.lifecycle import Supervisor
+from daemon.common.metrics import Metrics
+from daemon.storage.errors import JournalError
+from daemon.storage.journal import Journal
+from daemon.workers.door import Door
+from daemon.workers.executor import Executor
+from daemon.workers.poller import Poller
+
+log = structlog.get_logger("tailguard.sharding")
+
+
+def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journal, metrics: Metrics,
+                   actuator: object, executor: Executor, poller: Poller | None, supervisor: Supervisor,
+                   led_changed: Callable[[frozenset[int]], None], wall: Callable[[], float]) -> ShardManager:
+    """Build the shard manager, hook the door (`actuator`), the executor and the poller to it, and
+    start it under `supervisor` as the component that elects ("leader-election": stopping hands the
+    shards back in the stop order the single elector has). `led_changed` hears the shards led."""
+    shards = settings.sharding.shards
+
+    async def take_term(shard: int) -> bool:
+        try:
+            term = await journal.shard_terms.take.in_thread(shard, shards, identity)
+        except JournalError as exc:  # a count mismatch or an outage: the Lease goes back
+            metrics.faults.labels("journal").inc()
+            log.error("could not take the shard's term; handing its lease back", shard=shard, error=str(exc))
+            return False
+        log.info("shard term taken", shard=shard, term=term.term)
+        return True
+
+    manager = ShardManager(kube, settings.leader_election, settings.sharding, identity, take_term, led_changed,
+                           wall=wall)
+    if isinstance(actuator, Door):
+        actuator.shards = manager
+    executor.owns = manager.owns
+    if poller is not None:
+        poller.follows = lambda policy: manager.owns(policy.target.key)
+    supervisor.start("leader-election", manager, joined=True)
+    return manager
