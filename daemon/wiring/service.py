@@ -460,7 +460,8 @@ class Service:
         if self.settings.sharding.enabled and self.kube is not None:
             # A Lease per shard instead of the one leader's (#45).
             self.shards = start_sharding(self.kube, self.settings, self.identity, self.journal, self.metrics,
-                                         self.deps.actuator, self.executor, self.poller, sup, self._shards_led,
+                                         self.deps.actuator, self.executor, self.poller, self.pins, sup,
+                                         self._shards_led,
                                          self.clock)
         elif self.settings.leader_election.enabled and self.kube is not None:
             self.elector = LeaderElector(self.kube, self.settings.leader_election, self.identity,

@@ -5,7 +5,8 @@ single-leader elector, and the door, the executor and the poller follow the shar
   write's intent only under the shard's current term (daemon/storage/shard_terms.py);
 - the executor leaves a signal whose target's shard another replica leads pending in the shared
   journal, for that replica;
-- the poller watches only the policies of the targets of the shards led here;
+- the poller watches only the policies of the targets of the shards led here, and the pin
+  reconciler only their pins;
 - a replica leading at least one shard counts as acting (`may_act`): the schedules, the approvals'
   expiry and the webhook intake run as on a leader, each write still passing the door's shard check.
 """
@@ -23,13 +24,15 @@ from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
 from daemon.workers.door import Door
 from daemon.workers.executor import Executor
+from daemon.workers.pins import PinReconciler
 from daemon.workers.poller import Poller
 
 log = structlog.get_logger("tailguard.sharding")
 
 
 def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journal, metrics: Metrics,
-                   actuator: object, executor: Executor, poller: Poller | None, supervisor: Supervisor,
+                   actuator: object, executor: Executor, poller: Poller | None, pins: PinReconciler,
+                   supervisor: Supervisor,
                    led_changed: Callable[[frozenset[int]], None], wall: Callable[[], float]) -> ShardManager:
     """Build the shard manager, hook the door (`actuator`), the executor and the poller to it, and
     start it under `supervisor` as the component that elects ("leader-election": stopping hands the
@@ -51,6 +54,7 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
     if isinstance(actuator, Door):
         actuator.shards = manager
     executor.owns = manager.owns
+    pins.owns = manager.owns
     if poller is not None:
         poller.follows = lambda policy: manager.owns(policy.target.key)
     supervisor.start("leader-election", manager, joined=True)

@@ -100,6 +100,7 @@ class PinReconciler:
         self._deps = deps
         self._metrics = metrics
         self._may_act = may_act
+        self.owns: Callable[[str], bool] | None = None  # sharding: the targets of the shards led here
         self._lock_for = lock_for
         self.interval_seconds = interval_seconds
         pinning = pinning_action(actions)
@@ -174,6 +175,8 @@ class PinReconciler:
             key = pin["target"]
             if only is not None and key not in only:
                 continue
+            if self.owns is not None and not self.owns(key):
+                continue  # another replica leads this target's shard (and reconciles its pin)
             policy, gone, named = _policy_of(pin, policies)
             if policy is None:
                 if gone is not None and policies:  # an empty set (nothing loaded yet) ends nothing
