@@ -44,6 +44,10 @@ class TritonRollbackParams(ActionParams):
     # anomaly on the old version, or one without attribution, is not a reason to roll back.
     # Alert signals are the operator's own rule and are not held to this.
     require_attribution: bool = Field(False, alias="requireAttribution")
+    # "previous": keep the newest good version below the served one loaded beside it (`specific
+    # [N-1, N]`: unversioned requests still go to N), so the rollback is a config update of a version
+    # already loaded, not a load (actions/triton_warm.py; docs/operations.md "The switch").
+    keep_warm: Literal["none", "previous"] = Field("none", alias="keepWarm")
 
 
 # ---- pure decisions -------------------------------------------------------------------------
@@ -106,11 +110,27 @@ def choose_version(
     return None, f"served version {bad} has no earlier good version{skipping}"
 
 
-def pinned_config(config: Mapping[str, Any], version: int) -> dict[str, Any]:
-    """A copy of `config` with its version policy pinned to `version`."""
+def pinned_config(config: Mapping[str, Any], version: int | list[int]) -> dict[str, Any]:
+    """A copy of `config` with its version policy pinned to `version` (or to several versions)."""
     out = copy.deepcopy(dict(config))
-    out["version_policy"] = {"specific": {"versions": [version]}}
+    out["version_policy"] = {"specific": {"versions": sorted(version) if isinstance(version, list) else [version]}}
     return out
+
+
+def is_warm_set(served: list[int], version: int, known_bad: frozenset[int] = frozenset()) -> bool:
+    """Whether `served` is `version` with one older good version kept warm beside it (`[W, version]`):
+    unversioned requests go to the highest, `version`, so a pin to it holds (keepWarm)."""
+    return len(served) == 2 and served[1] == version and served[0] < version and served[0] not in known_bad
+
+
+def in_place(rep: Mapping[str, Any], model: str, version: int, warm_ok: bool,
+             known_bad: frozenset[int] = frozenset()) -> bool:
+    """Whether a replica read (index and config) serves `version` pinned: alone, or (`warm_ok`) with
+    a warm version beside it and its config pinned to exactly those two."""
+    served, pinned = ready_versions(rep["index"], model), pinned_versions(rep["config"])
+    if served == [version] and pinned == [version]:
+        return True
+    return warm_ok and is_warm_set(served, version, known_bad) and pinned == served
 
 
 def attribution_refusal(params: TritonRollbackParams, served: list[int],
@@ -131,8 +151,14 @@ def attribution_refusal(params: TritonRollbackParams, served: list[int],
 def plan_rollback(
     target: Target, params: TritonRollbackParams, observed: Mapping[str, Any],
     known_bad: frozenset[int] = frozenset(), signal_labels: Mapping[str, str] | None = None,
+    warm_ok: bool = False,
 ) -> Step:
-    """Decide the rollback across every observed replica, skipping `known_bad` versions. Pure."""
+    """Decide the rollback across every observed replica, skipping `known_bad` versions. Pure.
+
+    A replica that already has the version loaded (kept warm beside the bad one) is switched by the
+    same load, which Triton makes a config update of the loaded version (no load: `switch` "warm" in
+    the step); one without it loads it (`switch` "load", today's path). `warm_ok` (the pin
+    reconciler's check): a replica serving the version with a warm one beside it is in place."""
     replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
     unreachable: Mapping[str, str] = observed.get("unreachable", {})
     if not replicas:
@@ -155,13 +181,15 @@ def plan_rollback(
     for url, rep in replicas.items():
         rep_served = ready_versions(rep["index"], target.model)
         before[url] = {"served": rep_served, "config": rep["config"]}
-        if rep_served == [version] and pinned_versions(rep["config"]) == [version]:
+        if in_place(rep, target.model, version, warm_ok, known_bad):
             continue
-        todo[url] = {"version": version, "from": rep_served}
+        todo[url] = {"version": version, "from": rep_served, "switch": "warm" if version in rep_served else "load"}
     down = f"; {len(unreachable)} down: the pin brings them over when they return" if unreachable else ""
     every = len(replicas) + len(unreachable)
+    warm = sum(1 for t in todo.values() if t["switch"] == "warm")
+    how = f" (warm switch on {warm}: version {version} already loaded)" if warm else ""
     summary = (
-        f"pin {target.model} to version {version} on {len(todo)} of {every} replica(s): {why}{down}"
+        f"pin {target.model} to version {version} on {len(todo)} of {every} replica(s){how}: {why}{down}"
         if todo else f"{target.model} already serves only version {version} on every replica that answers{down}"
     )
     return Step(
@@ -169,7 +197,7 @@ def plan_rollback(
         target=target.key,
         summary=summary,
         before={"replicas": before, "unreachable": dict(unreachable)},
-        after={"version": version, "replicas": todo},
+        after={"version": version, "replicas": todo, **({"warm_ok": True} if warm_ok else {})},
         noop=not todo,
     )
 
@@ -179,6 +207,8 @@ def plan_rollback(
 # What a replica that is down or restarting answers (connection refused or reset, the server gone
 # mid-request, a timeout): retryable, and the replica is counted down, not as refusing.
 UNREACHABLE = (OSError, asyncio.TimeoutError, aiohttp.ClientError)
+# What a load that did not land raises: Triton's refusal, or the replica unreachable.
+LOAD_ERRORS = (InferenceServerException, *UNREACHABLE)
 
 
 def _client_url(base_url: str) -> tuple[str, bool]:
@@ -276,7 +306,8 @@ class TritonRollback:
         return TritonRollbackParams(to=version)
 
     def plan_pin(self, target: Target, params: TritonRollbackParams, observed: Mapping[str, Any]) -> PinCheck:
-        step = plan_rollback(target, params, observed)
+        # A warm version kept beside the pinned one (keepWarm) is no drift: the pinned one serves.
+        step = plan_rollback(target, params, observed, frozenset(observed.get("known_bad", ())), warm_ok=True)
         replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
         ready = sorted({v for r in replicas.values() for v in ready_versions(r["index"], target.model)})
         return PinCheck(step, tuple(ready), {u: r["from"] for u, r in step.after["replicas"].items()},
@@ -289,9 +320,15 @@ class TritonRollback:
         raises what the client raises (UNREACHABLE, InferenceServerException)."""
         versions = pinned_versions(config)
         loads = versions[0] if versions is not None and len(versions) == 1 else None
-        effect = Effect("triton.load", f"load {target.model} "
-                        + (f"version {loads}" if loads is not None else "with its previous version policy")
-                        + f" on {url}", target=target.key, loads=loads, timeout_seconds=timeout,
+        await self.load_versions(target, url, config, loads, f"load {target.model} "
+                                 + (f"version {loads}" if loads is not None else "with its previous version policy")
+                                 + f" on {url}", timeout)
+
+    async def load_versions(self, target: Target, url: str, config: Mapping[str, Any], loads: int | None,
+                            summary: str, timeout: float) -> None:
+        """Load `config` on one replica through the door, announcing `loads` (the version the load
+        makes served, checked against bad marks). Raises `Refused` and what the client raises."""
+        effect = Effect("triton.load", summary, target=target.key, loads=loads, timeout_seconds=timeout,
                         data={"replica": url, "model": target.model})
         await self._deps.actuator.write(effect, lambda: self._send_load(url, target.model, config, timeout))
 
@@ -304,7 +341,7 @@ class TritonRollback:
             await client.close()
 
     async def _move(self, target: Target, url: str, version: int, before: Mapping[str, Any] | None,
-                    timeout: float) -> tuple[str, str, Mapping[str, Any] | None]:
+                    timeout: float, warm_ok: bool = False) -> tuple[str, str, Mapping[str, Any] | None]:
         """Bring one replica onto `version`: (state, why, the config it served before the load). The
         state: "on" already there, "moved" loaded now, "down" unreachable, "refused" up and not on
         it, "fenced" the door refused the write (not the leader, frozen, a bad version...)."""
@@ -321,8 +358,8 @@ class TritonRollback:
             return "down", _describe(exc), None
         except InferenceServerException as exc:
             return "refused", _describe(exc), None
-        if ready_versions(rep["index"], model) == [version] and pinned_versions(rep["config"]) == [version]:
-            return "on", "already serves only it", None
+        if in_place(rep, model, version, warm_ok):
+            return "on", "already serves it pinned", None
         config = before["config"] if before is not None else rep["config"]
         try:
             # The door asks leadership, freezes and bad marks, and waits out a takeover's fence.
@@ -349,8 +386,9 @@ class TritonRollback:
         version = int(step.after["version"])
         urls = every_replica(step)
         befores: Mapping[str, Mapping[str, Any]] = step.before.get("replicas", {})
+        warm_ok = bool(step.after.get("warm_ok"))
         results = await asyncio.gather(*(self._move(target, u, version, befores.get(u),
-                                                    params.load_timeout_seconds) for u in urls))
+                                                    params.load_timeout_seconds, warm_ok) for u in urls))
         by: dict[str, dict[str, str]] = {}
         prior: dict[str, Mapping[str, Any]] = {}  # what each replica moved now served before
         for url, (state, why, config) in zip(urls, results):
@@ -411,7 +449,7 @@ class TritonRollback:
                 problems[url] = _describe(exc)
                 continue
             served = ready_versions(rep["index"], target.model)
-            if served != [version]:
+            if served != [version] and not (step.after.get("warm_ok") and is_warm_set(served, version)):
                 problems[url] = f"serves versions {served}, expected only {version}"
             else:
                 on.append(url)

@@ -50,6 +50,7 @@ from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.timestamps import iso_utc
 from daemon.storage.effects import DONE, REFUSED
 from daemon.workers.door import PINS, acting
+from daemon.workers.warm import WarmKeeper
 from daemon.workers.state import ExecutorState
 from daemon.storage.journal import Journal
 from daemon.common.lifecycle import wait_or_stop
@@ -118,6 +119,8 @@ class PinReconciler:
         self._wake = asyncio.Event()
         self.passes = 0  # full periodic passes run (tests, the benchmark)
         self.next_pass_at = 0.0  # when (monotonic) the next full pass runs
+        # Rides the same passes: a deploy or a pod that appears later gets its warm version (keepWarm).
+        self.warm = WarmKeeper(journal, state, deps, metrics, may_act, lock_for, actions=actions)
 
     def follow(self, target_keys: Iterable[str]) -> None:
         """Look at these targets' pins now, before the next full pass (a replica became ready)."""
@@ -157,6 +160,11 @@ class PinReconciler:
             # A replica not read, or a check or load that failed: looked at again soon, not a pass later.
             if outcome.data.get("unreachable") or outcome.status is OutcomeStatus.FAILED:
                 self._retry[key] = time.monotonic() + UNREACHABLE_RETRY_SECONDS
+        try:
+            await self.warm.once(only)
+        except Exception:  # a failed warm pass is retried on the next pass; pins are not held up
+            self._metrics.faults.labels("warm").inc()
+            log.exception("warm pass failed")
 
     async def reconcile_once(self, only: set[str] | None = None) -> dict[str, Outcome]:
         """One pass over every pin (or only those of the target keys in `only`); returns the

@@ -48,7 +48,8 @@ def test_plan_pin_is_the_rollback_to_the_pinned_version_and_what_the_replicas_se
                 "unreachable": {"http://c:8000": "refused"}}
     check = action.plan_pin(TARGET, params, observed)
     assert isinstance(check, PinCheck) and not check.step.noop
-    assert check.step.after == {"version": 1, "replicas": {"http://b:8000": {"version": 1, "from": [3]}}}
+    assert check.step.after == {"version": 1, "replicas": {"http://b:8000": {"version": 1, "from": [3], "switch": "load"}},
+                                "warm_ok": True}
     assert (check.ready_versions, check.drifted, check.replicas) == ((1, 3), {"http://b:8000": [3]}, 2)
     assert check.unreachable == {"http://c:8000": "refused"}
     held = action.plan_pin(TARGET, params, {"replicas": {"http://a:8000": _replica([1], [1])}})

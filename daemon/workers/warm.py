@@ -1,0 +1,111 @@
+"""The warm keeper: the previous good version loaded beside the served one, where a policy asks.
+
+A policy whose `triton.rollback` says `keepWarm: previous` wants its rollback to be a switch, not a
+load (actions/triton_warm.py). After every deploy the served version changes and a pod that starts
+later loads only the newest version, so the pin reconciler's passes (every `interval_seconds`, and at
+once for targets whose replica turned ready) call `once` too: every replica of such a target that
+lacks its warm version gets it, one load per replica through the door as writer "warm" (a freeze,
+a lost Lease or a bad mark on the warm version refuses it).
+
+A target with a live pin is not warmed: it is held on its known-good version after a rollback, and
+a version kept warm below that one would let a repeated rollback walk further into the past (the
+rollback's "already pinned" rule reads a single pinned version).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Mapping
+
+import structlog
+
+from actions.base import Action, ActionDeps, Effect
+from actions.triton import KIND, TritonRollback, TritonRollbackParams
+from actions.triton_warm import keep_warm, warm_params
+from core.outcome import Outcome
+from core.target import Target
+from daemon.common.metrics import Metrics
+from daemon.storage.journal import Journal
+from daemon.workers.door import acting
+from daemon.workers.state import ExecutorState
+
+log = structlog.get_logger("tailguard.warm")
+
+ACTION = "warm.keep"
+WARM = "warm"  # the writer the door journals
+
+
+class WarmKeeper:
+    """Keeps the warm version of every `keepWarm: previous` target loaded (see the module doc).
+
+    Args:
+        journal: Live pins (a pinned target is not warmed).
+        state: The active policy set and the settings file's freeze.
+        deps: Shared clients and the door.
+        metrics: `tailguard_actions_total{action="warm.keep"}` counts results.
+        may_act: False on a replica that is not the leader.
+        lock_for: The per-target lock the executor and the pin reconciler take.
+        actions: The action registry (its `triton.rollback`).
+    """
+
+    def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
+                 may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock], *,
+                 actions: Mapping[str, type[Action]]) -> None:
+        self._journal = journal
+        self._state = state
+        self._deps = deps
+        self._metrics = metrics
+        self._may_act = may_act
+        self._lock_for = lock_for
+        cls = actions.get(KIND)
+        self._rollback = cls(deps) if cls is not None and issubclass(cls, TritonRollback) else None
+        self._failed: dict[str, dict[str, int]] = {}  # target -> replica -> warm version whose load failed
+        self._refused: dict[str, str] = {}  # target -> the refusal logged last (logged once while it holds)
+
+    async def once(self, only: set[str] | None = None) -> dict[str, Outcome]:
+        """One pass over the targets that ask for warmth (or those in `only`); the outcome per target."""
+        if self._rollback is None or not self._may_act() or self._state.frozen:
+            return {}
+        wanted = [(policy, params) for policy in self._state.policies.policies if policy.spec.enabled
+                  for bound in policy.actions if (params := warm_params(bound.params)) is not None]
+        if not wanted:
+            return {}
+        pinned = {pin["target"] for pin in await self._journal.pins.live.in_thread()}
+        results: dict[str, Outcome] = {}
+        for policy, params in wanted:
+            target = policy.target
+            key = target.key
+            if key in results or (only is not None and key not in only) or key in pinned:
+                continue
+            if target.triton_service is None and not target.triton_endpoints:
+                continue
+            async with self._lock_for(key):
+                with structlog.contextvars.bound_contextvars(target=key), acting(WARM, key):
+                    outcome = await self._one(target, params)
+            results[key] = outcome
+            self._metrics.actions.labels(ACTION, outcome.status.value).inc()
+        return results
+
+    async def _one(self, target: Target, params: TritonRollbackParams) -> Outcome:
+        assert self._rollback is not None  # once() returns before without one
+        key = target.key
+        # Asked before reading the replicas: a freeze that holds pass after pass is logged once, not
+        # journaled as a refused write every pass (the door journals a write it refuses).
+        refused = await self._deps.actuator.ask(Effect("triton.load", f"keep {target.model} warm", target=key))
+        if refused is not None:
+            if self._refused.get(key) != refused.reason:
+                log.info("warm version not loaded: refused", check=refused.check, reason=refused.reason)
+                self._refused[key] = refused.reason
+            return Outcome.skipped(f"not warmed: {refused}", refused=refused.check)
+        self._refused.pop(key, None)
+        try:
+            outcome = await keep_warm(self._rollback, target, params, self._failed.setdefault(key, {}))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one target's failure never stops another's warmth
+            self._metrics.faults.labels("warm").inc()
+            log.warning("keeping the previous version warm failed", error=str(exc))
+            return Outcome.failure(f"{type(exc).__name__}: {exc}", retryable=True)
+        if outcome.status.value in ("ok", "failed"):
+            log.info("warm version loaded" if outcome.ok else "warm version not loaded", message=outcome.message,
+                     **{k: v for k, v in outcome.data.items() if k in ("warmed", "errors")})
+        return outcome
