@@ -192,3 +192,11 @@ def test_live_prometheus_steps_count_at_40_rps() -> None:
     assert STORE.wait()
     d = det.detect(lat, float(lat.timestamps[-1]), req)
     assert not d.fired and "requests (counted per step)" in d.reason
+
+
+def test_live_a_deploy_broken_from_its_first_request_is_found() -> None:
+    """1% at 900 ms from a version's first request (the real-stack test's bad deploy), no history:
+    counted from its 11th second, found within 90 s (19-61 s over seeds 11-22)."""
+    lat, req = triton(120, Fault(0.01, 900.0), onset=0, seed=11)
+    at = first_fire(lat, req, 0)
+    assert at is not None and at <= 90
