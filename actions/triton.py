@@ -46,7 +46,7 @@ class TritonRollbackParams(ActionParams):
     require_attribution: bool = Field(False, alias="requireAttribution")
     # "previous": keep the newest good version below the served one loaded beside it (`specific
     # [N-1, N]`: unversioned requests still go to N), so the rollback is a config update of a version
-    # already loaded, not a load (actions/triton_warm.py; docs/operations.md "The switch").
+    # already loaded, not a load (actions/triton_warm.py; docs/stack-facts.md "The switch").
     keep_warm: Literal["none", "previous"] = Field("none", alias="keepWarm")
 
 

@@ -3,7 +3,7 @@
 On Triton 2.51 a load whose `specific` version policy names a version that is already loaded, from
 a folder unchanged since, is a config update of that version: no new backend instances, done in
 milliseconds; versions the policy leaves out are released after it, their requests in flight
-finishing (bench/bench_switch.py; docs/operations.md "The switch"). So with the previous good
+finishing (bench/bench_switch.py; docs/stack-facts.md "The switch"). So with the previous good
 version loaded beside the served one (`specific [P, N]`: unversioned requests go to the highest,
 N), the rollback's own load (`specific [P]`) is a switch, not a load; without it the same load is
 today's full load of P, the fallback.
