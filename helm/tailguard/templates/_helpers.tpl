@@ -204,6 +204,10 @@ leaderElection:
   renewDeadlineSeconds: {{ .Values.leaderElection.renewDeadlineSeconds }}
   retryPeriodSeconds: {{ .Values.leaderElection.retryPeriodSeconds }}
   stateConfigMap: {{ include "tailguard.stateConfigMap" . | quote }}
+{{- if gt (int .Values.sharding.shards) 1 }}
+sharding:
+  shards: {{ .Values.sharding.shards }}
+{{- end }}
 {{- /* toJson: numbers as plain decimals (the default printing gives 1e+06), null as null (off) */}}
 executor:
   maxSignalAgeSeconds: {{ .Values.executor.maxSignalAgeSeconds | toJson }}

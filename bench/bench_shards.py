@@ -1,0 +1,118 @@
+"""Sharding (#45): how the shard assignment moves and balances, and what a replica's poll cycle
+costs when it polls only its shards' targets.
+
+Part 1 (pure, seconds): daemon/cluster/shard_assignment.py over 16 to 1,000 shards and 2 to 8
+replicas: shards moved when a replica joins or leaves against the ideal 1/N, and the most shards one
+replica holds against its fair share ceil(shards/replicas), for plain rendezvous hashing and for the
+bounded-load variant the shard manager uses; then the targets (models) a replica leads, at 1,000
+models hashed to 64 shards.
+
+Part 2 (`--poll`, about 2 CPU-minutes): the real poll cycle of bench/bench_poll_cycle.py (its Poller, its
+SQLite journal, its loopback Prometheus in a subprocess) run once per replica count in this run, on
+the series the busiest replica polls: 10,000 series over 200 models (50 series each), hashed to 64
+shards, assigned by bounded-load rendezvous; the busiest replica polls its models' series through
+queries narrowed to them (one model's query per policy, as `$model` scopes it). Its steady and first
+cycles' CPU (process_time, best of 2) against one leader polling all 10,000 in the same run.
+What this does not measure: a fleet-wide query that cannot be narrowed (every replica would fetch and
+parse it whole; only detection and journaling split), and the Lease traffic (one list and about
+shards/replicas writes per retry period).
+
+Run: python bench/bench_shards.py [--poll] [--series 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(os.environ.get("TAILGUARD_SRC", Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(SRC))
+
+from daemon.cluster.shard_assignment import assign, assign_bounded, fair_share, moved, shard_of  # noqa: E402
+
+REPLICAS = (2, 3, 4, 8)
+SHARD_COUNTS = (16, 64, 256, 1_000)
+MODELS, SERIES_PER_MODEL_AT_10K, POLL_SHARDS = 200, 50, 64
+
+
+def _names(n: int) -> list[str]:
+    return [f"tailguard-{i}" for i in range(n)]
+
+
+def _loads(assignment: dict[int, str], n: int) -> list[int]:
+    return [sum(1 for owner in assignment.values() if owner == r) for r in _names(n)]
+
+
+def movement_and_balance() -> None:
+    print("| shards | replicas | join: moved (ideal S/(N+1)) | leave: moved (ideal S/N) | most held / fair share "
+          "| bounded: join moved | bounded: leave moved | bounded: most held |")
+    print("|---|---|---|---|---|---|---|---|")
+    for shards in SHARD_COUNTS:
+        for n in REPLICAS:
+            row = [f"{shards:,}", str(n)]
+            for fn in (assign, assign_bounded):
+                before = fn(shards, _names(n))
+                joined = moved(before, fn(shards, _names(n + 1)))
+                left = moved(before, fn(shards, _names(n)[1:]))
+                most = max(_loads(before, n))
+                if fn is assign:
+                    row += [f"{joined} ({shards / (n + 1):.1f})", f"{left} ({shards / n:.1f})",
+                            f"{most} / {fair_share(shards, n)}"]
+                else:
+                    row += [str(joined), str(left), str(most)]
+            print("| " + " | ".join(row) + " |")
+    print()
+    models = [f"serving/model-{i:03d}" for i in range(1_000)]
+    print("1,000 models hashed to 64 shards (bounded-load assignment): models led by each replica")
+    for n in REPLICAS:
+        owners = assign_bounded(64, _names(n))
+        per = [sum(1 for m in models if owners[shard_of(m, 64)] == r) for r in _names(n)]
+        print(f"  {n} replicas: {per} (ideal {1_000 / n:.0f}; busiest {max(per) / (1_000 / n):.2f}x)")
+    print()
+
+
+def busiest_series(n: int, series: int) -> int:
+    """The series the busiest of `n` replicas polls: MODELS models of series/MODELS series each."""
+    owners = assign_bounded(POLL_SHARDS, _names(n))
+    models = [f"default/model-{i:03d}" for i in range(MODELS)]
+    per = [sum(1 for m in models if owners[shard_of(m, POLL_SHARDS)] == r) for r in _names(n)]
+    return max(per) * (series // MODELS)
+
+
+def poll_cycles(series: int) -> None:
+    """bench_poll_cycle.py once per replica count, in this run, on the busiest replica's series."""
+    results: dict[int, tuple[int, float, float]] = {}
+    for n in (1, 2, 4):
+        mine = series if n == 1 else busiest_series(n, series)
+        cmd = [sys.executable, str(SRC / "bench" / "bench_poll_cycle.py"), "--quick", "--series", str(mine)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=SRC).stdout
+        first = float(re.search(r"^first cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
+        steady = float(re.search(r"^steady cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
+        results[n] = (mine, first, steady)
+        print(f"  {n} replica(s): busiest polls {mine:,} series: first {first:.3f} CPU-s, steady {steady:.3f} CPU-s",
+              flush=True)
+    one = results[1]
+    print("\n| replicas | series on the busiest replica | first cycle CPU-s | steady cycle CPU-s | steady x one leader |")
+    print("|---|---|---|---|---|")
+    for n, (mine, first, steady) in results.items():
+        print(f"| {n} | {mine:,} | {first:.3f} | {steady:.3f} | {steady / one[2]:.2f}x |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--poll", action="store_true", help="also the poll cycle per replica (~2 CPU-minutes)")
+    parser.add_argument("--series", type=int, default=10_000, help="series of the whole fleet (default 10,000)")
+    args = parser.parse_args()
+    print(f"$ python bench/bench_shards.py{' --poll' if args.poll else ''}"
+          f"{'' if args.series == 10_000 else f' --series {args.series}'}\n")
+    movement_and_balance()
+    if args.poll:
+        print(f"poll cycle per replica: {args.series:,} series over {MODELS} models, {POLL_SHARDS} shards")
+        poll_cycles(args.series)
+
+
+if __name__ == "__main__":
+    main()
