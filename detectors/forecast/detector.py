@@ -11,6 +11,7 @@ from core.detection import Detection, threshold_or_baseline
 from core.query import Series
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.forecast.arrays import History
+from detectors.forecast.attribution import attribute
 from detectors.forecast.breach import Episodes
 from detectors.forecast.calibration import MIN_PATHS, level_points
 from detectors.forecast.history_memo import CycleHistories
@@ -56,6 +57,12 @@ class ForecastBreachDetector:
     def lookback_seconds(self) -> float:
         return self.params.lookback_seconds
 
+    @property
+    def JUDGES_TOGETHER(self) -> bool:  # noqa: N802 (the attribute detectors.base.judges_together reads)
+        """With a `cause`, a version's firing depends on its previous version's series in the same
+        answer: the poller hands the whole answer to `detect_many`."""
+        return self.params.cause != "any"
+
     async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
                       companions: Sequence[Series | None] | None = None) -> None:
         """The only place heavy work starts, always through offload: Holt refits the due series'
@@ -67,16 +74,24 @@ class ForecastBreachDetector:
         """Decide on one series; a companion is its request rate, which Holt reads for a capacity
         knee (detectors/forecast/load_knee.py). Never raises for bad data: returns fired=False with a
         reason."""
-        try:
-            return self._detect(series, now, companion)
-        except Exception as exc:  # odd data or a bug here must not stop the poller
-            return self._quiet(f"forecast failed: {type(exc).__name__}: {exc}")
+        p = self.params  # alone: no previous version to compare with
+        return attribute([self._detect_safe(series, now, companion)], [series.labels], p.cause, p.version_label,
+                         p.direction)[0]
 
     def detect_many(
         self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None = None
     ) -> list[Detection]:
-        """One `detect` per series: the fits that batch well already ran in `prepare`."""
-        return detect_each(self.detect, series, now, companions)
+        """One `detect` per series (the fits that batch well already ran in `prepare`), then each
+        firing attributed to its version or to the load (detectors/forecast/attribution.py)."""
+        found = detect_each(self._detect_safe, series, now, companions)
+        p = self.params
+        return attribute(found, [s.labels for s in series], p.cause, p.version_label, p.direction)
+
+    def _detect_safe(self, series: Series, now: float, companion: Series | None) -> Detection:
+        try:
+            return self._detect(series, now, companion)
+        except Exception as exc:  # odd data or a bug here must not stop the poller
+            return self._quiet(f"forecast failed: {type(exc).__name__}: {exc}")
 
     def _load(self, companion: Series | None, now: float) -> History | None:
         """The request rate's history beside a series, or None (none, or unreadable: the latency is

@@ -42,6 +42,13 @@ class ForecastBreachParams(DetectorParams):
     over (``histogram_quantile(0.999, rate(..._bucket[5m]))``); a shorter one makes a noisy level
     that hovers under the line a breach the forecast must predict. At a step longer than the window
     it is the value."""
+    cause: Literal["any", "version", "load"] = "any"
+    """Which rises fire (detectors/forecast/attribution.py): "version" only a rise attributed to the
+    served version (per-version series; not explained by the request rate; the previous version does
+    not show it): a rollback's case; "load" only a rise the request rate explains (the capacity
+    knee, needs companionQuery): a scale-out's case; "any" both, unattributed."""
+    version_label: str = Field("version", min_length=1)
+    """The series label that names the model version (Triton's metrics: `version`)."""
     errors: Literal["relative", "absolute"] = "relative"
     """How past forecast errors carry over to now: as a share of the level (latency's noise grows
     with it), or in the series' unit."""
@@ -96,6 +103,9 @@ class ForecastBreachParams(DetectorParams):
         """A companion query is the request rate beside the latency (the capacity knee): Holt reads
         it, for a latency that breaches upwards."""
         if companion_query is None:
+            if self.cause == "load":
+                return ("forecast_breach: cause: load fires on a capacity knee, which needs companionQuery "
+                        "(the request rate beside the latency)")
             return None
         if self.model != "holt":
             return ("forecast_breach: companionQuery (the request rate beside the latency, for a capacity "

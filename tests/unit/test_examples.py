@@ -20,8 +20,9 @@ def _yaml_blocks(path: Path) -> list[str]:
 def test_example_policy_directory_loads():
     """examples/policies validates (the demo and README point at it)."""
     policies = load_policies(REPO / "examples" / "policies", action_registry(), detector_registry())
-    assert sorted(p.name for p in policies.policies) == ["ranker-canary", "ranker-forecast", "ranker-retune",
-                                                         "ranker-tail", "ranker-tail-histogram", "ranker-tail-istio"]
+    assert sorted(p.name for p in policies.policies) == ["ranker-canary", "ranker-capacity", "ranker-forecast",
+                                                         "ranker-retune", "ranker-tail", "ranker-tail-histogram",
+                                                         "ranker-tail-istio"]
 
 
 def test_canary_example_policy_is_the_recommended_shape():
