@@ -17,7 +17,6 @@ apply re-reads each replica before it loads, so one already on the version is no
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 from typing import Any, ClassVar, Literal, Mapping
 from urllib.parse import urlsplit
@@ -27,6 +26,8 @@ from pydantic import Field
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from actions._triton_versions import (in_place, is_warm_set, listed_versions, pinned_config, pinned_versions,
+                                      ready_versions)
 from actions.base import ActionDeps, ActionParams, Effect, PinCheck, Refused, Replicas, Step
 from core.outcome import ActionError, Declined, Outcome, PermanentError
 from core.signal import Signal, SignalSource
@@ -51,30 +52,6 @@ class TritonRollbackParams(ActionParams):
 
 
 # ---- pure decisions -------------------------------------------------------------------------
-
-
-def ready_versions(index: list[Mapping[str, Any]], model: str) -> list[int]:
-    """Versions of `model` that the repository index reports READY, ascending."""
-    return sorted(
-        int(e["version"]) for e in index
-        if e.get("name") == model and e.get("state") == "READY" and str(e.get("version", "")).isdigit()
-    )
-
-
-def listed_versions(index: list[Mapping[str, Any]], model: str) -> list[int]:
-    """Every version of `model` the index knows about (loaded or unloaded), ascending."""
-    return sorted({
-        int(e["version"]) for e in index
-        if e.get("name") == model and str(e.get("version", "")).isdigit()
-    })
-
-
-def pinned_versions(config: Mapping[str, Any]) -> list[int] | None:
-    """The versions a `specific` version policy pins, or None for latest/all policies."""
-    specific = (config.get("version_policy") or {}).get("specific")
-    if specific is None:
-        return None
-    return sorted(int(v) for v in specific.get("versions", []))
 
 
 def choose_version(
@@ -108,29 +85,6 @@ def choose_version(
     if guess is not None:
         return guess, f"version {guess} assumed to precede served version {bad}{skipping}"
     return None, f"served version {bad} has no earlier good version{skipping}"
-
-
-def pinned_config(config: Mapping[str, Any], version: int | list[int]) -> dict[str, Any]:
-    """A copy of `config` with its version policy pinned to `version` (or to several versions)."""
-    out = copy.deepcopy(dict(config))
-    out["version_policy"] = {"specific": {"versions": sorted(version) if isinstance(version, list) else [version]}}
-    return out
-
-
-def is_warm_set(served: list[int], version: int, known_bad: frozenset[int] = frozenset()) -> bool:
-    """Whether `served` is `version` with one older good version kept warm beside it (`[W, version]`):
-    unversioned requests go to the highest, `version`, so a pin to it holds (keepWarm)."""
-    return len(served) == 2 and served[1] == version and served[0] < version and served[0] not in known_bad
-
-
-def in_place(rep: Mapping[str, Any], model: str, version: int, warm_ok: bool,
-             known_bad: frozenset[int] = frozenset()) -> bool:
-    """Whether a replica read (index and config) serves `version` pinned: alone, or (`warm_ok`) with
-    a warm version beside it and its config pinned to exactly those two."""
-    served, pinned = ready_versions(rep["index"], model), pinned_versions(rep["config"])
-    if served == [version] and pinned == [version]:
-        return True
-    return warm_ok and is_warm_set(served, version, known_bad) and pinned == served
 
 
 def attribution_refusal(params: TritonRollbackParams, served: list[int],
@@ -386,9 +340,11 @@ class TritonRollback:
         version = int(step.after["version"])
         urls = every_replica(step)
         befores: Mapping[str, Mapping[str, Any]] = step.before.get("replicas", {})
+        # A warm set is in place only where the plan found it so (a replica it planned to move moves).
         warm_ok = bool(step.after.get("warm_ok"))
-        results = await asyncio.gather(*(self._move(target, u, version, befores.get(u),
-                                                    params.load_timeout_seconds, warm_ok) for u in urls))
+        planned = step.after.get("replicas", {})
+        results = await asyncio.gather(*(self._move(target, u, version, befores.get(u), params.load_timeout_seconds,
+                                                    warm_ok and u not in planned) for u in urls))
         by: dict[str, dict[str, str]] = {}
         prior: dict[str, Mapping[str, Any]] = {}  # what each replica moved now served before
         for url, (state, why, config) in zip(urls, results):

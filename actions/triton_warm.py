@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from actions.base import Refused
-from actions.triton import (LOAD_ERRORS, TritonRollback, TritonRollbackParams, _describe, choose_version,
-                            listed_versions, pinned_config, ready_versions)
+from actions._triton_versions import listed_versions, pinned_config, ready_versions
+from actions.triton import LOAD_ERRORS, TritonRollback, TritonRollbackParams, _describe, choose_version
 from core.outcome import Outcome
 from core.target import Target
 

@@ -14,7 +14,8 @@ from typing import Any, AsyncIterator, Mapping
 import pytest
 
 from actions.base import ActionDeps
-from actions.triton import TritonRollback, TritonRollbackParams, is_warm_set, plan_rollback
+from actions._triton_versions import is_warm_set
+from actions.triton import TritonRollback, TritonRollbackParams, plan_rollback
 from actions.triton_warm import plan_warm, warm_version
 from core.signal import Signal, SignalSource
 from core.target import Target
@@ -228,3 +229,19 @@ async def test_a_warm_load_that_fails_leaves_the_replica_serving_and_is_not_retr
     assert again.status.value == "noop" and tries == [URLS[0], URLS[1]]
     failed = [e for e in world.effects() if e["status"] == "failed"]
     assert len(failed) == 1 and "not found" in failed[0]["message"]
+
+
+async def test_the_pin_reconciler_moves_a_drifted_replica_and_leaves_a_warm_set_in_place(world: World) -> None:
+    """Pinned to 2: a replica serving 2 with 1 warm beside it is in sync; a pod that started later on
+    3 is re-pinned to 2 alone; the warm replica is not loaded again (no tug of war with the keeper)."""
+    a, b = URLS
+    for rep in world.triton.replicas.values():
+        rep.repository = (1, 2, 3)
+    world.triton.replicas[a].served, world.triton.replicas[a].policy = [1, 2], {"specific": {"versions": [1, 2]}}
+    world.triton.replicas[b].served = [3]
+    world.journal.pins.record(KEY, MODEL, 2, policy="rollback")
+    out = (await world.pins.reconcile_once())[KEY]
+    assert out.ok and out.data["drifted"] == {b: [3]}, out.message
+    assert world.triton.served() == {a: [1, 2], b: [2]}
+    assert [(load.url, load.versions) for load in world.triton.loads] == [(b, (2,))]
+    assert (await world.pins.reconcile_once())[KEY].status.value == "noop"

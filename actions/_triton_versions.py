@@ -1,0 +1,55 @@
+"""What a Triton replica serves and pins, read from its repository index and model config. Pure.
+
+Shared by `triton.rollback` (actions/triton.py) and its warm version (actions/triton_warm.py).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+
+def ready_versions(index: list[Mapping[str, Any]], model: str) -> list[int]:
+    """Versions of `model` that the repository index reports READY, ascending."""
+    return sorted(
+        int(e["version"]) for e in index
+        if e.get("name") == model and e.get("state") == "READY" and str(e.get("version", "")).isdigit()
+    )
+
+
+def listed_versions(index: list[Mapping[str, Any]], model: str) -> list[int]:
+    """Every version of `model` the index knows about (loaded or unloaded), ascending."""
+    return sorted({
+        int(e["version"]) for e in index
+        if e.get("name") == model and str(e.get("version", "")).isdigit()
+    })
+
+
+def pinned_versions(config: Mapping[str, Any]) -> list[int] | None:
+    """The versions a `specific` version policy pins, or None for latest/all policies."""
+    specific = (config.get("version_policy") or {}).get("specific")
+    if specific is None:
+        return None
+    return sorted(int(v) for v in specific.get("versions", []))
+
+
+def pinned_config(config: Mapping[str, Any], version: int | list[int]) -> dict[str, Any]:
+    """A copy of `config` with its version policy pinned to `version` (or to several versions)."""
+    out = copy.deepcopy(dict(config))
+    out["version_policy"] = {"specific": {"versions": sorted(version) if isinstance(version, list) else [version]}}
+    return out
+
+
+def is_warm_set(served: list[int], version: int, known_bad: frozenset[int] = frozenset()) -> bool:
+    """Whether `served` is `version` with one older good version kept warm beside it (`[W, version]`):
+    unversioned requests go to the highest, `version`, so a pin to it holds (keepWarm)."""
+    return len(served) == 2 and served[1] == version and served[0] < version and served[0] not in known_bad
+
+
+def in_place(rep: Mapping[str, Any], model: str, version: int, warm_ok: bool,
+             known_bad: frozenset[int] = frozenset()) -> bool:
+    """Whether a replica read (index and config) serves `version` pinned: alone, or (`warm_ok`) with
+    a warm version beside it and its config pinned to exactly those two."""
+    served, pinned = ready_versions(rep["index"], model), pinned_versions(rep["config"])
+    if served == [version] and pinned == [version]:
+        return True
+    return warm_ok and is_warm_set(served, version, known_bad) and pinned == served
