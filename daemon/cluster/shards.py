@@ -69,18 +69,22 @@ class ShardManager:
         take_term: Takes the shard's term in the journal right after its Lease was taken; False (the
             journal failed, or refused the shard count) hands the Lease back.
         on_change: Called with the shards this replica leads whenever that set changes.
+        stale_terms: Of the shards led, those whose journal term is no longer this replica's (a single
+            leader of the previous release took a term since, or the term was replaced while this
+            replica kept the Lease): their terms are taken anew, each round. None: not asked.
         wall, monotonic: Unix time for the Leases' stamps; local time for expiry and deadlines.
     """
 
     def __init__(self, api: ApiClient, election: LeaderElectionSettings, sharding: ShardingSettings, identity: str,
                  take_term: Callable[[int], Awaitable[bool]], on_change: Callable[[frozenset[int]], None] = lambda _: None,
-                 *, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 *, stale_terms: Callable[[frozenset[int]], Awaitable[frozenset[int]]] | None = None,
+                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._api = CoordinationV1Api(api)
         self.election = election
         self.shards = sharding.shards
         self.prefix = sharding.lease_prefix or election.lease_name
         self.identity = identity
-        self._take_term, self._on_change = take_term, on_change
+        self._take_term, self._on_change, self._stale_terms = take_term, on_change, stale_terms
         self._wall, self._monotonic = wall, monotonic
         self._seen: dict[str, _Seen] = {}
         self._renewed: dict[int, float] = {}  # shard -> when its last successful write was sent (monotonic)
@@ -212,6 +216,11 @@ class ShardManager:
     async def _take_terms(self) -> None:
         """A shard whose Lease this replica holds but whose term it has not taken: take it now
         (right after the takeover, or retried after the journal failed)."""
+        if self._stale_terms is not None and self._termed:
+            stale = await self._stale_terms(frozenset(self._termed))
+            if stale:
+                log.warning("shard terms no longer current; taking them anew", shards=sorted(stale))
+                self._termed -= stale
         for s in sorted(self._renewed):
             if s in self._termed or self._deadline_left(s) <= 0:
                 continue

@@ -84,6 +84,16 @@ class ShardTerms:
         return {int(r["shard"]): Term(int(r["term"]), str(r["holder"]), float(r["since"])) for r in rows}
 
     @blocking
+    def stale(self, shards: frozenset[int]) -> frozenset[int]:
+        """Of `shards`, those whose term this process took is no longer current: the shard's term was
+        replaced, or a single leader took the journal out of the sharded regime (then all of them)."""
+        regime = self._core._read("SELECT holder FROM leadership WHERE id=1")
+        if not regime or regime[0]["holder"] != SHARDED:
+            return frozenset(shards)
+        now = {int(r["shard"]): int(r["term"]) for r in self._core._read("SELECT shard, term FROM shard_terms")}
+        return frozenset(s for s in shards if (held := self._held.get(s)) is None or now.get(s) != held.term)
+
+    @blocking
     def sharded(self) -> bool:
         """Whether shard terms fence the writes now (no single leader took a term since)."""
         rows = self._core._read("SELECT holder FROM leadership WHERE id=1")

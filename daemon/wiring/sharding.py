@@ -49,8 +49,15 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
         log.info("shard term taken", shard=shard, term=term.term)
         return True
 
+    async def stale_terms(led: frozenset[int]) -> frozenset[int]:
+        try:
+            return await journal.shard_terms.stale.in_thread(led)
+        except JournalError as exc:  # looked at again next round; the door's own check still holds
+            log.warning("could not read the shard terms", error=str(exc))
+            return frozenset()
+
     manager = ShardManager(kube, settings.leader_election, settings.sharding, identity, take_term, led_changed,
-                           wall=wall)
+                           stale_terms=stale_terms, wall=wall)
     if isinstance(actuator, Door):
         actuator.shards = manager
     executor.owns = manager.owns

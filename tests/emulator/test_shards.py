@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from core.decision import DecisionState
 from daemon.cluster.shard_assignment import assign_bounded, fair_share, moved
 from daemon.cluster.shards import SHARDS_LABEL, ShardManager
 from daemon.common.config import LeaderElectionSettings, ShardingSettings
-from daemon.storage.errors import JournalError
+from daemon.storage.errors import JournalError, JournalFenced
 from daemon.storage.journal import Journal
 from lab.kube.emulator import KubeEmulator
 from tests.support.helpers import wait_for
@@ -42,7 +43,11 @@ class Replica:
                 return False
             return True
 
-        self.manager = ShardManager(self.api, ELECTION, ShardingSettings(shards=shards), name, take_term)
+        async def stale_terms(led: frozenset[int]) -> frozenset[int]:
+            return await self.journal.shard_terms.stale.in_thread(led)
+
+        self.manager = ShardManager(self.api, ELECTION, ShardingSettings(shards=shards), name, take_term,
+                                    stale_terms=stale_terms)
         self.stop = asyncio.Event()
         self.task = asyncio.create_task(self.manager.run(self.stop), name=f"shards-{name}")
 
@@ -158,3 +163,34 @@ async def test_a_replica_with_another_shard_count_leads_nothing(kube_emulator: K
         if other is not None:
             await other.close()
         await first.close()
+
+
+@pytest.mark.slow
+async def test_terms_are_taken_anew_after_a_single_leader_of_the_old_release_took_one(
+        kube_emulator: KubeEmulator, tmp_path: Path) -> None:  # noqa: F811
+    """A mixed rollout: an old-release leader takes the single term (it re-acquired its Lease); a
+    sharded replica sees its shard terms are stale and takes them anew within a round, which brings the
+    sharded regime back and fences the old leader again."""
+    replicas = [Replica(kube_emulator, tmp_path / "j.db", f"tailguard-{i}") for i in range(2)]
+    old = Journal(tmp_path / "j.db")
+    try:
+        await wait_for(lambda: _settled(replicas), timeout=10)
+        before = old.shard_terms.current()
+        old_term = old.terms.take("old-leader", lease_transitions=3)
+        assert not old.shard_terms.sharded()
+        # The first replica to look takes its terms anew, which brings the sharded regime back; the
+        # other's terms are then current again (nobody else took its shards).
+        await wait_for(old.shard_terms.sharded, timeout=3)
+        after = old.shard_terms.current()
+        assert {s: t.holder for s, t in after.items()} == {s: t.holder for s, t in before.items()}
+        assert any(after[s].term > before[s].term for s in range(SHARDS))
+        for r in replicas:
+            assert r.journal.shard_terms.stale(r.led) == frozenset()
+        regime = old.terms.current()
+        assert regime is not None and regime.term > old_term.term  # the old leader's term is superseded
+        with pytest.raises(JournalFenced):
+            old.decisions.record(1, "p", "default/m", DecisionState.EXECUTING, "", {}, executed=True)
+    finally:
+        old.close()
+        for r in replicas:
+            await r.close()

@@ -129,7 +129,11 @@ async def test_mixed_rollout_old_single_leader_and_sharded_replica(open_journal:
     with pytest.raises(ShardFenced):
         new.shard_terms.check(SHARD)  # outside a door: the same check, raised as is
     assert await _write(old_door) == "sent"
+    other = (SHARD + 1) % SHARDS
+    assert new.shard_terms.stale(frozenset({SHARD, other})) == {SHARD, other}  # what the shard manager asks
     new.shard_terms.take(SHARD, SHARDS, "new-0")  # the shard manager re-takes: old is fenced again
+    assert new.shard_terms.stale(frozenset({SHARD})) == frozenset()
+    assert new.shard_terms.stale(frozenset({other})) == {other}  # never taken by this process
     assert await _write(new_door) == "sent"
     with pytest.raises(Refused):
         await _write(old_door)
