@@ -23,7 +23,7 @@ from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.workers.door import EXECUTOR, REVERT, acting
 from daemon.workers.state import ExecutorState
-from lab.kube.emulator import KubeEmulator
+from lab.kube.emulator import InvalidObject, KubeEmulator
 from lab.kube.schemas import object_errors
 from policies.loader import PolicySet
 from tests.support.fake_triton import CountingDoor
@@ -259,3 +259,30 @@ async def test_a_frozen_target_is_not_scaled(rig: Rig, kube_emulator: KubeEmulat
     assert kube_emulator.requests_for("patch") == [] and replicas(kube_emulator) == 2
     (row,) = rig.journal.effects.of(TARGET.key)
     assert row["status"] == "refused" and row["data"]["check"] == "freeze"
+
+
+# ---- the emulator's Deployments and HPAs (lab/kube/workloads.py) ---------------------------------
+
+
+def test_the_emulator_defaults_replicas_and_keeps_an_hpa_within_its_bounds(kube_emulator: KubeEmulator) -> None:
+    plain = deployment()
+    del plain["spec"]["replicas"]
+    assert kube_emulator.seed(plain)["spec"]["replicas"] == 1  # the API server's default
+    kube_emulator.seed(hpa(3, 4))
+    assert replicas(kube_emulator) == 3  # raised to the floor by the HPA controller
+    kube_emulator.modify("deployments", NS, NAME, lambda o: o["spec"].update(replicas=9))
+    assert replicas(kube_emulator) == 4  # held at the ceiling
+    stored = kube_emulator.get("deployments", NS, NAME)
+    assert stored is not None
+    managers = [e["manager"] for e in stored["metadata"]["managedFields"]]
+    assert "kube-controller-manager" in managers
+
+
+@pytest.mark.parametrize("spec, field", [({"minReplicas": 5, "maxReplicas": 4}, "spec.maxReplicas"),
+                                         ({"minReplicas": 0, "maxReplicas": 4}, "spec.minReplicas")])
+def test_the_emulator_refuses_an_hpa_the_api_server_refuses(kube_emulator: KubeEmulator, spec: dict[str, int],
+                                                            field: str) -> None:
+    bad = hpa()
+    bad["spec"].update(spec)
+    with pytest.raises(InvalidObject, match=field):
+        kube_emulator.seed(bad)
