@@ -39,7 +39,8 @@ def plan_warm(model: str, observed: Mapping[str, Any], failed: Mapping[str, int]
     and why each other replica needs none ({url: why}). Pure.
 
     `failed`: replica -> a warm version whose load failed there before (missing from the repository,
-    refused by Triton): not tried again while that replica serves the same versions."""
+    refused by Triton): not tried again there while it is the version to warm (a deploy moves it on;
+    a restart of the daemon forgets it)."""
     known_bad = frozenset(int(v) for v in observed.get("known_bad", ()))
     todo: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
@@ -51,7 +52,7 @@ def plan_warm(model: str, observed: Mapping[str, Any], failed: Mapping[str, int]
         elif warm in served:
             skipped[url] = f"version {warm} is warm beside {max(served)}"
         elif failed is not None and failed.get(url) == warm:
-            skipped[url] = f"loading version {warm} failed before; not tried again until the replica changes"
+            skipped[url] = f"loading version {warm} failed before; not tried again while it is the one to warm"
         else:
             versions = sorted({*served, warm})
             todo[url] = {"warm": warm, "serving": max(served), "versions": versions, "from": served,

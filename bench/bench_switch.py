@@ -15,6 +15,8 @@ starts), makes the switch, and keeps the load going `--tail` seconds:
   ``unload_model``: it takes every version down);
 - beside-then-pin: v2 alone; at the decision v1 is loaded beside it (``[1, 2]``), then ``[1]``: the
   two loads one after the other (the earlier measurement the issue quotes);
+- warming (no switch): v2 alone, v1 loaded beside it (`[1, 2]`) and nothing more: what keeping a
+  version warm costs the requests on v2 when it is loaded (at the deploy, not during an incident);
 - mesh: routing away first needs a mesh (weights to the stable subset); none runs in this lab, so the
   row is skipped and said so.
 
@@ -62,6 +64,8 @@ SWITCHES = (
     Switch("today", [2], [[1]]),
     Switch("warm", [1, 2], [[1]]),
     Switch("beside-then-pin", [2], [[1, 2], [1]]),
+    # Not a switch: what keeping v1 warm costs the requests on v2 when it is loaded (at the deploy).
+    Switch("warming (no switch)", [2], [[1, 2]]),
 )
 
 
@@ -210,8 +214,9 @@ async def main(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|")
     for switch in SWITCHES:
         mine = [r for r in rows if r["switch"] == switch.name]
-        print(f"| {switch.name} | {len(mine)} | {1000 * _med(mine, 'last_bad_s'):.1f} "
-              f"({1000 * max(r['last_bad_s'] for r in mine):.1f}) "
+        last = (f"{1000 * _med(mine, 'last_bad_s'):.1f} ({1000 * max(r['last_bad_s'] for r in mine):.1f})"
+                if switch.steps[-1] == [1] else "n/a: v2 keeps serving")
+        print(f"| {switch.name} | {len(mine)} | {last} "
               f"| {1000 * _med(mine, 'load_s'):.1f} ({1000 * max(r['load_s'] for r in mine):.1f}) "
               f"| {sum(r['failed'] for r in mine)} of {sum(r['requests'] for r in mine)} "
               f"| {sum(r['held'] for r in mine)} | {_med(mine, 'new_stubs'):.0f} |")

@@ -34,6 +34,10 @@ and counted (`tailguard_pin_repins_total`). After `repin_escalate_after` such re
 notification) and re-pinning waits for an operator: `tailguard unpin` ends the pin, and
 `tailguard bad-versions TARGET --clear N` says the version is good, which ends the pin as a roll
 forward does (the operator's answer is not fought either).
+
+The warm keeper (daemon/workers/warm.py, `keepWarm: previous`) rides the same passes; a replica serving
+the pinned version with one older good version warm beside it is in place, not drift
+(`actions._triton_versions.in_place`).
 """
 from __future__ import annotations
 
