@@ -5,7 +5,7 @@ lent in `ActionDeps.actuator`) instead of sending it. At the moment of the write
 journal, not a cache, everything that may forbid it:
 
 - who writes: the worker that declared itself with `acting` (the executor's steps and reverts, the
-  pin reconciler, the recovery revert); a write with no declared writer is refused;
+  pin reconciler, the warm keeper, the recovery revert); a write with no declared writer is refused;
 - leadership: `may_act()`, and the journal's term: the intent is journaled as a fenced write, so it
   is refused once another replica took a newer term; with sharding on (`shards`), this replica must
   hold the Lease of the target's shard and the shard's term in the journal (checked in the intent's

@@ -124,7 +124,8 @@ class PinReconciler:
         self.passes = 0  # full periodic passes run (tests, the benchmark)
         self.next_pass_at = 0.0  # when (monotonic) the next full pass runs
         # Rides the same passes: a deploy or a pod that appears later gets its warm version (keepWarm).
-        self.warm = WarmKeeper(journal, state, deps, metrics, may_act, lock_for, actions=actions)
+        self.warm = WarmKeeper(journal, state, deps, metrics, may_act, lock_for, actions=actions,
+                               owns=lambda key: self.owns is None or self.owns(key))
 
     def follow(self, target_keys: Iterable[str]) -> None:
         """Look at these targets' pins now, before the next full pass (a replica became ready)."""

@@ -45,17 +45,19 @@ class WarmKeeper:
         may_act: False on a replica that is not the leader.
         lock_for: The per-target lock the executor and the pin reconciler take.
         actions: The action registry (its `triton.rollback`).
+        owns: Whether this replica leads the target's shard (sharding; the pin reconciler's `owns`).
     """
 
     def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
                  may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock], *,
-                 actions: Mapping[str, type[Action]]) -> None:
+                 actions: Mapping[str, type[Action]], owns: Callable[[str], bool] = lambda key: True) -> None:
         self._journal = journal
         self._state = state
         self._deps = deps
         self._metrics = metrics
         self._may_act = may_act
         self._lock_for = lock_for
+        self._owns = owns
         cls = actions.get(KIND)
         self._rollback = cls(deps) if cls is not None and issubclass(cls, TritonRollback) else None
         self._failed: dict[str, dict[str, int]] = {}  # target -> replica -> warm version whose load failed
@@ -74,7 +76,7 @@ class WarmKeeper:
         for policy, params in wanted:
             target = policy.target
             key = target.key
-            if key in results or (only is not None and key not in only) or key in pinned:
+            if key in results or (only is not None and key not in only) or key in pinned or not self._owns(key):
                 continue
             if target.triton_service is None and not target.triton_endpoints:
                 continue

@@ -245,3 +245,11 @@ async def test_the_pin_reconciler_moves_a_drifted_replica_and_leaves_a_warm_set_
     assert world.triton.served() == {a: [1, 2], b: [2]}
     assert [(load.url, load.versions) for load in world.triton.loads] == [(b, (2,))]
     assert (await world.pins.reconcile_once())[KEY].status.value == "noop"
+
+
+async def test_a_target_of_a_shard_led_elsewhere_is_not_warmed(world: World) -> None:
+    world.triton.redeploy(3)
+    world.pins.owns = lambda key: key != KEY
+    assert await world.pins.warm.once() == {} and world.triton.loads == []
+    world.pins.owns = lambda key: True
+    assert (await world.pins.warm.once())[KEY].ok
