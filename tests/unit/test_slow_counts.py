@@ -14,8 +14,11 @@ from detectors._slow_counts import (FALSE_COUNT_SHARE, MERGE_LIMIT, counting_pro
                                     merge_probability, slow_counts, trailing_sum, windows)
 from detectors.sequential.bank import first_alarms
 from detectors.sequential.thresholds import STORE
-from detectors.tail_excess import TailExcessDetector
-from evaluation.operating_curve.arrivals import Fault, poisson_chunk
+from detectors.tail_excess import TailExcessDetector, TailExcessParams
+from evaluation.operating_curve.arrivals import Fault, poisson_chunk, seeded_run
+from evaluation.operating_curve.counted import CountedTailguard
+from evaluation.operating_curve.runs import HISTORY_SECONDS, history
+from evaluation.operating_curve.traffic import Traffic
 
 LINE_MS = 500.0
 NULL = 0.0005
@@ -200,3 +203,27 @@ def test_live_a_deploy_broken_from_its_first_request_is_found() -> None:
     lat, req = triton(120, Fault(0.01, 900.0), onset=0, seed=11)
     at = first_fire(lat, req, 0)
     assert at is not None and at <= 90
+
+
+@pytest.mark.parametrize("seed", [1, 3, 8])
+def test_the_benchmark_decides_the_second_the_live_detector_does(seed: int) -> None:
+    """The operating curve's counters row (evaluation/operating_curve/counted.py) is the live
+    detector: on the rig's seeded arrivals (0.2% at 600 ms after 720 s of healthy history, as
+    `runs.delays` gives it), both first fire in the same second."""
+
+    traffic = Traffic(40.0)
+    run, before = seeded_run(seed, traffic, Fault(0.002, 600.0), 900, LINE_MS), history(seed, traffic, LINE_MS)
+    bench = CountedTailguard.counting(TailExcessParams(line=LINE_MS), 1.0, 900.0).start(1)
+    bench.warm(before)
+    bench.feed(run)
+    mass = np.concatenate([before.latency_ms[0], run.latency_ms[0]]) * 1000.0
+    requests = np.concatenate([before.requests[0], run.requests[0]])
+    ts = tuple(START + i for i in range(mass.size + 1))
+    labels = {"version": "2"}
+    lat = Series(labels, ts, tuple(np.concatenate([[0.0], np.cumsum(mass)])))
+    req = Series(labels, ts, tuple(np.concatenate([[0.0], np.cumsum(requests)])))
+    det = TailExcessDetector({"line": LINE_MS * 1000, "lookback_seconds": 7200, "max_lookback_seconds": 7200})
+    batch = evaluated(det, lat, req)
+    onset = int(HISTORY_SECONDS) + 1  # the grid's first column is the counters' first sample: no step
+    alarm, _, _ = first_alarms(batch.test.design, batch.units[:, onset:], batch.requests[:, onset:], batch.thresholds)
+    assert alarm[0] >= 0 and float(alarm[0] + 1) == bench.first[0]
