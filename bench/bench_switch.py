@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -204,9 +205,11 @@ async def main(args: argparse.Namespace) -> None:
         load_avg = os.getloadavg()
     finally:
         await asyncio.to_thread(server.stop)
+        shutil.rmtree(root, ignore_errors=True)  # the repository and Triton's log: nothing to keep
     print()
     print(f"PYTHONPATH=. {sys.executable} bench/bench_switch.py --repeats {args.repeats} --rate {args.rate:g} "
-          f"--held-ms {args.held_ms:g}")
+          f"--lead {args.lead:g} --tail {args.tail:g} --held-ms {args.held_ms:g} --settle {args.settle:g} "
+          f"--cpu-window {args.cpu_window:g}")
     print(f"load average at the end {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f}")
     print()
     print(f"| switch | runs | decision to last request on v2, median (max) ms | load call, median (max) ms | "
