@@ -4,8 +4,10 @@ healthy tail does, at the traffic seen (status) or assumed (validate), from the 
 measured figures, and what the policy alone shows about its histogram (a bucket its exporter does
 not have by default, a bound Prometheus 3 stores as a float).
 
-The figures are docs/detectors.md's ("The operating curve"), quoted here as measured: refresh
-them with MEASURED_BY when that section is re-run. Pure: no I/O.
+The figures are docs/detectors.md's ("The operating curve" and its "Counters counted per step"),
+quoted here as measured: refresh them with MEASURED_BY when those tables are re-run. Counters are
+priced as the detector reads them at the traffic and step: counted per step where steps are short
+enough (`counting_problem`), as latency mass where not. Pure: no I/O.
 """
 from __future__ import annotations
 
@@ -13,14 +15,20 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from detectors._slow_counts import counting_problem
 from detectors.histogram_shape import bounds_note, convert, metric_name, metric_unit
 from detectors.tail_excess import TailExcessParams, bucket_bound
 from policies.loader import LoadedPolicy
 
-MEASURED_BY = ("python bench/bench_operating_curve.py --skip-replay --traffic 4 (2026-12-03) and "
-               "--traffic 40,400,diurnal (2026-12-02); re-run 2026-12-06 on 6685822, the same tables; 1 s steps, "
-               "200 seeds per defect, 3,000 version-days per healthy case, the line at 500 ms")
-"""The commands that produced CURVE and HEAVY_TAIL (docs/detectors.md, "The operating curve")."""
+MEASURED_BY = ("histogram, and counters read as mass: python bench/bench_operating_curve.py --skip-replay "
+               "--traffic 4 (2026-12-03) and --traffic 40,400,diurnal (2026-12-02), re-run 2026-12-06 on 6685822, "
+               "the same tables (200 seeds per defect, 3,000 version-days per healthy case); counters counted per "
+               "step: python bench/bench_operating_curve.py --quick --skip-replay --skip-baselines --traffic 4 "
+               "(aaf73f8), --traffic 40 and --traffic 400 (ca806f9), and --traffic 40 --step 5 (f8dd6a6), "
+               "2026-12-06 (40 seeds per defect, 300 version-days per healthy case); 1 s steps unless --step, "
+               "the line at 500 ms")
+"""The commands that produced CURVE and HEAVY_TAIL (docs/detectors.md, "The operating curve" and its
+"Counters counted per step" subsection)."""
 
 LEVELS = (4.0, 40.0, 400.0)
 """The traffic levels measured, requests per second per version."""
@@ -35,20 +43,31 @@ class Found:
     within_s: float
 
 
-# (req/s, evidence, defect) -> Found. "2x": 0.2% of requests at 600 ms (twice the P99.9 budget, 1.2x
-# the line); "5x": 0.5% at 900 ms (the reference defect).
-CURVE: dict[tuple[float, str, str], Found] = {
-    (4.0, "histogram", "2x"): Found(1704, 1.00, 7200), (4.0, "counters", "2x"): Found(5936, 0.70, 7200),
-    (40.0, "histogram", "2x"): Found(204, 1.00, 600), (40.0, "counters", "2x"): Found(math.inf, 0.16, 600),
-    (400.0, "histogram", "2x"): Found(25, 1.00, 600), (400.0, "counters", "2x"): Found(371, 0.84, 600),
-    (4.0, "histogram", "5x"): Found(334, 1.00, 7200), (4.0, "counters", "5x"): Found(389, 1.00, 7200),
-    (40.0, "histogram", "5x"): Found(44, 1.00, 600), (40.0, "counters", "5x"): Found(55, 1.00, 600),
-    (400.0, "histogram", "5x"): Found(6, 1.00, 600), (400.0, "counters", "5x"): Found(10, 1.00, 600),
+# (step seconds, req/s, evidence, defect) -> Found. Evidence: "histogram"; "counted", counters with
+# slow requests counted per step (detectors/_slow_counts.py, where steps are short enough); "mass",
+# counters read as latency mass (steps too long to count). "2x": 0.2% of requests at 600 ms (twice
+# the P99.9 budget, 1.2x the line); "5x": 0.5% at 900 ms (the reference defect).
+CURVE: dict[tuple[float, float, str, str], Found] = {
+    (1.0, 4.0, "histogram", "2x"): Found(1704, 1.00, 7200), (1.0, 4.0, "histogram", "5x"): Found(334, 1.00, 7200),
+    (1.0, 40.0, "histogram", "2x"): Found(204, 1.00, 600), (1.0, 40.0, "histogram", "5x"): Found(44, 1.00, 600),
+    (1.0, 400.0, "histogram", "2x"): Found(25, 1.00, 600), (1.0, 400.0, "histogram", "5x"): Found(6, 1.00, 600),
+    (1.0, 4.0, "counted", "2x"): Found(1606, 1.00, 7200), (1.0, 4.0, "counted", "5x"): Found(276, 1.00, 7200),
+    (1.0, 40.0, "counted", "2x"): Found(222, 1.00, 900), (1.0, 40.0, "counted", "5x"): Found(49, 1.00, 900),
+    (1.0, 400.0, "counted", "2x"): Found(46, 1.00, 900), (1.0, 400.0, "counted", "5x"): Found(20, 1.00, 900),
+    (5.0, 40.0, "counted", "2x"): Found(255, 1.00, 900), (5.0, 40.0, "counted", "5x"): Found(85, 1.00, 900),
+    (1.0, 4.0, "mass", "2x"): Found(5936, 0.70, 7200), (1.0, 4.0, "mass", "5x"): Found(389, 1.00, 7200),
+    (1.0, 40.0, "mass", "2x"): Found(math.inf, 0.16, 600), (1.0, 40.0, "mass", "5x"): Found(55, 1.00, 600),
+    (1.0, 400.0, "mass", "2x"): Found(371, 0.84, 600), (1.0, 400.0, "mass", "5x"): Found(10, 1.00, 600),
 }
 
-HEAVY_TAIL: dict[float, float] = {4.0: 4.19, 40.0: 21.07, 400.0: 21.22}
-"""Counters: false alarms per version-day of a healthy version with 0.05% of requests at 1,500 ms
-(3x the line, beyond `heaviest_slow`); a histogram holds its stated rate there (it counts requests)."""
+HEAVY_TAIL: dict[tuple[float, float, str], float] = {
+    (1.0, 4.0, "counted"): 0.0133, (1.0, 40.0, "counted"): 0.0067, (1.0, 400.0, "counted"): 0.0033,
+    (5.0, 40.0, "counted"): 0.0200,
+    (1.0, 4.0, "mass"): 4.1863, (1.0, 40.0, "mass"): 21.0687, (1.0, 400.0, "mass"): 21.2180,
+}
+"""(step seconds, req/s, counters' evidence) -> false alarms per version-day of a healthy version
+with 0.05% of requests at 1,500 ms (3x the line, beyond `heaviest_slow`): counted, one request
+above the line however slow (the stated rate holds, as on a histogram); as mass, many times a day."""
 
 ASSUMED_RPS = 40.0
 """The traffic `validate` prices at when none was seen: the reference."""
@@ -103,7 +122,7 @@ def price(p: TailExcessParams, query: str, source: str, step_seconds: float, rps
     traffic += "" if rps is None or lv == rps else f", measured at {lv:g}"
     slow_steps = (f"; measured at 1 s steps, at {step_seconds:g} s steps up to a step later"
                   if step_seconds > 1 else "")
-    hist2x = CURVE[(lv, "histogram", "2x")]
+    hist2x = CURVE[(1.0, lv, "histogram", "2x")]
     if p.evidence == "histogram":
         bound = bucket_bound(query)
         if bound is not None and bound > p.line:
@@ -113,17 +132,32 @@ def price(p: TailExcessParams, query: str, source: str, step_seconds: float, rps
                          _notes(p, query, source))
         return Price(f"histogram, bucket at the line {_line(p, query)} (requests above it counted exactly)",
                      f"{traffic}: a 2x breach (0.2% at 1.2x the line) {_found(hist2x)}, 0.5% at 1.8x the line "
-                     f"{_found(CURVE[(lv, 'histogram', '5x')])}; the stated rate holds however slow the healthy "
+                     f"{_found(CURVE[(1.0, lv, 'histogram', '5x')])}; the stated rate holds however slow the healthy "
                      f"tail{slow_steps}", _notes(p, query, source))
     steps = f"{step_seconds:g} s steps" if step_seconds > 1 else "1 s steps"
-    counters_2x = CURVE[(lv, "counters", "2x")]
+    per_step = (rps if rps is not None else ASSUMED_RPS) * step_seconds
+    if counting_problem(per_step, p.sizes[0] * p.budget, step_seconds) is None:
+        # Counted per step (detectors/_slow_counts.py): the figures of the step measured nearest.
+        measured = 5.0 if step_seconds > 1 and (5.0, lv, "counted", "2x") in CURVE else 1.0
+        caveat = ("" if measured == step_seconds else
+                  f"; measured at {measured:g} s steps" + ("" if measured > 1 else
+                                                           f", at {step_seconds:g} s steps slower (not measured)"))
+        return Price(f"counters at {steps}, slow requests counted per step (a request above {_line(p, query)} "
+                     "counts once, however slow)",
+                     f"{traffic}: a 2x breach (0.2% at 1.2x the line) {_found(CURVE[(measured, lv, 'counted', '2x')])}, "
+                     f"0.5% at 1.8x the line {_found(CURVE[(measured, lv, 'counted', '5x')])}; the stated rate holds "
+                     f"however slow the healthy tail (0.05% at 3x the line: ~{HEAVY_TAIL[(measured, lv, 'counted')]:.2g} "
+                     f"alarms a version-day){caveat}; a histogram with a bound at the line finds the 2x breach "
+                     f"{_found(hist2x).removeprefix('is found ')}", ())
     caveat = (f"; at {step_seconds:g} s steps slower still (not measured: slow requests share steps)"
               if step_seconds > 1 else "")
-    return Price(f"counters at {steps} (latency mass over the bulk, not a count of requests above {_line(p, query)})",
-                 f"{traffic}: a 2x breach (0.2% at 1.2x the line) {_found(counters_2x)}, 0.5% at 1.8x the line "
-                 f"{_found(CURVE[(lv, 'counters', '5x')])}; a healthy tail slower than {p.heaviest_slow:g}x the line "
-                 f"(0.05% at 3x) alarms ~{HEAVY_TAIL[lv]:.2g} times a version-day{caveat}; a histogram with a bound at "
-                 f"the line finds the 2x breach {_found(hist2x).removeprefix('is found ')}", ())
+    return Price(f"counters at {steps}, read as latency mass over the bulk (~{per_step:.0f} requests a step are too "
+                 f"many to count slow requests in), not a count of requests above {_line(p, query)}",
+                 f"{traffic}: a 2x breach (0.2% at 1.2x the line) {_found(CURVE[(1.0, lv, 'mass', '2x')])}, 0.5% at "
+                 f"1.8x the line {_found(CURVE[(1.0, lv, 'mass', '5x')])}; a healthy tail slower than "
+                 f"{p.heaviest_slow:g}x the line (0.05% at 3x) alarms ~{HEAVY_TAIL[(1.0, lv, 'mass')]:.2g} times a "
+                 f"version-day{caveat}; a histogram with a bound at the line finds the 2x breach "
+                 f"{_found(hist2x).removeprefix('is found ')}", ())
 
 
 def _notes(p: TailExcessParams, query: str, source: str) -> tuple[str, ...]:

@@ -21,25 +21,47 @@ DEFECTS = {"2x": "0.20% at 600 ms", "5x": "0.50% at 900 ms"}
 HEALTHY_HEAVY = "0.05% at 1500 ms"
 
 
-def _section(text: str, rps: float) -> str:
-    start = text.index(f"### {rps:g} req/s")
-    return text[start:text.index("###", start + 4)]
+def _tables(doc: str, step: float, rps: float, evidence: str) -> str:
+    """The healthy and defect tables a quote is from: the full profile's section for the histogram
+    and counters read as mass ("### 40 req/s", before per-step counting), the "Counters counted per
+    step" subsection's paragraph for counted counters ("40 req/s:", or at 5 s steps "40 req/s at
+    Prometheus' 5 s steps")."""
+    if evidence != "counted":
+        assert step == 1.0
+        start = doc.index(f"### {rps:g} req/s")
+        return doc[start:doc.index("###", start + 4)]
+    sub = doc[doc.index("### Counters counted per step"):]
+    sub = sub[:sub.index("\n### ", 4)]
+    paragraphs = sub.split("\n\n")
+    anchor = f"{rps:g} req/s:" if step == 1.0 else f"{rps:g} req/s at Prometheus' {step:g} s steps"
+    (at,) = [i for i, par in enumerate(paragraphs) if par.startswith(anchor)]
+    return "\n\n".join(paragraphs[at + 1:at + 3])
+
+
+def _row(evidence: str) -> str:
+    return "histogram" if evidence == "histogram" else "counters"
 
 
 def test_the_quoted_figures_are_the_operating_curves():
     """CURVE and HEAVY_TAIL quote docs/detectors.md's tables: when the curve is re-run, the price
     `validate` prints changes with it (update policies/evidence_price.py from the new tables)."""
     doc = (REPO / "docs" / "detectors.md").read_text()
-    for (rps, evidence, defect), found in CURVE.items():
-        row = re.search(rf"\| {re.escape(DEFECTS[defect])} \| tailguard \({evidence}\) \| (\S+) \| (\d+)% \|",
-                        _section(doc, rps))
-        assert row is not None, (rps, evidence, defect)
+    for (step, rps, evidence, defect), found in CURVE.items():
+        tables = _tables(doc, step, rps, evidence)
+        row = re.search(rf"\| {re.escape(DEFECTS[defect])} \| tailguard \({_row(evidence)}\) \| (\S+) \| (\d+)% \|",
+                        tables)
+        assert row is not None, (step, rps, evidence, defect)
+        within = re.search(r"\| detected within (\d+) s \|", tables)
+        assert within is not None and float(within.group(1)) == found.within_s, (step, rps, evidence, defect)
         median = math.inf if row.group(1) == "inf" else float(row.group(1))
-        assert (median, found.share) == (found.median_s, int(row.group(2)) / 100), (rps, evidence, defect)
-    for rps, per_day in HEAVY_TAIL.items():
+        assert (median, found.share) == (found.median_s, int(row.group(2)) / 100), (step, rps, evidence, defect)
+    for (step, rps, evidence), per_day in HEAVY_TAIL.items():
         row = re.search(rf"\| {re.escape(HEALTHY_HEAVY)} \| tailguard \(counters\) \| \d+ \| ([\d.]+) \|",
-                        _section(doc, rps))
-        assert row is not None and round(float(row.group(1)), 2) == per_day, rps
+                        _tables(doc, step, rps, evidence))
+        assert row is not None and float(row.group(1)) == per_day, (step, rps, evidence)
+    # Every level is priced on every evidence at 1 s steps.
+    assert {(rps, ev) for (step, rps, ev, _) in CURVE if step == 1.0} == {
+        (rps, ev) for rps in LEVELS for ev in ("histogram", "counted", "mass")}
 
 
 @pytest.mark.parametrize("rps, expected", [(None, 40.0), (1.0, 4.0), (12.0, 4.0), (13.0, 40.0), (200.0, 400.0)])
@@ -47,13 +69,29 @@ def test_traffic_is_priced_at_the_nearest_measured_level(rps, expected):
     assert level(rps if rps is not None else 40.0) == expected and expected in LEVELS
 
 
-def test_counters_say_what_mass_cannot_count_and_what_a_histogram_would_cost():
-    p = price(TailExcessParams(line=500000), 'nv_inference_compute_infer_duration_us{model="r"}', "prometheus",
-              5.0, 40.0)
-    assert p.evidence.startswith("counters at 5 s steps") and "500000 us (500 ms)" in p.evidence
-    assert "a 2x breach (0.2% at 1.2x the line) is found within 10 min in 16% of runs" in p.cost
-    assert "alarms ~21 times a version-day" in p.cost and "not measured" in p.cost
-    assert "a histogram with a bound at the line finds the 2x breach in ~204 s" in p.cost
+def test_counters_are_priced_counted_where_steps_are_short_and_as_mass_where_not():
+    query = 'nv_inference_compute_infer_duration_us{model="r"}'
+    counted = price(TailExcessParams(line=500000), query, "triton", 1.0, 40.0)
+    assert counted.evidence.startswith("counters at 1 s steps, slow requests counted per step")
+    assert "500000 us (500 ms)" in counted.evidence
+    assert "a 2x breach (0.2% at 1.2x the line) is found in ~222 s (median; 100% of runs within 15 min)" in counted.cost
+    assert "the stated rate holds however slow the healthy tail (0.05% at 3x the line: ~0.0067" in counted.cost
+    assert "a histogram with a bound at the line finds the 2x breach in ~204 s" in counted.cost
+    # Prometheus' 5 s steps at 40 req/s: counted (200 requests a step), the 5 s run's figures.
+    five = price(TailExcessParams(line=500000), query, "prometheus", 5.0, 40.0)
+    assert five.evidence.startswith("counters at 5 s steps, slow requests counted per step")
+    assert "is found in ~255 s" in five.cost and "~85 s" in five.cost and "measured at" not in five.cost
+    # At 4 req/s no 5 s run: the 1 s figures, said so.
+    assert "measured at 1 s steps, at 5 s steps slower (not measured)" in price(
+        TailExcessParams(line=500000), query, "prometheus", 5.0, 4.0).cost
+    # 5 s steps at 400 req/s hold too many requests to count in: latency mass, and its price.
+    mass = price(TailExcessParams(line=500000), query, "prometheus", 5.0, 400.0)
+    assert "read as latency mass" in mass.evidence and "~2000 requests a step" in mass.evidence
+    assert "a 2x breach (0.2% at 1.2x the line) is found in ~371 s (median; 84% of runs within 10 min)" in mass.cost
+    assert "alarms ~21 times a version-day" in mass.cost and "not measured" in mass.cost
+    # So at 1 s steps beyond ~630 req/s (the merge limit at the 2x member), priced at 400.
+    assert "read as latency mass" in price(TailExcessParams(line=500000), query, "triton", 1.0, 700.0).evidence
+    assert "counted per step" in price(TailExcessParams(line=500000), query, "triton", 1.0, 600.0).evidence
 
 
 def test_a_histogram_at_the_line_and_one_above_it():
@@ -90,7 +128,8 @@ def test_validate_prints_each_triggers_price_and_what_the_policy_shows(tmp_path,
     assert main(["validate", str(REPO / "examples" / "policies")]) == 0
     out = capsys.readouterr().out
     assert out.count("trigger 0 evidence: histogram, bucket at the line 500 ms") == 2
-    assert "trigger 0 evidence: counters at 1 s steps" in out and "16% of runs" in out
+    assert "trigger 0 evidence: counters at 1 s steps, slow requests counted per step" in out
+    assert "~222 s (median; 100% of runs within 15 min)" in out
 
 
 def test_status_prices_at_the_traffic_the_last_cycle_saw():
