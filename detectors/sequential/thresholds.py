@@ -16,6 +16,7 @@ threshold.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 from dataclasses import dataclass
@@ -138,7 +139,11 @@ class ThresholdStore:
         self._queued: set[tuple[BankDesign, Promise, float, float]] = set()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
+        self._closing = False
         self.failures = 0  # cells whose derivation raised (they keep the Wald thresholds)
+        # A daemon thread still deriving while the interpreter finalizes breaks its last flush of
+        # stdout (exit status 120 after a clean run): the process's exit waits for the cell in hand.
+        atexit.register(self.close)
 
     def get(self, design: BankDesign, promise: Promise, requests_per_step: float,
             member_share: float = MEMBER_RATE_SHARE) -> tuple[tuple[float, ...], bool]:
@@ -148,7 +153,7 @@ class ThresholdStore:
         if found is not None:
             return found, True
         with self._lock:
-            if key not in self._queued:
+            if key not in self._queued and not self._closing:
                 self._queued.add(key)
                 self._queue.append(key)
                 if self._worker is None or not self._worker.is_alive():
@@ -171,10 +176,19 @@ class ThresholdStore:
             worker.join(timeout)
         return not self._queue
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Derive no further cell and wait for the one in hand (at exit); cells asked later answer
+        Wald's thresholds."""
+        with self._lock:
+            self._closing = True
+        worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
+
     def _drain(self) -> None:
         while True:
             with self._lock:
-                if not self._queue:
+                if not self._queue or self._closing:
                     return
                 key = self._queue[0]
             try:
