@@ -89,8 +89,12 @@ class ShardManager:
         self._seen: dict[str, _Seen] = {}
         self._renewed: dict[int, float] = {}  # shard -> when its last successful write was sent (monotonic)
         self._termed: set[int] = set()  # shards whose term this replica took since it took their Lease
+        # shard -> (when this replica took its Lease, the Lease duration its previous holder wrote, 0
+        # when handed back; whether anyone held it before): the takeover's write fence.
+        self._fences: dict[int, tuple[float, float, bool]] = {}
         self._led: frozenset[int] = frozenset()
         self.members: frozenset[str] = frozenset({identity})
+        self.release_on_stop = True  # on a clean stop, hand every shard back (tests of a crash turn it off)
         self.share = self.shards
 
     # ---- what the door, the executor and the poller ask -------------------------------------------
@@ -113,6 +117,18 @@ class ShardManager:
     def may_write(self, shard: int) -> bool:
         """Whether this replica leads `shard` now: checked afresh on the monotonic clock."""
         return shard in self._led and self._deadline_left(shard) > 0
+
+    def write_fence_seconds(self, shard: int, request_timeout_seconds: float) -> float:
+        """How long this replica must still wait, after taking `shard` over, before its first write that
+        nothing downstream fences (Triton): the Lease duration its previous holder wrote plus the write's
+        request timeout, counted from the takeover (as LeaderElector.write_fence_seconds); the request
+        timeout alone when it was handed back (a write the old holder had in flight); 0 when nobody
+        held it before, or the wait is over."""
+        fence = self._fences.get(shard)
+        if fence is None or not fence[2]:
+            return 0.0
+        taken_at, duration, _ = fence
+        return max(0.0, taken_at + duration + request_timeout_seconds - self._monotonic())
 
     def owns(self, target: str) -> bool:
         """Whether this replica leads the shard of `target` now."""
@@ -141,7 +157,8 @@ class ShardManager:
                 await wait_or_stop(stop, self.election.retry_period_seconds)
         finally:
             self._set_led(frozenset(), "stopping")
-            await asyncio.shield(self._release_all())
+            if self.release_on_stop:
+                await asyncio.shield(self._release_all())
 
     def _expire_deadlines(self) -> None:
         self._set_led(frozenset(s for s in self._led if self._deadline_left(s) > 0), "renew deadline passed")
@@ -174,8 +191,11 @@ class ShardManager:
             self._renewed.pop(s, None)
             self._termed.discard(s)
         self._set_led(frozenset(s for s in self._led if s in held), "lease lost")
-        give = [s for s in held if s not in wanted]
-        give += to_hand_back([s for s in held if s in wanted], wanted, self.share)
+        # Not while its takeover fence runs: the next holder would wait only for this replica's writes,
+        # not for those of the holder this one took the shard from.
+        fenced = {s for s in held if self.write_fence_seconds(s, 0.0) > 0}
+        give = [s for s in held if s not in wanted and s not in fenced]
+        give += to_hand_back([s for s in held if s in wanted and s not in fenced], wanted, self.share)
         for s in give:
             await self._hand_back(s, leases[self.shard_name(s)])
         keep = [s for s in held if s not in give]
@@ -278,7 +298,15 @@ class ShardManager:
             return False
         if taking or shard not in self._renewed:
             self._termed.discard(shard)  # a takeover: the journal's term is taken anew
-            log.info("shard lease taken", shard=shard, identity=self.identity)
+            # Taken from a holder that may still be writing (its Lease expired; a previous incarnation
+            # under this name counts): its Triton writes are waited out, the Lease duration it wrote
+            # plus the request timeout. Handed back (holder cleared while running): the request
+            # timeout only, for a write it had in flight. Never held: no wait.
+            holder = lease.spec.holder_identity if lease is not None else None
+            ever_held = lease is not None  # whoever created it held it
+            duration = float(lease.spec.lease_duration_seconds or 0) if lease is not None and holder else 0.0
+            self._fences[shard] = (sent, duration, ever_held)
+            log.info("shard lease taken", shard=shard, identity=self.identity, from_holder=bool(holder))
         self._renewed[shard] = sent
         return True
 

@@ -14,7 +14,7 @@ journal, not a cache, everything that may forbid it:
   daemon (API, CLI, control ConfigMap), of the target, and an escalation's freeze of the target;
 - known-bad versions: a Triton load of a version marked bad for the target is refused;
 - right before the request, the write fence (`ActionDeps.write_fence`: a new leader waits out an old
-  one's in-flight Triton writes; this replica must still hold its Lease). Triton takes no
+  one's in-flight Triton writes; this replica must still hold its Lease; with sharding, per shard). Triton takes no
   precondition, so this re-check is the last word; docs/operations.md states the window left.
 
 The blast radius is not asked again here: it is an admission rule on decisions across targets (how
@@ -28,6 +28,7 @@ Each write is journaled twice (`journal.effects`): its intent before `send` and 
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
@@ -66,6 +67,10 @@ class ShardGate(Protocol):
 
     def may_write(self, shard: int) -> bool:
         """Whether this replica leads `shard` now (its Lease held, its renew deadline not passed)."""
+        ...
+
+    def write_fence_seconds(self, shard: int, request_timeout_seconds: float) -> float:
+        """How long a write must still wait after `shard` was taken over (the old holder's writes land)."""
         ...
 
 
@@ -187,6 +192,8 @@ class Door:
         except JournalError as exc:
             # Not journaled, not sent: a write the journal cannot announce is no write.
             await self._refuse(who, effect, "journal", f"intent not journaled: {exc}", journal=False)
+        if self.shards is not None:
+            await self._shard_fence(who, effect, intent)
         if self._deps.write_fence is not None:
             # Right before the request: Triton takes no precondition, so this is the last word.
             fenced = await self._deps.write_fence(effect.timeout_seconds)
@@ -201,6 +208,20 @@ class Door:
         self._writes.labels(who.writer, effect.kind, "sent").inc()
         await self._record(who, effect, DONE, effect.summary, {"intent": intent})
         return result
+
+    async def _shard_fence(self, who: Acting, effect: Effect, intent: int) -> None:
+        """Sharding: right after the target's shard was taken over, wait out its old holder's in-flight
+        writes (the Lease duration it wrote plus the request timeout), then re-check the shard is still
+        led here; refuse (check `shard`) if not."""
+        assert self.shards is not None
+        shard = self.shards.shard_of(who.target)
+        wait = self.shards.write_fence_seconds(shard, effect.timeout_seconds)
+        if wait > 0:
+            log.info("waiting out the shard's takeover fence before the write", shard=shard, seconds=round(wait, 1))
+            await asyncio.sleep(wait)
+        if not self.shards.may_write(shard):
+            await self._refuse(who, effect, "shard", f"this replica no longer leads shard {shard} of {who.target}",
+                               intent=intent)
 
     @staticmethod
     def _data(effect: Effect) -> dict[str, Any]:

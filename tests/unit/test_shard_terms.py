@@ -4,6 +4,7 @@ the single-leader release is safe (the shard terms supersede the old term; an ol
 refused, and a single leader taking a term later fences the sharded replicas until they take one anew)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import pytest
@@ -30,12 +31,20 @@ class Gate:
     """A ShardGate whose led shards a test sets."""
 
     led: set[int] = field(default_factory=set)
+    fence_seconds: float = 0.0
+    lose_during_fence: bool = False
 
     def shard_of(self, target: str) -> int:
         return shard_of(target, SHARDS)
 
     def may_write(self, shard: int) -> bool:
         return shard in self.led
+
+    def write_fence_seconds(self, shard: int, request_timeout_seconds: float) -> float:
+        wait, self.fence_seconds = self.fence_seconds, 0.0
+        if wait and self.lose_during_fence:
+            self.led.discard(shard)
+        return wait
 
 
 def _door(journal: Journal, gate: Gate | None) -> Door:
@@ -139,3 +148,22 @@ async def test_mixed_rollout_old_single_leader_and_sharded_replica(open_journal:
         await _write(old_door)
     sent = [(r["status"], r["data"].get("check")) for r in old.effects.of(TARGET) if r["status"] != "done"]
     assert sent.count(("intent", None)) == 4  # two writes each way went through; refusals journaled none
+
+
+async def test_a_write_right_after_a_takeover_waits_out_the_old_holders_writes(open_journal: OpenJournal) -> None:
+    """The shard's takeover fence: the door waits before sending, then sends only if the shard is
+    still led here (refused, check `shard`, with the intent journaled, if it was lost meanwhile)."""
+    journal = open_journal()
+    journal.shard_terms.take(SHARD, SHARDS, "a")
+    gate = Gate({SHARD}, fence_seconds=0.2)
+    door = _door(journal, gate)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert await _write(door) == "sent"
+    assert loop.time() - began >= 0.2
+    gate.fence_seconds, gate.lose_during_fence = 0.05, True
+    with pytest.raises(Refused) as refused:
+        await _write(door)
+    assert refused.value.check == "shard" and "no longer leads" in refused.value.reason
+    statuses = [r["status"] for r in journal.effects.of(TARGET)]
+    assert statuses == ["intent", "done", "intent", "refused"]
