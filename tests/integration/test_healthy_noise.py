@@ -36,7 +36,12 @@ pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples" / "policies" / "ranker.yaml"
 POLICY = "ranker-tail"
 PROMETHEUS_COPY = "ranker-tail-prometheus"
-WARMUP_S = 6.0
+WARMUP_S = 20.0
+"""Load before a disturbance: counters counted per step score a series' steps from its 11th (10
+steps behind it, 10 of them quiet: detectors/_slow_counts.py MIN_HISTORY and MIN_QUIET), and a
+version's first samples come a few seconds into the load (through Prometheus a few more), so the
+served version is scored before the disturbance, not only after it (6 s left it "too little
+history" throughout, 15 s the Prometheus copy)."""
 RATE = 40.0
 # A verdict that ran the test (not stale, no data or waiting for history).
 SCORED = ("no excess", "~")
@@ -137,7 +142,10 @@ async def test_healthy_redeploy_takes_no_action(tmp_path: Path, triton_factory, 
     await load_version(triton, "ranker", 1)
     prom = await prometheus_factory(scrape_targets={"triton": [triton.metrics_target]}, scrape_interval="1s")
     async with daemon(tmp_path, triton, prom) as svc:
-        load = asyncio.create_task(staged_load(triton, [(RATE, WARMUP_S + 12.0)]))
+        # v2 runs 24 s after the deploy: counted per step (detectors/_slow_counts.py, MIN_HISTORY) a
+        # version's steps are scored from its 11th second, and v2's first samples come a few seconds
+        # after its load returns (its load holds requests); 12 s left it "too little history".
+        load = asyncio.create_task(staged_load(triton, [(RATE, WARMUP_S + 24.0)]))
         try:
             await asyncio.sleep(WARMUP_S)
             await load_version(triton, "ranker", None)  # the deploy: v2, no defect; its load holds requests a moment
