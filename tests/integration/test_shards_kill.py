@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import aiohttp
 import pytest
 import yaml
 
+from daemon.cluster.shard_assignment import assign_bounded
 from daemon.storage.journal import Journal
 from lab.kube.emulator import KubeEmulator
 from tests.integration.test_ha_postgres import NS, Replica, Sink
@@ -66,8 +69,12 @@ async def _send(http: aiohttp.ClientSession, replicas: list[Replica], down: set[
     raise AssertionError(f"webhook {n} was never acknowledged")
 
 
-async def test_a_killed_sharded_replica_loses_nothing_and_repeats_nothing(
-        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator) -> None:  # noqa: F811
+@pytest.mark.parametrize("fault", ["kill", "stop", "add"])
+async def test_a_killed_paused_or_added_sharded_replica_loses_nothing_and_repeats_nothing(
+        tmp_path: Path, postgres_dsn: str, kube_emulator: KubeEmulator, fault: str) -> None:  # noqa: F811
+    """kill: SIGKILL mid-burst; stop: SIGSTOP past the Lease duration, the survivor leads every shard,
+    then SIGCONT (the paused replica's renew deadline has passed: it acts on nothing it lost); add: a
+    third replica joins mid-burst and the others hand it its share."""
     sink = Sink()
     await sink.start()
     policies = tmp_path / "policies"
@@ -76,29 +83,48 @@ async def test_a_killed_sharded_replica_loses_nothing_and_repeats_nothing(
         "name: ranker-notify", f"name: notify-{m}").replace("model: ranker", f"model: {m}") for m in MODELS]
     (policies / "p.yaml").write_text("\n---\n".join(docs))
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", kube_emulator)
-    replicas = [Replica(tmp_path, n, postgres_dsn, kubeconfig, policies) for n in "ab"]
+    replicas = [Replica(tmp_path, n, postgres_dsn, kubeconfig, policies) for n in "abc"]
     for r in replicas:  # the HA test's config, with sharding on
         config = yaml.safe_load(r.config.read_text())
         config["sharding"] = {"shards": SHARDS}
         r.config.write_text(yaml.safe_dump(config))
     down: set[str] = set()
     try:
-        await asyncio.gather(*(r.start() for r in replicas))
-        names = {r.name for r in replicas}
+        victim, survivor, joining = replicas
+        down.add(joining.name)
+        await asyncio.gather(victim.start(), survivor.start())
+        names = {victim.name, survivor.name}
         await wait_for(lambda: set(_shard_holders(kube_emulator).values()) == names, timeout=45)
-        victim, survivor = replicas
         async with aiohttp.ClientSession() as http:
-            await asyncio.gather(*(_send(http, replicas, down, n) for n in range(KILL_AFTER)))
+            await asyncio.gather(*(_send(http, replicas[:2], down, n) for n in range(KILL_AFTER)))
             await wait_for(lambda: len(sink.posts) >= 4, timeout=60)
-            victim.kill()
-            killed = time.monotonic()
-            down.add(victim.name)
-            await asyncio.gather(*(_send(http, replicas, down, n) for n in range(KILL_AFTER, WEBHOOKS)))
-        await wait_for(lambda: set(_shard_holders(kube_emulator).values()) == {survivor.name}, timeout=30)
-        led_again = time.monotonic() - killed
-        # The Lease duration as observed, plus a round (0.3 s) and the survivor's takeover writes; the
-        # webhooks sent meanwhile share the two cores with it.
-        assert led_again <= LEASE_SECONDS + 2.0, led_again
+            faulted = time.monotonic()
+            if fault == "kill":
+                victim.kill()
+                down.add(victim.name)
+            elif fault == "stop":
+                os.kill(victim.process.pid, signal.SIGSTOP)
+                down.add(victim.name)
+            else:
+                await joining.start()
+                down.discard(joining.name)
+            rest = asyncio.gather(*(_send(http, replicas[:2] if fault != "add" else replicas[1:], down, n)
+                                    for n in range(KILL_AFTER, WEBHOOKS)))
+            if fault == "add":
+                # The Leases follow the assignment among three (the newcomer's share handed to it).
+                everyone = [r.name for r in replicas]
+                await wait_for(lambda: _shard_holders(kube_emulator) == assign_bounded(SHARDS, everyone), timeout=30)
+                assert joining.name in _shard_holders(kube_emulator).values()
+            else:
+                await wait_for(lambda: set(_shard_holders(kube_emulator).values()) == {survivor.name}, timeout=30)
+                led_again = time.monotonic() - faulted
+                # The Lease duration as observed, plus a round (0.3 s) and the survivor's takeover writes;
+                # the webhooks sent meanwhile share the two cores with it.
+                assert led_again <= LEASE_SECONDS + 2.0, led_again
+            if fault == "stop":
+                os.kill(victim.process.pid, signal.SIGCONT)
+                down.discard(victim.name)
+            await rest
         await wait_for(lambda: {d.split(":")[1] for _, d in sink.posts} >= EXPECTED, timeout=90)
         journal = Journal(postgres_dsn)
         try:
@@ -108,9 +134,10 @@ async def test_a_killed_sharded_replica_loses_nothing_and_repeats_nothing(
         finally:
             journal.close()
     finally:
+        if fault == "stop" and victim.name in down:
+            os.kill(victim.process.pid, signal.SIGCONT)  # never leave a paused process behind
         for r in replicas:
-            if r.name not in down:
-                await asyncio.to_thread(r.process.stop)
+            await asyncio.to_thread(r.process.stop)
         await sink.stop()
     keys: dict[str, set[str]] = collections.defaultdict(set)
     for key, dedup in sink.posts:
@@ -119,4 +146,5 @@ async def test_a_killed_sharded_replica_loses_nothing_and_repeats_nothing(
     assert len(signals) == WEBHOOKS and {s["state"] for s in signals} == {"processed"}
     assert len({d.signal_id for d in decisions}) == len(decisions) == WEBHOOKS
     assert {d.state for d in decisions} == {"succeeded"}, collections.Counter(d.state for d in decisions)
-    assert {t.holder for t in terms.values()} == {survivor.name}  # it took every shard's term
+    if fault == "kill":
+        assert {t.holder for t in terms.values()} == {survivor.name}  # it took every shard's term
