@@ -49,6 +49,15 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
     # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
     keep = weights > 1e-18
     counts, weights = counts[keep], weights[keep]
+    # Every state rises by the same steps (a count's cells less the drain's): one rise per step at
+    # most this often means a run of more than 1 / that many steps, beyond TRUSTED "long enough".
+    # A busy member made for a large regression (its drain many jumps, a crossing needs a count of
+    # 20 where 1 is expected) cannot rise at all on the counts kept: its system is singular, not
+    # solvable (SuperLU's NaN and a MatrixRankWarning); its run length is beyond what we tell apart.
+    rise = np.round(counts * up)
+    rising = (1.0 - frac) * float(weights[rise > low].sum()) + frac * float(weights[rise > low + 1].sum())
+    if rising * TRUSTED < 1.0:
+        return math.inf
     state = np.arange(cells)
     rows_l, cols_l, vals_l = [], [], []
     for move, share in ((low, 1.0 - frac), (low + 1, frac)):
