@@ -47,7 +47,8 @@ class Both:
         self.local_journal.parent.mkdir()
         Journal(self.local_journal).close()
         self.config = tmp / "local" / "config.yaml"
-        self.config.write_text(f"journal: {{path: {self.local_journal}}}\n")
+        # the same policies as the daemon's: the local backend refuses a target no policy names
+        self.config.write_text(f"journal: {{path: {self.local_journal}}}\npolicies: {{path: {tmp / 'policies'}}}\n")
         token = tmp / "token"
         token.write_text(OPERATOR + "\n")
         self.api_flags = ["--url", f"http://127.0.0.1:{svc.port}", "--token-file", str(token)]

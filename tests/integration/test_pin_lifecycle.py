@@ -76,7 +76,7 @@ async def test_to_n_refuses_a_version_an_operator_marked_bad(tmp_path: Path, tri
     (pol / "ranker.yaml").write_text(rollback_policy(triton_server.base_url, to="1", guards="cooldown: 0s"))
     settings = local_settings(tmp_path, pol)
     config = tmp_path / "tailguard.yaml"
-    config.write_text(json.dumps({"journal": {"path": str(settings.journal.path)}}))
+    config.write_text(json.dumps({"journal": {"path": str(settings.journal.path)}, "policies": {"path": str(pol)}}))
     async with Service(settings, action_registry(), detector_registry()) as svc:
         assert await asyncio.to_thread(cli_main, ["bad-versions", "mark", "ranker", "1", "--config", str(config),
                                                   "--reason", "v1 leaks memory"]) == 0

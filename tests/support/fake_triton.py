@@ -6,7 +6,9 @@ answers the two things the action asks Triton: the repository index with the mod
 read), and a load with a config (the write), which serves what the config's version policy names
 (`specific`: those versions; `latest`: the newest in the repository), as Triton does. Every load is
 recorded with whether it was sent from inside a door's `send` (`through_door`): tests assert none
-is not.
+is not. A load naming a version the repository lacks is refused as Triton refuses it (a 400, nothing
+changes; the text as tests/support/safety_world.py's port words it); a replica marked `stale`
+answers a load and keeps serving what it served (a bad input verify must catch).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Replica:
     repository: tuple[int, ...] = (1, 2)
     served: list[int] = field(default_factory=lambda: [2])
     policy: dict[str, Any] = field(default_factory=lambda: {"latest": {"num_versions": 1}})
+    stale: bool = False  # answers every load (200) and keeps serving the old version
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,14 @@ class FakeTriton:
         specific = policy.get("specific")
         served = sorted(int(v) for v in specific["versions"]) if specific else [max(rep.repository)]
         self.loads.append(Load(url, self.model, tuple(served), _in_door.get()))
-        rep.served, rep.policy = served, policy
+        missing = [v for v in served if v not in rep.repository]
+        if missing:
+            from tritonclient.utils import InferenceServerException
+
+            raise InferenceServerException(
+                msg=f"failed to load '{self.model}' version {missing[0]}: not found in the repository", status="400")
+        if not rep.stale:
+            rep.served, rep.policy = served, policy
 
     def action(self) -> type[TritonRollback]:
         """`triton.rollback` reading and loading this fake instead of HTTP."""

@@ -104,6 +104,47 @@ def test_the_local_backend_refuses_in_one_line(local: tuple[JournalBackend, Jour
         assert (refused.value.line, refused.value.exit_code) == (line, 1)
 
 
+RANKER_POLICY = """
+name: ranker-tail
+target: {model: ranker, triton: {endpoints: ["http://127.0.0.1:9"]}}
+triggers: [{alert: {name: TritonTailLatencyHigh}}]
+actions: [{type: triton.rollback, to: previous}]
+verify: {query: 'max(nv_inference_request_summary_us{model="$model", quantile="0.999"})', below: 500000}
+"""
+
+
+def test_the_local_backend_refuses_an_unknown_scope_and_stores_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#42 bad input, `tailguard freeze` / `bad-versions mark` on the pod itself: a target no policy
+    names, one that is not namespace/model, or policies that do not load is a one-line error (exit 2)
+    and nothing is journaled; a named target and the whole daemon still freeze."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "ranker.yaml").write_text(RANKER_POLICY)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"journal: {{path: {tmp_path / 'j.db'}}}\npolicies: {{path: {tmp_path / 'policies'}}}\n")
+    Journal(tmp_path / "j.db").close()
+    cases = [(["freeze", "ranker-typo", "--reason", "x"], "error: target: no policy names default/ranker-typo "
+                                                          "(known: default/ranker)"),
+             (["freeze", "bad//y", "--reason", "x"], "error: target: target 'bad//y' is not namespace/model"),
+             (["bad-versions", "mark", "serving/other", "3", "--reason", "x"],
+              "error: target: no policy names serving/other (known: default/ranker)")]
+    for argv, line in cases:
+        assert main([*argv, "--config", str(config)]) == 2, argv
+        assert capsys.readouterr().err == line + "\n"
+    (tmp_path / "policies" / "ranker.yaml").write_text("name: [broken")
+    assert main(["freeze", "ranker", "--reason", "x", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot read the policies to check the target: ")
+    journal = Journal(tmp_path / "j.db")
+    try:
+        assert journal.freezes.all() == [] and journal.bad_versions.of("serving/other") == []
+    finally:
+        journal.close()
+    (tmp_path / "policies" / "ranker.yaml").write_text(RANKER_POLICY)
+    assert main(["freeze", "ranker", "--reason", "canary", "--config", str(config)]) == 0
+    assert main(["freeze", "--reason", "hold", "--config", str(config)]) == 0  # the daemon needs no policy
+    assert main(["bad-versions", "mark", "ranker", "3", "--reason", "slow", "--config", str(config)]) == 0
+
+
 def test_a_failed_command_is_one_line_on_stderr_and_its_exit_code(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"

@@ -32,10 +32,34 @@ class JournalBackend:
     def __init__(self, config: Path | None) -> None:
         self._config = config
 
+    def named_target(self, target: str) -> str:
+        """The key of `target` when a policy names it (as the API's freeze and mark ask): an unknown
+        scope is refused before anything is stored, never journaled as a freeze that guards nothing.
+
+        Raises:
+            CommandFailed: (exit 2) not namespace/model, no policy names it, or the policies do not load.
+        """
+        from daemon.common.config import ConfigError, load_settings
+        from daemon.wiring.registries import action_registry, detector_registry
+        from daemon.workers.freezes import target_key as checked_key
+        from policies.loader import PolicyLoadError, load_policies
+
+        try:
+            key = checked_key(target)
+            policies = load_policies(load_settings(self._config).policies.path, action_registry(), detector_registry())
+        except (ValueError, ConfigError) as exc:
+            raise CommandFailed(f"error: target: {exc}", 2) from None
+        except PolicyLoadError as exc:  # cannot tell what is known: refuse (freezing the daemon needs no target)
+            raise CommandFailed(f"error: cannot read the policies to check the target: {exc}", 2) from None
+        known = {p.target.key for p in policies.policies}
+        if key not in known:
+            raise CommandFailed(f"error: target: no policy names {key} (known: {', '.join(sorted(known)) or 'none'})", 2)
+        return key
+
     def freeze(self, target: str | None, reason: str, seconds: float | None) -> Frozen:
         from daemon.workers.freezes import freeze_as_dict
 
-        key = target_key(target) if target is not None else DAEMON_SCOPE
+        key = self.named_target(target) if target is not None else DAEMON_SCOPE
         by = local_user()
         with settings_journal(self._config) as journal:
             until = FOREVER if seconds is None else time.time() + seconds
@@ -78,7 +102,7 @@ class JournalBackend:
                            at=m["at"]) for m in marks]
 
     def mark_bad_version(self, target: str, version: int, reason: str) -> Marked:
-        key = target_key(target)
+        key = self.named_target(target)
         journaled = f"{reason} (by {local_user()} via cli)"
         with settings_journal(self._config) as journal:
             if not journal.bad_versions.mark(key, version, journaled):
