@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Collection, Mapping, Sequence
 
 import aiohttp
 import structlog
@@ -65,9 +65,11 @@ def clearing_manager(scope: str, managed_fields: Sequence[Mapping[str, Any]]) ->
     return manager_of(FREEZE_KEY if scope == DAEMON_SCOPE else TARGETS_KEY, managed_fields)
 
 
-def declared_freezes(data: Mapping[str, str], managed_fields: Sequence[Mapping[str, Any]],
-                     where: str) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """(scope, reason, by) for each freeze the data declares, and one-line problems (targets skipped)."""
+def declared_freezes(data: Mapping[str, str], managed_fields: Sequence[Mapping[str, Any]], where: str,
+                     known: Collection[str] | None = None) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(scope, reason, by) for each freeze the data declares, and one-line problems (targets skipped:
+    not namespace/model, or, given the `known` targets, one no policy names: as the API refuses it,
+    never a freeze that guards nothing; read again each poll, so it holds once a policy names it)."""
     why = (data.get(REASON_KEY) or "").strip() or "no reason given"
     out: list[tuple[str, str, str]] = []
     problems: list[str] = []
@@ -83,6 +85,10 @@ def declared_freezes(data: Mapping[str, str], managed_fields: Sequence[Mapping[s
             key = text if "/" in text else f"default/{text}"
             if not _TARGET.match(key):
                 problems.append(f"{TARGETS_KEY}: {text[:80]!r} is not namespace/model; skipped")
+                continue
+            if known is not None and key not in known:
+                problems.append(f"{TARGETS_KEY}: no policy names {key} (known: {', '.join(sorted(known)) or 'none'}); "
+                                "skipped")
                 continue
             out.append((key, f"ConfigMap {where} key {TARGETS_KEY} set by {by}: {why}", by))
     return out, problems
@@ -125,10 +131,12 @@ class ControlFollower:
         apply: Journals the freezes declared and lifts those cleared.
         may_act: Only the replica that acts reads and applies.
         metrics: A read or apply that fails counts under `control`.
+        known_targets: The targets the policies name now (None: any namespace/model is frozen).
     """
 
     def __init__(self, api: ApiClient, namespace: str, name: str, poll_interval_seconds: float,
-                 apply: ApplyFreezes, may_act: Callable[[], bool], metrics: Metrics) -> None:
+                 apply: ApplyFreezes, may_act: Callable[[], bool], metrics: Metrics,
+                 known_targets: Callable[[], Collection[str]] | None = None) -> None:
         self._api = api
         self._namespace = namespace
         self._name = name
@@ -136,6 +144,7 @@ class ControlFollower:
         self._apply = apply
         self._may_act = may_act
         self._metrics = metrics
+        self._known_targets = known_targets
 
     async def run(self, stop: asyncio.Event) -> None:
         where = f"{self._namespace}/{self._name}"
@@ -145,7 +154,8 @@ class ControlFollower:
                 try:
                     read = await read_control(self._api, self._namespace, self._name, timeout)
                     data, managed = read if read is not None else ({}, [])
-                    desired, problems = declared_freezes(data, managed, where)
+                    known = self._known_targets() if self._known_targets is not None else None
+                    desired, problems = declared_freezes(data, managed, where, known)
                     for problem in problems:
                         log.warning("control ConfigMap entry skipped", configmap=where, problem=problem)
                     await self._apply(desired, lambda scope: clearing_manager(scope, managed), where)

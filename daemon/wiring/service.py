@@ -503,9 +503,9 @@ class Service:
         control = self.settings.control
         if control.config_map is not None and self.kube is not None:  # kubernetes.mode is not off (checked at load)
             namespace = control.namespace or self.settings.leader_election.lease_namespace
-            sup.start("control-configmap", ControlFollower(self.kube, namespace, control.config_map,
-                                                           control.poll_interval_seconds,
-                                                           self.freezes.apply_configmap, self.may_act, self.metrics))
+            sup.start("control-configmap", ControlFollower(
+                self.kube, namespace, control.config_map, control.poll_interval_seconds,
+                self.freezes.apply_configmap, self.may_act, self.metrics, self.known_targets))
         try:
             await self.freezes.view()
         except JournalError as exc:  # shown as not frozen until the next read succeeds

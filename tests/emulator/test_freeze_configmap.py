@@ -80,6 +80,17 @@ def test_declared_freezes_fail_safe_and_skip_bad_targets() -> None:
     assert declared_freezes({"freeze": "false", "freezeTargets": ""}, managed, "ns/cm") == ([], [])
 
 
+def test_declared_freezes_skip_a_target_no_policy_names() -> None:
+    """#42 bad input: given the targets the policies name, a freezeTargets entry naming another one is
+    a problem (skipped, as the API's 422), never a freeze guarding nothing; the daemon key needs none."""
+    out, problems = declared_freezes({"freeze": "true", "freezeTargets": "ranker ranker-typo"}, [], "ns/cm",
+                                     known={"default/ranker"})
+    assert [s for s, _, _ in out] == ["*", "default/ranker"]
+    assert problems == ["freezeTargets: no policy names default/ranker-typo (known: default/ranker); skipped"]
+    assert declared_freezes({"freezeTargets": "x"}, [], "ns/cm", known=set())[1] == \
+        ["freezeTargets: no policy names default/x (known: none); skipped"]
+
+
 # ---- the daemon following the ConfigMap ------------------------------------------------------------
 
 
@@ -137,6 +148,13 @@ async def test_target_freeze_via_configmap_names_kubectl_from_its_user_agent(
     await wait_for(lambda: _active(svc) == [])
     await alert(svc, 1)
     assert (await last_decision(svc))[0] == "succeeded" and len(sink.received) == 1
+
+
+async def test_a_configmap_freeze_of_a_target_no_policy_names_stores_nothing(
+        svc: Service, kube_emulator: KubeEmulator) -> None:
+    await kubectl_patch(kube_emulator, {"freezeTargets": "ranker-typo, ranker"}, None)
+    await wait_for(lambda: _active(svc) == ["default/ranker"])  # applied in the same pass as the typo
+    assert svc.journal.freezes.all("default/ranker-typo") == []
 
 
 # ---- leader and follower ---------------------------------------------------------------------------
