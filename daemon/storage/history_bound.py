@@ -1,12 +1,16 @@
-"""The journal bounded in size as well as age: past `max_rows` decisions (or signals), the oldest
-settled ones go first, inside the caller's transaction (`Journal.prune_to_size`).
+"""The journal bounded in size as well as age: past `max_rows` decisions (or signals, or the door's
+effects), the oldest settled ones go first, inside the caller's transaction (`Journal.prune_to_size`).
 
 What is never pruned here: pending signals, and signals a kept decision answers; decisions still
 `executing`, with an approval pending, or with a recovery unsettled (the last recovery row pending,
 or a verdict whose revert has not finished the decision: what `Decisions.open_recoveries` resumes);
 executed decisions and signals newer than `keep_after` (the guards' windows count them: cooldown,
-maxActions, the target budget, common cause). Pins, pin history, freezes, bad marks, guard marks and
-the door's effects live in tables this never touches.
+maxActions, the target budget, common cause). Effects newer than `keep_after` (no intent is pruned
+while its write may be in flight: a write's timeout is far below the guards' windows, and an intent
+goes no later than its result, oldest first), an escalated tug of war (it holds its pin until an
+operator answers), and the re-pins of a live pin (counted over executor.repinWindowSeconds, which is
+not among the guards' windows). Pins, pin history, freezes, bad marks and guard marks live in tables
+this never touches.
 """
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ UNSETTLED = (
 
 def prune_history(db: Backend, max_rows: int, keep_after: float) -> dict[str, int]:
     """Delete the oldest prunable decisions (with their steps and settled approvals) past `max_rows`
-    decisions, then the oldest processed signals no decision answers past `max_rows` signals.
+    decisions, then the oldest processed signals no decision answers past `max_rows` signals, then
+    the oldest prunable effects past `max_rows` effects.
     Returns the rows deleted per table. Raises ValueError for `max_rows` < 1."""
     if max_rows < 1:
         raise ValueError("max_rows must be at least 1")
-    deleted = {"decisions": 0, "steps": 0, "signals": 0}
+    deleted = {"decisions": 0, "steps": 0, "signals": 0, "effects": 0}
     excess = _count(db, "SELECT COUNT(*) AS n FROM decisions") - max_rows
     if excess > 0:
         unsettled = UNSETTLED.format(follow_up=db.json_text("s.data", "follow_up"))
@@ -50,6 +55,15 @@ def prune_history(db: Backend, max_rows: int, keep_after: float) -> dict[str, in
         for chunk in _chunks([int(r["id"]) for r in rows]):
             marks = ", ".join("?" * len(chunk))
             deleted["signals"] += db.execute(f"DELETE FROM signals WHERE id IN ({marks})", chunk).rowcount
+    excess = _count(db, "SELECT COUNT(*) AS n FROM effects") - max_rows
+    if excess > 0:
+        rows = db.execute(
+            "SELECT id FROM effects WHERE at <= ? AND kind != 'pin.escalated'"
+            " AND NOT (kind = 'pin.repin' AND target IN (SELECT target FROM pins)) ORDER BY id LIMIT ?",
+            (keep_after, excess)).fetchall()
+        for chunk in _chunks([int(r["id"]) for r in rows]):
+            marks = ", ".join("?" * len(chunk))
+            deleted["effects"] += db.execute(f"DELETE FROM effects WHERE id IN ({marks})", chunk).rowcount
     return deleted
 
 

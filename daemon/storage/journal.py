@@ -91,7 +91,7 @@ class Journal(JournalCore):
 
     @blocking
     def prune_to_size(self, max_rows: int, keep_after: float) -> dict[str, int]:
-        """Bound the history in size as well as age: past `max_rows` decisions (or signals) delete the
+        """Bound the history in size as well as age: past `max_rows` decisions (signals, effects) delete the
         oldest settled ones, never what is pending, unsettled or newer than `keep_after` that the guards
         count (daemon/storage/history_bound.py says exactly what is kept). Raises ValueError for
         `max_rows` < 1."""

@@ -199,10 +199,47 @@ def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay
     assert not signals & {f"k{i}" for i in range(8)}
     assert [p["version"] for p in j.pins.live()] == [1]
     assert j.freezes.active_on("ns/m") is not None and j.bad_versions.known("ns/m") == frozenset({2})
-    assert j.prune_to_size(3, keep_after=now - 86400) == {"decisions": 0, "steps": 0, "signals": 0}
-    assert j.prune_to_size(100, keep_after=now) == {"decisions": 0, "steps": 0, "signals": 0}  # under the bound
+    nothing = {"decisions": 0, "steps": 0, "signals": 0, "effects": 0}
+    assert j.prune_to_size(3, keep_after=now - 86400) == nothing
+    assert j.prune_to_size(100, keep_after=now) == nothing  # under the bound
     with pytest.raises(ValueError):
         j.prune_to_size(0, keep_after=now)
+
+
+def test_prune_to_size_bounds_the_doors_effects_and_keeps_what_the_pins_and_writes_need(
+        open_journal: OpenJournal):
+    """Past the size bound the oldest effects go first (an intent before its result); never one newer
+    than the guards' horizon (a write that may be in flight, its intent included), an escalated tug
+    of war, or a re-pin of a live pin (the tug of war counts them); a re-pin of an ended pin may go."""
+    j = open_journal()
+    now = time.time()
+    old = now - 10 * 86400
+    for i in range(6):  # settled writes, old: an intent and its result each
+        intent = j.effects.record("executor", "ns/m", "triton.load", "intent", f"load {i}", {})
+        j.effects.record("executor", "ns/m", "triton.load", "done", f"load {i}", {"intent": intent})
+    j.effects.record("pins", "ns/m", "pin.escalated", "done", "escalated", {"version": 2})
+    j.effects.record("pins", "ns/m", "pin.repin", "done", "re-pinned", {"version": 2})  # live pin below
+    j.effects.record("pins", "ns/gone", "pin.repin", "done", "re-pinned", {"version": 2})  # its pin ended
+    j._db.execute("UPDATE effects SET at=?", (old,))
+    in_flight = j.effects.record("executor", "ns/m", "triton.load", "intent", "load now", {})  # no result yet
+    j.pins.record("ns/m", "m", 1)
+
+    pruned = j.prune_to_size(3, keep_after=now - 86400)
+
+    assert pruned["effects"] == 13  # 16 rows past 3: every prunable one
+    kept = [(r["kind"], r["status"], r["target"]) for r in j.effects.of()]
+    assert kept == [("pin.escalated", "done", "ns/m"), ("pin.repin", "done", "ns/m"), ("triton.load", "intent", "ns/m")]
+    assert j.effects.of()[-1]["id"] == in_flight
+
+    j._db.execute("DELETE FROM effects")
+    for i in range(5):
+        intent = j.effects.record("executor", "ns/m", "triton.load", "intent", f"load {i}", {})
+        j.effects.record("executor", "ns/m", "triton.load", "done", f"load {i}", {"intent": intent})
+    j._db.execute("UPDATE effects SET at=?", (old,))
+    assert j.prune_to_size(4, keep_after=now - 86400)["effects"] == 6  # the oldest first: whole pairs here
+    rows = j.effects.of()
+    assert [r["message"] for r in rows] == ["load 3"] * 2 + ["load 4"] * 2
+    assert [r["data"].get("intent") for r in rows] == [None, rows[0]["id"], None, rows[2]["id"]]
 
 
 async def test_the_pruner_bounds_the_journal_in_size_each_round(tmp_path: Path):
