@@ -254,16 +254,16 @@ def test_webhook_bounds_and_shutdown_timeout_reach_the_daemon(tmp_path: Path) ->
           "window_seconds": 3600.0, "common_cause_targets": 3, "common_cause_share": None,
           "common_cause_span_seconds": 60.0, "quiet_hold_seconds": 15.0, "max_history_rows": 100_000,
           "max_crashes": 5,
-          "crash_window_seconds": 300.0}),
+          "crash_window_seconds": 300.0, "repin_escalate_after": 3, "repin_window_seconds": 3600.0}),
     ({"executor": {"maxSignalAgeSeconds": 2.5, "escalationFreezeSeconds": 86400, "queueSize": 1_000_000,
-                   "notificationQueueSize": 1},
+                   "notificationQueueSize": 1, "repinEscalateAfter": 5, "repinWindowSeconds": 7200.5},
       "journal": {"maxPending": 5_000_000},
       "blastRadius": {"maxTargetsPerWindow": 3, "windowSeconds": 1800, "commonCauseTargets": 5,
                       "commonCauseShare": 0.25, "commonCauseSpanSeconds": 30.5}},
      {"max_signal_age_seconds": 2.5, "escalation_freeze_seconds": 86400.0, "queue_size": 1_000_000,
       "notification_queue_size": 1, "max_pending": 5_000_000, "max_targets_per_window": 3,
       "window_seconds": 1800.0, "common_cause_targets": 5, "common_cause_share": 0.25,
-      "common_cause_span_seconds": 30.5}),
+      "common_cause_span_seconds": 30.5, "repin_escalate_after": 5, "repin_window_seconds": 7200.5}),
     # an explicit null (off) passes the schema; Helm drops the key and the template renders null
     ({"blastRadius": {"maxTargetsPerWindow": None, "commonCauseShare": None}},
      {"max_targets_per_window": None, "common_cause_share": None}),
@@ -286,13 +286,15 @@ def test_executor_journal_and_blast_radius_settings_reach_the_daemon(
            "common_cause_targets": br.common_cause_targets, "common_cause_share": br.common_cause_share,
            "common_cause_span_seconds": br.common_cause_span_seconds, "quiet_hold_seconds": br.quiet_hold_seconds,
            "max_history_rows": settings.journal.max_history_rows, "max_crashes": settings.loops.max_crashes,
-           "crash_window_seconds": settings.loops.crash_window_seconds}
+           "crash_window_seconds": settings.loops.crash_window_seconds,
+           "repin_escalate_after": ex.repin_escalate_after, "repin_window_seconds": ex.repin_window_seconds}
     assert {k: got[k] for k in expected} == expected
     assert all(type(got[k]) is type(v) for k, v in expected.items())
 
 
 def test_chart_defaults_are_the_daemon_defaults() -> None:
-    """The chart's executor, journal.maxPending, blastRadius and loops defaults are the daemon's own."""
+    """The chart's executor (repinEscalateAfter and repinWindowSeconds among them), journal.maxPending,
+    blastRadius and loops defaults are the daemon's own."""
     from daemon.common.config import BlastRadiusSettings, ExecutorSettings, JournalSettings, LoopSettings
 
     values = hr.chart().values
@@ -300,6 +302,8 @@ def test_chart_defaults_are_the_daemon_defaults() -> None:
                            (values["loops"], LoopSettings())):
         defaults = model.model_dump(by_alias=True)
         assert {k: defaults[k] for k in section} == section
+    # The tug of war's escalation is tunable from the chart (#42), not left to the daemon's defaults.
+    assert {"repinEscalateAfter", "repinWindowSeconds"} <= set(values["executor"])
     assert values["journal"]["maxPending"] == JournalSettings().max_pending
     assert values["journal"]["maxHistoryRows"] == JournalSettings().max_history_rows
 
@@ -691,6 +695,8 @@ def test_notes_receiver_snippet_is_valid_alertmanager_config(tmp_path: Path) -> 
     ({"executor": {"queueSize": 0}}, "at '/executor/queueSize': minimum"),
     ({"executor": {"maxSignalAgeSeconds": 0}}, "at '/executor/maxSignalAgeSeconds': exclusiveMinimum"),
     ({"executor": {"workerz": 4}}, "at '/executor': additional properties 'workerz' not allowed"),
+    ({"executor": {"repinEscalateAfter": 0}}, "at '/executor/repinEscalateAfter': minimum"),
+    ({"executor": {"repinWindowSeconds": 0}}, "at '/executor/repinWindowSeconds': exclusiveMinimum"),
     ({"journal": {"maxPending": 1.5}}, "at '/journal/maxPending'"),
     ({"blastRadius": {"maxTargetsPerWindow": 0}}, "at '/blastRadius/maxTargetsPerWindow': minimum"),
     ({"blastRadius": {"commonCauseShare": 1}}, "at '/blastRadius/commonCauseShare': exclusiveMaximum"),

@@ -212,6 +212,8 @@ sharding:
 executor:
   maxSignalAgeSeconds: {{ .Values.executor.maxSignalAgeSeconds | toJson }}
   escalationFreezeSeconds: {{ .Values.executor.escalationFreezeSeconds | toJson }}
+  repinEscalateAfter: {{ .Values.executor.repinEscalateAfter | toJson }}
+  repinWindowSeconds: {{ .Values.executor.repinWindowSeconds | toJson }}
   queueSize: {{ .Values.executor.queueSize | toJson }}
   notificationQueueSize: {{ .Values.executor.notificationQueueSize | toJson }}
 blastRadius:
