@@ -141,6 +141,10 @@ async def test_target_freeze_via_api_for_a_while(svc: Service, sink: NotifySink)
     assert "tailguard_frozen_targets 1.0" in (await call(svc, "GET", "/metrics", None))[1]
     status, body = await call(svc, "POST", "/api/v1/freeze", body={"target": "ranker-typo", "reason": "x"})
     assert status == 422 and "no policy names default/ranker-typo" in body["error"]
+    for scope in ("bad//y", "a b", "Serving/ranker", "x" * 300):  # not namespace/model: a clear 422, not a 500
+        status, body = await call(svc, "POST", "/api/v1/freeze", body={"target": scope, "reason": "x"})
+        assert status == 422 and body["error"].startswith("target: ") and "not namespace/model" in body["error"], body
+    assert [f.target for f in svc.journal.freezes.all()] == ["default/ranker"]  # nothing else stored
     assert (await call(svc, "POST", "/api/v1/unfreeze", body={"target": "default/ranker"}))[0] == 200
     await alert(svc, 1)
     assert (await last_decision(svc))[0] == "succeeded" and len(sink.received) == 1
