@@ -32,12 +32,10 @@ OK, NO_DATA, STALE, SHORT_HISTORY, NO_COUNTS, INCONSISTENT = (
     DetectorStatus.NO_COUNTS, DetectorStatus.INCONSISTENT)
 
 SLOWEST_COUNTED = 0.1
-"""Series below this many requests per second do not grow the lookback, nor hold another version's
-alarm (an idle old version)."""
+"""Below this many requests per second a series grows no lookback, holds no alarm (an idle version)."""
 
 Thresholds = Callable[[float, float], tuple[tuple[float, ...], bool]]
-"""(requests per step, step seconds) -> (each member's threshold, derived: False while the Wald
-bound stands in)."""
+"""(requests per step, step seconds) -> (each member's threshold, derived: False while Wald's stands in)."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +57,12 @@ class Test:
     lookback, however far the scored lookback has grown, so hours of healthy history do not dilute
     a breach that began minutes ago."""
     count_design: BankDesign | None = None
-    """Counters: the bank on slow requests counted per step (detectors/_slow_counts.py), used where
-    steps are short enough; None: counters are read as latency mass."""
+    """Counters: the bank on slow requests counted per step (detectors/_slow_counts.py); None: mass."""
     shared_hold_seconds: float = 0.0
     """How long into a firing version's episode its alarm waits while another serving version's
     evidence is too thin to tell a shared slowdown from this version's defect (0: never)."""
     bank_days: float | None = None
-    """The bank's own promise when a start test spends part of the stated rate per deploy
-    (detectors/sequential/start_test.py `bank_days`); None: the stated `promise_days`."""
+    """The bank's promise when a start test spends part of the rate per deploy (None: promise_days)."""
     start_assumed: tuple[tuple[str, float], ...] = ()
     """What the start test assumes (alpha per deploy, horizon, settle, ...), for every row's details."""
 
@@ -431,13 +427,17 @@ def judge_others(b: ExcessBatch, labels: Sequence[Mapping[str, str]], version_la
     age = f.timestamps[-1] - f.timestamps[since]
     above: set[str] = set()
     undecided: dict[str, str] = {}
+    # Counted steps that cannot say (a heavy bulk: sub-line slow requests in most steps) are no proof of none above.
+    above_at = b.counting.counts_above if b.counting is not None and b.counting.counted else None
+    blind = {labels[r][version_label] for r in rows if above_at is not None and above_at[r] == math.inf}
     for version, (w_units, w_requests, e_units, e_requests) in versions.items():
         if shown_above(w_units, w_requests, allowed) or shown_above(e_units, e_requests, allowed):
             above.add(version)
-        elif (e_requests > 0 and e_requests >= SLOWEST_COUNTED * age and firing_share > null
-              and not accept_null(e_units, e_requests, null, firing_share, HOLD_ERROR).accepted):
-            undecided[version] = (f"version {version}: {e_units:.1f} above the line in {e_requests:.0f} requests "
-                                  f"since the episode began ({e_units / e_requests:.3%})")
+        elif e_requests > 0 and e_requests >= SLOWEST_COUNTED * age and firing_share > null and (
+                version in blind or not accept_null(e_units, e_requests, null, firing_share, HOLD_ERROR).accepted):
+            undecided[version] = (f"version {version}: " + ("its counted steps cannot say (slow requests below the line "
+                                  "in most steps)" if version in blind else f"{e_units:.1f} above the line in "
+                                  f"{e_requests:.0f} requests since the episode began ({e_units / e_requests:.3%})"))
     return OthersVerdict(sorted({*firing, *above}), [undecided[v] for v in sorted(undecided)], sorted(undecided),
                          firing_share, age)
 

@@ -320,30 +320,28 @@ class Others:
     undecided: list[str]  # serving, neither above budget nor shown below the version's share yet
 
 
-def judge_others(batch: ExcessBatch, versions: Mapping[str, VersionRows], version: str, since: float,
-                 now: float) -> Others:
+def judge_others(batch: ExcessBatch, versions: Mapping[str, VersionRows], version: str,
+                 spans: Mapping[str, tuple[float, float]], allowed: float, null: float, age: float) -> Others:
     """The bank's shared-slowdown rule (tail_excess_batch.judge_others) over the start test's span:
-    each other version shown above its budget over the recent window or since `since` (a shared
-    cause), or, serving, not yet shown below this version's share since then by Wald's acceptance
-    (HOLD_ERROR): undecided, and a crossing waits for it as the bank's alarm does."""
-    f, test = batch.facts, batch.test
-    allowed, null = test.budget * test.design.lump, test.design.null
-    cols = batch.timestamps > since
-    def span(rows: list[int]) -> tuple[float, float]:
-        u = batch.units[rows][:, cols]
-        ok = np.isfinite(u)
-        return float(np.where(ok, u, 0.0).sum()), float(np.where(ok, batch.requests[rows][:, cols], 0.0).sum())
-    mine_u, mine_n = span(versions[version].rows)
+    each other version shown above its budget over the bank's recent window or over the span (a
+    shared cause), or, serving, not yet shown below this version's share over the span by Wald's
+    acceptance (HOLD_ERROR): undecided, and a crossing waits for it as the bank's alarm does.
+
+    `spans`: per version, (units above the line, requests) since the start test's settle ended, read
+    as the start test reads its own (latency mass on counters): a version whose counted steps say
+    nothing (a heavy bulk hides whether a step holds a request above the line) is not read as none
+    above it. `allowed` and `null` are in those units."""
+    f = batch.facts
+    mine_u, mine_n = spans.get(version, (0.0, 0.0))
     share = mine_u / mine_n if mine_n > 0 else 0.0
-    age = max(now - since, 0.0)
     above, undecided = [], []
     for other, vr in sorted(versions.items()):
         if other == version:
             continue
         w_u = sum(f.window_units[r] for r in vr.rows)
         w_n = sum(f.window_requests[r] for r in vr.rows)
-        e_u, e_n = span(vr.rows)
-        if shown_above(w_u, w_n, allowed) or shown_above(e_u, e_n, allowed):
+        e_u, e_n = spans.get(other, (0.0, 0.0))
+        if shown_above(w_u, w_n, batch.test.budget * batch.test.design.lump) or shown_above(e_u, e_n, allowed):
             above.append(other)
         elif (e_n > 0 and e_n >= SLOWEST_COUNTED * age and share > null
               and not accept_null(e_u, e_n, null, share, HOLD_ERROR).accepted):
@@ -434,10 +432,14 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
         if gaps:
             book._note(version, f"missing from the answer for {gaps} step(s) since its start (it disappeared and "
                                 "returned): those steps are not scored")
+        since = at + rule.settle_seconds
+        design = _design(front, test)
+        spans = {v: _mass_span(test, grid, primary, totals, other.rows, first_col, since, now)
+                 for v, other in by_version.items()}
+        others = judge_others(batch, by_version, version, spans, test.budget * design.lump, design.null,
+                              max(now - since, 0.0))
         verdicts[version] = test_version(book, version, front.grid, units, requests, int(front.resets.sum()), now,
-                                         _design(front, test), judge_others(batch, by_version, version,
-                                                                            at + rule.settle_seconds, now),
-                                         test.shared_hold_seconds)
+                                         design, others, test.shared_hold_seconds)
     decided = [s == OK for s in f.status]
     return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved,
                           frame.first_seen)
@@ -448,6 +450,16 @@ def _as_mass(test: Test, lookback_seconds: float) -> Test:
     if getattr(test, "count_design", None) is not None:
         return replace(test, lookback_seconds=lookback_seconds, count_design=None)
     return replace(test, lookback_seconds=lookback_seconds)
+
+
+def _mass_span(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
+               rows: list[int], first_col: int, since: float, now: float) -> tuple[float, float]:
+    """(units above the line, requests) of `rows` after `since`, read as a start test reads its own
+    evidence (latency mass on counters, never counted per step)."""
+    front = front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[first_col:],
+                      primary[rows, first_col:], totals[rows, first_col:], now)
+    keep = (front.grid > since)[None, :] & np.isfinite(front.units) & np.isfinite(front.requests)
+    return float(np.where(keep, front.units, 0.0).sum()), float(np.where(keep, front.requests, 0.0).sum())
 
 
 def _design(front: Any, test: Test) -> Any:
