@@ -61,7 +61,8 @@ def delay_section(seeds: range) -> bool:
     print("|---|---|---|---|---|---|---|---|---|")
     cases = [("histogram", 40.0), ("histogram", 400.0), ("counters", 40.0)]
     for evidence, rate in cases:
-        params = TailExcessParams(line=LINE_MS, evidence=evidence)
+        # Counters opt in (off by default there: latency mass cannot tell a heavy healthy tail).
+        params = TailExcessParams(line=LINE_MS, evidence=evidence, start_false_alarms=0.001)
         spec = StartSpec.of(params)
         unsettled = StartSpec.of(params.model_copy(update={"start_settle_seconds": 0.0}))
         first = spec.first_scored(STEP)
@@ -114,7 +115,7 @@ def healthy_section(deploys: int, quick: bool) -> bool:
         ("histogram", 40.0, HEALTHY), ("histogram", 400.0, HEALTHY), ("histogram", 4.0, HEALTHY),
         ("counters", 40.0, HEALTHY), ("counters", 40.0, Fault(NULL, 2 * LINE_MS))]
     for evidence, rate, fault in cases:
-        spec = StartSpec.of(TailExcessParams(line=LINE_MS, evidence=evidence))
+        spec = StartSpec.of(TailExcessParams(line=LINE_MS, evidence=evidence, start_false_alarms=0.001))
         fired = false_starts(spec, rate, fault, deploys, STEP, seed=7)
         line = rate_line(fired, deploys, spec.alpha)
         ok &= "**no**" not in line

@@ -98,10 +98,13 @@ class TailExcessParams(DetectorParams):
     too thin to say whether it is slow too (shared cause) or not waits up to this long into its
     episode before its alarm stands alone (0: never). The busier version fires first in a shared
     slowdown; a version serving a tenth of the traffic needs minutes to show it."""
-    start_false_alarms: float = Field(START_ALPHA, ge=0.0, le=0.05)
+    start_false_alarms: float | None = Field(None, ge=0.0, le=0.05)
     """The start test's false alarms per deploy (detectors/tail_excess_start.py): from a version's
     first request, its life so far is tested beside the bank; the bank keeps what is left of the
-    rate per version-day. 0 turns the start test off."""
+    rate per version-day. 0 turns it off. Unset: 0.001 on a histogram, off on counters, where the
+    start test reads latency mass, which cannot tell one healthy request at 6x the line from six
+    breaching ones (on the real stack a healthy version with 0.05% of requests at 3,000 ms was
+    rolled back); counters are counted per step by the bank instead."""
     start_horizon_seconds: float = Field(900.0, gt=0)
     """How long after its settle a version's start test runs."""
     start_settle_seconds: float = Field(5.0, ge=0)
@@ -194,7 +197,10 @@ class TailExcessParams(DetectorParams):
     @property
     def start_alpha(self) -> float:
         """The start test's probability per deploy: `start_false_alarms`, at most half a version-day's share."""
-        return start_alpha(self.false_alarm_days, self.start_false_alarms) if self.start_false_alarms > 0 else 0.0
+        wanted = self.start_false_alarms
+        if wanted is None:
+            wanted = START_ALPHA if self.evidence == "histogram" else 0.0
+        return start_alpha(self.false_alarm_days, wanted) if wanted > 0 else 0.0
 
     def start_rule(self) -> StartRule | None:
         """What the start test assumes (None: it is off)."""
