@@ -134,7 +134,8 @@ def daemon_settings(workdir: Path, prometheus: PrometheusServer) -> Settings:
         "journal": {"path": str(workdir / "journal.db")},
         "prometheus": {"url": prometheus.url},
         "log": {"format": "console", "level": "warning"},
-        # One target: the common-cause hold (on by default, 60 s before any action) would only add its span.
+        # One target: the common-cause hold (on by default: a lone target waits quietHoldSeconds, 15 s)
+        # would only add its hold.
         "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None},
     })
 
