@@ -136,7 +136,7 @@ async def run_scenario(scenario: Scenario, out_dir: Path, short: bool = False,
             "journal": {"path": str(work / "journal.db")},
             "prometheus": {"url": prom.url},
             # The scenarios play one incident on one target at a time, timed without the common-cause
-            # hold (on by default: 60 s before any action); docs/operations.md states it.
+            # hold (on by default: a lone target waits 15 s, 60 s beside another); docs/operations.md states it.
             "blastRadius": {"maxTargetsPerWindow": None, "commonCauseTargets": None},
         }
         if kube is not None:

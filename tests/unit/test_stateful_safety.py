@@ -504,7 +504,7 @@ Step = tuple[str, dict[str, Any]]
 
 
 # The trees the sequences were found on had no common-cause hold (blastRadius off by default before
-# 090cd6d); with the shipped hold every decision waits 60 s and a shrunk sequence would freeze or
+# 090cd6d); with the shipped hold every decision waits 15 s or more and a shrunk sequence would freeze or
 # restart before the rollback it is about. The regression tests replay them as found.
 AS_FOUND = {"commonCauseTargets": None}
 
