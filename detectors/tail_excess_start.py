@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from core.detection import Detection
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.start_test import first_crossing, life_statistic, start_bounds
-from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Test, front_end
+from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Front, Test, front_end
 
 START_GRID = 1.25
 """The start bound is computed at the top of the version's traffic on a grid of this ratio (its
@@ -424,8 +424,7 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
         # Counters as latency mass, never counted per step: the exact bound is for Poisson lumps of
         # at most `heaviest_slow` units, what mass is under the null; a count's corrections for
         # merged and sub-line requests are set for a version's steady state, not its first minute.
-        front = front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[cols],
-                          primary[vr.rows, cols], totals[vr.rows, cols], now)
+        front = _mass_front(test, grid, primary, totals, vr.rows, first_col, now)
         units = _sum_finite(front.units)
         requests = _sum_finite(np.where(np.isfinite(front.units), front.requests, np.nan))
         gaps = _gaps(vr.total[cols], front.grid, at)
@@ -434,7 +433,8 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
                                 "returned): those steps are not scored")
         since = at + rule.settle_seconds
         design = _design(front, test)
-        spans = {v: _mass_span(test, grid, primary, totals, other.rows, first_col, since, now)
+        spans = {v: _span(front if v == version else _mass_front(test, grid, primary, totals, other.rows, first_col,
+                                                                  now), since)
                  for v, other in by_version.items()}
         others = judge_others(batch, by_version, version, spans, test.budget * design.lump, design.null,
                               max(now - since, 0.0))
@@ -452,12 +452,16 @@ def _as_mass(test: Test, lookback_seconds: float) -> Test:
     return replace(test, lookback_seconds=lookback_seconds)
 
 
-def _mass_span(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
-               rows: list[int], first_col: int, since: float, now: float) -> tuple[float, float]:
-    """(units above the line, requests) of `rows` after `since`, read as a start test reads its own
-    evidence (latency mass on counters, never counted per step)."""
-    front = front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[first_col:],
-                      primary[rows, first_col:], totals[rows, first_col:], now)
+def _mass_front(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
+                rows: list[int], first_col: int, now: float) -> Front:
+    """The evidence of `rows` from `first_col` as a start test reads it (latency mass on counters,
+    never counted per step)."""
+    return front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[first_col:],
+                     primary[rows, first_col:], totals[rows, first_col:], now)
+
+
+def _span(front: Front, since: float) -> tuple[float, float]:
+    """(units above the line, requests) of a front end's evidence after `since`."""
     keep = (front.grid > since)[None, :] & np.isfinite(front.units) & np.isfinite(front.requests)
     return float(np.where(keep, front.units, 0.0).sum()), float(np.where(keep, front.requests, 0.0).sum())
 
