@@ -30,7 +30,7 @@ from detectors.tail_excess import TailExcessDetector, TailExcessParams  # noqa: 
 from evaluation.operating_curve.arrivals import Fault, Steps, seeded_run  # noqa: E402
 from evaluation.operating_curve.deciders import Tailguard  # noqa: E402
 from evaluation.operating_curve.start_limit import (StartSpec, false_starts, limit_first,  # noqa: E402
-                                                    median_or_inf, start_first)
+                                                    median_or_inf, start_first, step_limit_first)
 from evaluation.operating_curve.traffic import Traffic  # noqa: E402
 
 LINE_MS = 500.0
@@ -61,13 +61,12 @@ def delay_section(seeds: range) -> bool:
     print("|---|---|---|---|---|---|---|---|---|")
     cases = [("histogram", 40.0), ("histogram", 400.0), ("counters", 40.0)]
     for evidence, rate in cases:
-        # Counters opt in (off by default there: latency mass cannot tell a heavy healthy tail).
-        params = TailExcessParams(line=LINE_MS, evidence=evidence, start_false_alarms=0.001)
+        params = TailExcessParams(line=LINE_MS, evidence=evidence)
         spec = StartSpec.of(params)
         unsettled = StartSpec.of(params.model_copy(update={"start_settle_seconds": 0.0}))
         first = spec.first_scored(STEP)
         bank = Tailguard.of(params, STEP, 900.0)
-        start, both, bare, limit, limit_settled = [], [], [], [], []
+        start, both, bare, limit, limit_settled, step_settled = [], [], [], [], [], []
         for seed in seeds:
             steps = seeded_run(seed, Traffic(rate), DEFECT, RUN_SECONDS, LINE_MS, STEP)
             s = float(start_first(spec, steps, STEP)[0])
@@ -82,6 +81,8 @@ def delay_section(seeds: range) -> bool:
             late = Steps(steps.requests[:, first:], steps.above[:, first:], steps.latency_ms[:, first:])
             limit_settled.append(first * STEP + float(limit_first(NULL, DEFECT.share, spec.alpha, spec.horizon_seconds,
                                                                   late, STEP, rate * STEP)[0]))
+            step_settled.append(first * STEP + float(step_limit_first(NULL, DEFECT.share, spec.alpha,
+                                                                      spec.horizon_seconds, late, STEP, rate * STEP)[0]))
         med, med_both = median_or_inf(start), median_or_inf(both)
         lim, lim_s = median_or_inf(limit), median_or_inf(limit_settled)
         if evidence == "histogram":
@@ -89,7 +90,9 @@ def delay_section(seeds: range) -> bool:
             bar = f"<= 1.1x limit or one step: {'yes' if passed else '**no**'}"
         else:
             passed = med_both <= 35.0
-            bar = f"<= 35 s: {'yes' if passed else '**no**'}"
+            steps_only = median_or_inf(step_settled)
+            bar = (f"<= 35 s: {'yes' if passed else '**no**'} (the limit on what 1 s counters show, whether a step "
+                   f"holds a slow request, after the settle: {steps_only:.0f} s, {med_both / steps_only:.2f}x)")
         ok &= passed
         print(f"| {evidence} | {rate:g} | {med:.0f} | {med_both:.0f} | {median_or_inf(bare):.0f} | {lim:.0f} | {lim_s:.0f} | "
               f"{med_both / lim:.2f}x | {bar} |")
@@ -109,13 +112,13 @@ def healthy_section(deploys: int, quick: bool) -> bool:
     print("## Healthy deploys: false starts per deploy (stated 0.001)\n")
     print("| evidence | req/s | healthy case | deploys | false starts | per deploy | 95% lower | holds 0.001 |")
     print("|---|---|---|---|---|---|---|---|")
-    # Counters state their rate in mass: half budget with slow requests at up to twice the line
-    # (1000 ms: the heaviest the promise covers, where the bound is tight) as well as at 900 ms.
-    cases = [("histogram", 40.0, HEALTHY)] if quick else [
+    # Counters count slow requests per step, whatever their size: half budget at 900 ms and at
+    # 3,000 ms (the heavy healthy tail a latency-mass reading rolled back on the real stack).
+    cases = [("histogram", 40.0, HEALTHY), ("counters", 40.0, Fault(NULL, 6 * LINE_MS))] if quick else [
         ("histogram", 40.0, HEALTHY), ("histogram", 400.0, HEALTHY), ("histogram", 4.0, HEALTHY),
-        ("counters", 40.0, HEALTHY), ("counters", 40.0, Fault(NULL, 2 * LINE_MS))]
+        ("counters", 40.0, HEALTHY), ("counters", 40.0, Fault(NULL, 6 * LINE_MS)), ("counters", 4.0, HEALTHY)]
     for evidence, rate, fault in cases:
-        spec = StartSpec.of(TailExcessParams(line=LINE_MS, evidence=evidence, start_false_alarms=0.001))
+        spec = StartSpec.of(TailExcessParams(line=LINE_MS, evidence=evidence))
         fired = false_starts(spec, rate, fault, deploys, STEP, seed=7)
         line = rate_line(fired, deploys, spec.alpha)
         ok &= "**no**" not in line

@@ -101,10 +101,9 @@ class TailExcessParams(DetectorParams):
     start_false_alarms: float | None = Field(None, ge=0.0, le=0.05)
     """The start test's false alarms per deploy (detectors/tail_excess_start.py): from a version's
     first request, its life so far is tested beside the bank; the bank keeps what is left of the
-    rate per version-day. 0 turns it off. Unset: 0.001 on a histogram, off on counters, where the
-    start test reads latency mass, which cannot tell one healthy request at 6x the line from six
-    breaching ones (on the real stack a healthy version with 0.05% of requests at 3,000 ms was
-    rolled back); counters are counted per step by the bank instead."""
+    rate per version-day. 0 turns it off; unset, 0.001. On counters it counts slow requests per
+    step, never latency mass (one healthy request at 6x the line weighs one, not six:
+    detectors/tail_excess_start_evidence.py); where steps are too long to count, it does not run."""
     start_horizon_seconds: float = Field(900.0, gt=0)
     """How long after its settle a version's start test runs."""
     start_settle_seconds: float = Field(5.0, ge=0)
@@ -197,9 +196,7 @@ class TailExcessParams(DetectorParams):
     @property
     def start_alpha(self) -> float:
         """The start test's probability per deploy: `start_false_alarms`, at most half a version-day's share."""
-        wanted = self.start_false_alarms
-        if wanted is None:
-            wanted = START_ALPHA if self.evidence == "histogram" else 0.0
+        wanted = START_ALPHA if self.start_false_alarms is None else self.start_false_alarms
         return start_alpha(self.false_alarm_days, wanted) if wanted > 0 else 0.0
 
     def start_rule(self) -> StartRule | None:

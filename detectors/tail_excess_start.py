@@ -23,7 +23,8 @@ from numpy.typing import NDArray
 from core.detection import Detection
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.start_test import first_crossing, life_statistic, start_bounds
-from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Front, Test, front_end
+from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Test
+from detectors.tail_excess_start_evidence import StartEvidence, neighbour_evidence, start_evidence
 
 START_GRID = 1.25
 """The start bound is computed at the top of the version's traffic on a grid of this ratio (its
@@ -327,10 +328,11 @@ def judge_others(batch: ExcessBatch, versions: Mapping[str, VersionRows], versio
     shared cause), or, serving, not yet shown below this version's share over the span by Wald's
     acceptance (HOLD_ERROR): undecided, and a crossing waits for it as the bank's alarm does.
 
-    `spans`: per version, (units above the line, requests) since the start test's settle ended, read
-    as the start test reads its own (latency mass on counters): a version whose counted steps say
-    nothing (a heavy bulk hides whether a step holds a request above the line) is not read as none
-    above it. `allowed` and `null` are in those units."""
+    `spans`: per version, (units above the line, requests) since the start test's settle ended: the
+    version's own as its start test reads it, the others' as `neighbour_evidence` does (latency
+    mass on counters: a version whose counted steps say nothing, a heavy bulk hiding whether a step
+    holds a request above the line, is not read as none above it). `allowed` and `null` are in the
+    others' units."""
     f = batch.facts
     mine_u, mine_n = spans.get(version, (0.0, 0.0))
     share = mine_u / mine_n if mine_n > 0 else 0.0
@@ -421,55 +423,35 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
             continue  # over for a horizon: the verdict is no longer news
         first_col = int(np.searchsorted(grid, at - 2.0 * step, side="left"))
         cols = slice(first_col, None)
-        # Counters as latency mass, never counted per step: the exact bound is for Poisson lumps of
-        # at most `heaviest_slow` units, what mass is under the null; a count's corrections for
-        # merged and sub-line requests are set for a version's steady state, not its first minute.
-        front = _mass_front(test, grid, primary, totals, vr.rows, first_col, now)
-        units = _sum_finite(front.units)
-        requests = _sum_finite(np.where(np.isfinite(front.units), front.requests, np.nan))
-        gaps = _gaps(vr.total[cols], front.grid, at)
+        ev = _evidence(test, grid, primary, totals, vr.rows, first_col, now)
+        if ev.why_not:
+            verdicts[version] = StartVerdict(version, "none", ev.why_not, {"status": "none", "reason": ev.why_not},
+                                             started_at=at)
+            continue
+        units = _sum_finite(ev.units)
+        requests = _sum_finite(np.where(np.isfinite(ev.units), ev.requests, np.nan))
+        gaps = _gaps(vr.total[cols], ev.grid, at)
         if gaps:
             book._note(version, f"missing from the answer for {gaps} step(s) since its start (it disappeared and "
                                 "returned): those steps are not scored")
         since = at + rule.settle_seconds
-        design = _design(front, test)
-        spans = {v: _span(front if v == version else _mass_front(test, grid, primary, totals, other.rows, first_col,
-                                                                  now), since)
-                 for v, other in by_version.items()}
-        others = judge_others(batch, by_version, version, spans, test.budget * design.lump, design.null,
+        spans = {v: neighbour_evidence(test, grid[first_col:], primary[other.rows, first_col:],
+                                       totals[other.rows, first_col:], now).span(since)
+                 for v, other in by_version.items() if v != version}
+        spans[version] = ev.span(since)
+        others = judge_others(batch, by_version, version, spans, test.budget * test.design.lump, test.design.null,
                               max(now - since, 0.0))
-        verdicts[version] = test_version(book, version, front.grid, units, requests, int(front.resets.sum()), now,
-                                         design, others, test.shared_hold_seconds)
+        verdicts[version] = test_version(book, version, ev.grid, units, requests, ev.resets, now, ev.design, others,
+                                         test.shared_hold_seconds)
     decided = [s == OK for s in f.status]
     return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved,
                           frame.first_seen)
 
 
-def _as_mass(test: Test, lookback_seconds: float) -> Test:
-    """The detector's test over `lookback_seconds`, counters read as latency mass."""
-    if getattr(test, "count_design", None) is not None:
-        return replace(test, lookback_seconds=lookback_seconds, count_design=None)
-    return replace(test, lookback_seconds=lookback_seconds)
-
-
-def _mass_front(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
-                rows: list[int], first_col: int, now: float) -> Front:
-    """The evidence of `rows` from `first_col` as a start test reads it (latency mass on counters,
-    never counted per step)."""
-    return front_end(_as_mass(test, now - grid[first_col] + 1e-6), grid[first_col:],
-                     primary[rows, first_col:], totals[rows, first_col:], now)
-
-
-def _span(front: Front, since: float) -> tuple[float, float]:
-    """(units above the line, requests) of a front end's evidence after `since`."""
-    keep = (front.grid > since)[None, :] & np.isfinite(front.units) & np.isfinite(front.requests)
-    return float(np.where(keep, front.units, 0.0).sum()), float(np.where(keep, front.requests, 0.0).sum())
-
-
-def _design(front: Any, test: Test) -> Any:
-    """The design the front end's evidence is for: counters counted per step carry their own
-    (`Front.design`), latency mass and histograms the test's."""
-    return getattr(front, "design", None) or test.design
+def _evidence(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64], totals: NDArray[np.float64],
+              rows: list[int], first_col: int, now: float) -> StartEvidence:
+    """The evidence of `rows` from `first_col` as a start test reads it (tail_excess_start_evidence.py)."""
+    return start_evidence(test, grid[first_col:], primary[rows, first_col:], totals[rows, first_col:], now)
 
 
 def _sum_finite(x: NDArray[np.float64]) -> NDArray[np.float64]:

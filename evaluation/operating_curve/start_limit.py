@@ -6,7 +6,7 @@
   start + settle is scored), each member's log-likelihood ratio summed from there, read against the
   exact bound (detectors/sequential/start_test.py) at the top of the version's traffic cell over
   the steps scored so far, as the live code computes it each cycle. On counts (a histogram) or on
-  latency mass (counters, the live mass front end).
+  slow requests counted per step (counters, tail_excess_start_evidence.py).
 - `limit_first`: the deploy-aware limit: Wald's one-sided SPRT of the true null share against the
   true defect share from the deploy's first request (no settle, no step left out), its bound the
   least one reached with the same per-deploy probability over the same horizon (the same exact
@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 from detectors.sequential.design import BankDesign
 from detectors.sequential.start_test import start_bounds
 from detectors.tail_excess import TailExcessParams
-from detectors.tail_excess_batch import front_end
+from detectors.tail_excess_start_evidence import start_evidence
 from detectors.tail_excess_start import START_GRID
 from evaluation.operating_curve.arrivals import Fault, Steps, poisson_chunk
 
@@ -65,7 +65,8 @@ def evidence(spec: StartSpec, steps: Steps, step: float
     """Per step, what the test reads [S x P] (NaN: not scored), and the design it is read with: the
     live front end (detectors/tail_excess_batch.py `front_end`) on the cumulative counters the
     steps make, every sample before the settle's end left out as the live code leaves it out (a
-    histogram's bucket and count; latency counters, read as latency mass)."""
+    histogram's bucket and count; latency counters, slow requests counted per step:
+    detectors/tail_excess_start_evidence.py)."""
     first = spec.first_scored(step)
     rows, cols = steps.requests.shape
     grid = step * np.arange(1, cols + 1, dtype=np.float64)  # column c's sample, at its end
@@ -74,10 +75,10 @@ def evidence(spec: StartSpec, steps: Steps, step: float
     totals = np.cumsum(steps.requests, axis=1)
     keep = np.arange(cols) >= first - 1  # the sample at the settle's end is the first kept
     primary, totals = np.where(keep, primary, np.nan), np.where(keep, totals, np.nan)
-    test = spec.params.test()  # the live start test's: counters read as latency mass (tail_excess_start.py)
-    front = front_end(replace(test, lookback_seconds=grid[-1] + step), grid, primary, totals, float(grid[-1]))
-    design = test.design
-    return front.units, np.where(np.isfinite(front.units), front.requests, np.nan), design
+    params = spec.params
+    test = replace(params.test(), count_design=params.count_design())  # as TailExcessDetector builds it
+    ev = start_evidence(test, grid, primary, totals, float(grid[-1]))
+    return ev.units, np.where(np.isfinite(ev.units), ev.requests, np.nan), ev.design
 
 
 def start_first(spec: StartSpec, steps: Steps, step: float) -> NDArray[np.float64]:
@@ -116,6 +117,37 @@ def limit_first(null: float, alternative: float, alpha: float, horizon_seconds: 
     return _first(stat >= bound, step)
 
 
+def step_limit_first(null: float, alternative: float, alpha: float, horizon_seconds: float, steps: Steps,
+                     step: float, requests_per_step: float) -> NDArray[np.float64]:
+    """Per row, seconds from the first request to the crossing of the deploy-aware SPRT that sees
+    only whether each step holds a request above the line (NaN: none): the limit on counters when
+    a slow request's size says nothing (two slow requests in a step read as one slow one twice the
+    size), the true rates known, its bound the least reached with probability `alpha` over the
+    horizon (exact: the count of steps that hold one, one recursion)."""
+    p0, p1 = -math.expm1(-null * requests_per_step), -math.expm1(-alternative * requests_per_step)
+    hit, miss = math.log(p1 / p0), math.log((1.0 - p1) / (1.0 - p0))
+    horizon_steps = max(1, int(math.ceil(horizon_seconds / step)))
+    t = np.arange(1, horizon_steps + 1, dtype=np.float64)
+
+    def crossing(bound: float) -> float:
+        need = np.maximum(np.ceil((bound - miss * t) / (hit - miss) - 1e-9), 0).astype(np.int64)
+        alive = np.zeros(int(need.max()) + 1)
+        alive[0] = 1.0
+        for k in range(horizon_steps):
+            alive = np.convolve(alive, [1.0 - p0, p0])[: alive.size]
+            alive[need[k]:] = 0.0
+        return 1.0 - float(alive.sum())
+
+    lo, hi = 0.0, math.log(1.0 / alpha) + 1.0
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if crossing(mid) > alpha else (lo, mid)
+    holds = (steps.above[:, :horizon_steps] > 0).astype(np.float64)
+    k = np.cumsum(holds, axis=1)
+    stat = hit * k + miss * (np.arange(1, holds.shape[1] + 1)[None, :] - k)
+    return _first(stat >= hi, step)
+
+
 def _first(crossed: NDArray[np.bool_], step: float) -> NDArray[np.float64]:
     hit = crossed.any(axis=1)
     return np.where(hit, (np.argmax(crossed, axis=1) + 1) * step, np.nan)
@@ -142,4 +174,5 @@ def median_or_inf(values: Sequence[float]) -> float:
     return float(np.median(np.where(np.isnan(x), math.inf, x)))
 
 
-__all__ = ["StartSpec", "evidence", "false_starts", "limit_first", "median_or_inf", "start_first"]
+__all__ = ["StartSpec", "evidence", "false_starts", "limit_first", "median_or_inf", "start_first",
+           "step_limit_first"]
