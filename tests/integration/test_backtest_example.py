@@ -74,9 +74,11 @@ async def test_backtest_replays_the_examples_detector_and_alert_and_shows_the_ro
     assert "tail_excess" in names and "TritonTailLatencyHigh" in names, lines
     (plan,) = result.plans
     assert plan.signal.name == "tail_excess" and plan.decision.actions.startswith("triton.rollback(to=previous")
-    # The start test is off on counters by default (a mass reading: docs/detectors.md), so the rollback
-    # comes from the mid-life test; at 40 req/s it finds 0.5% at 900 ms inside the 5-minute replay.
+    # The start test decides (slow requests counted per 5 s step). At 0.5% of 200 requests a step,
+    # most steps hold one, and counting waits for ten quiet steps to know the bulk's noise (about
+    # two minutes); the running bank alone takes about four. Inside the 5-minute replay either way.
     assert deploy <= plan.at < deploy + 300.0, (plan.at - deploy, lines)
+    assert "start test:" in str(plan.signal.details.get("reason", "")), lines
     (alert,) = [f for f in result.fired if f.signal.name == "TritonTailLatencyHigh"]
     # The alert is governed (policies/governance.py): after the detector's rollback the cooldown says
     # no first; before it, the detector sees the target and the alert only notifies.
