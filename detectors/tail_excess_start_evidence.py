@@ -34,8 +34,10 @@ from detectors.tail_excess_batch import Test, front_end, step_seconds
 @dataclass(frozen=True)
 class StartEvidence:
     """One version's rows from a column on: per step [R x P] requests above the line and requests
-    (NaN: not scored), the counter resets seen, the design it is read with, and why it cannot be
-    read at all ("" when it can)."""
+    (NaN: not scored), the counter resets seen, the design it is read with, why it cannot be read
+    at all ("" when it can), and per row the first column whose evidence is known once that column
+    is (the steps counted later, once the bulk was known, are known from then; None: every column
+    as it comes)."""
 
     grid: NDArray[np.float64]
     units: NDArray[np.float64]
@@ -43,6 +45,7 @@ class StartEvidence:
     resets: int
     design: BankDesign
     why_not: str = ""
+    known_from: NDArray[np.int_] | None = None
 
     def span(self, since: float) -> tuple[float, float]:
         """(requests above the line, requests) summed over the steps after `since`."""
@@ -70,9 +73,9 @@ def start_evidence(test: Test, grid: NDArray[np.float64], primary: NDArray[np.fl
         nothing = np.full(latency.shape, np.nan)
         return StartEvidence(grid, nothing, nothing, resets, design or test.design, f"no start test: {why_not}")
     null = design.null / (1.0 + FALSE_COUNT_SHARE)
-    units, scored_requests = start_counts(latency, requests, test.line, null,
-                                          windows(step, test.bulk_window_seconds), test.bulk_slack)
-    return StartEvidence(grid, units, scored_requests, resets, design)
+    units, scored_requests, known_from = start_counts(latency, requests, test.line, null,
+                                                      windows(step, test.bulk_window_seconds), test.bulk_slack)
+    return StartEvidence(grid, units, scored_requests, resets, design, known_from=known_from)
 
 
 def neighbour_evidence(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64],
@@ -89,17 +92,22 @@ def neighbour_evidence(test: Test, grid: NDArray[np.float64], primary: NDArray[n
 
 
 def start_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], line: float, null: float,
-                 cols: tuple[int, int, int], bulk_slack: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+                 cols: tuple[int, int, int], bulk_slack: float
+                 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int_]]:
     """Per step [R x P], 1 where a step counts a request above the line and 0 where it counts none
     (NaN: not scored), and its requests: `slow_counts` without the merge correction, each row's
-    steps before its first threshold counted against that threshold."""
+    steps before its first threshold counted against that threshold; and per row [R] that first
+    threshold's column (0 where none was set: nothing was counted early), from which the early
+    steps' counts are known."""
     counts = slow_counts(latency, requests, line, null, *cols, bulk_slack)
     scored = np.isfinite(counts.units)
     units = np.where(scored, (np.nan_to_num(counts.units) > 0).astype(np.float64), np.nan)
     scored_requests = np.where(scored, counts.requests, np.nan)
     ready = scored & np.isfinite(counts.counts_above)
+    known_from = np.zeros(latency.shape[0], dtype=np.int_)
     for row in np.flatnonzero(ready.any(axis=1)).tolist():
         first = int(np.argmax(ready[row]))
+        known_from[row] = first
         centre = counts.allowance[row, first] / (1.0 + bulk_slack)
         needed = counts.counts_above[row, first] - centre  # the excess a step needed to count there
         lat, req = latency[row, :first], requests[row, :first]
@@ -107,7 +115,7 @@ def start_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], li
             early = np.isfinite(lat) & np.isfinite(req) & (req > 0) & ~scored[row, :first]
             units[row, :first] = np.where(early, (lat - req * centre > needed).astype(np.float64), units[row, :first])
         scored_requests[row, :first] = np.where(early, req, scored_requests[row, :first])
-    return units, scored_requests
+    return units, scored_requests, known_from
 
 
 __all__ = ["StartEvidence", "neighbour_evidence", "start_counts", "start_evidence"]

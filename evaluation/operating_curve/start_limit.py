@@ -61,7 +61,7 @@ class StartSpec:
 
 
 def evidence(spec: StartSpec, steps: Steps, step: float
-             ) -> tuple[NDArray[np.float64], NDArray[np.float64], BankDesign]:
+             ) -> tuple[NDArray[np.float64], NDArray[np.float64], BankDesign, NDArray[np.int_]]:
     """Per step, what the test reads [S x P] (NaN: not scored), and the design it is read with: the
     live front end (detectors/tail_excess_batch.py `front_end`) on the cumulative counters the
     steps make, every sample before the settle's end left out as the live code leaves it out (a
@@ -78,13 +78,14 @@ def evidence(spec: StartSpec, steps: Steps, step: float
     params = spec.params
     test = replace(params.test(), count_design=params.count_design())  # as TailExcessDetector builds it
     ev = start_evidence(test, grid, primary, totals, float(grid[-1]))
-    return ev.units, np.where(np.isfinite(ev.units), ev.requests, np.nan), ev.design
+    known = ev.known_from if ev.known_from is not None else np.zeros(rows, dtype=np.int_)
+    return ev.units, np.where(np.isfinite(ev.units), ev.requests, np.nan), ev.design, known
 
 
 def start_first(spec: StartSpec, steps: Steps, step: float) -> NDArray[np.float64]:
     """Per row, seconds from the first request to the start test's first crossing (NaN: none
     within the horizon)."""
-    units, requests, design = evidence(spec, steps, step)
+    units, requests, design, known_from = evidence(spec, steps, step)
     horizon_steps = max(1, int(math.ceil(spec.horizon_seconds / step)))
     end = min(units.shape[1], spec.first_scored(step) + horizon_steps)
     units, requests = units[:, :end], requests[:, :end]
@@ -103,7 +104,10 @@ def start_first(spec: StartSpec, steps: Steps, step: float) -> NDArray[np.float6
     crossed = np.zeros(cu.shape, dtype=bool)
     for jump, drain in zip(design.jumps, design.drains):
         crossed |= (jump * cu - drain * cn >= bound) & ok
-    return _first(crossed, step)
+    # A crossing on steps counted late (once the bulk was known) is seen when they are: the live
+    # detector finds it at that column, not at the crossing's.
+    first = _first(crossed, step)
+    return np.where(np.isfinite(first), np.maximum(first, (known_from + 1) * step), first)
 
 
 def limit_first(null: float, alternative: float, alpha: float, horizon_seconds: float, steps: Steps, step: float,

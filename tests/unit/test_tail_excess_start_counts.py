@@ -48,10 +48,10 @@ def test_a_lone_slow_request_counts_one_whatever_its_size_and_the_first_steps_co
         latency[row, 2] += slow_ms - BULK_MS  # in the version's third step: before the bulk is known
         latency[row, 30] += slow_ms - BULK_MS
     latency += np.random.default_rng(1).uniform(-5.0, 5.0, latency.shape)
-    units, counted_requests = start_counts(latency, requests, 500.0, 0.0005, (60, 600, 60), 0.1)
+    units, counted_requests, known_from = start_counts(latency, requests, 500.0, 0.0005, (60, 600, 60), 0.1)
     assert np.nansum(units, axis=1).tolist() == [2.0, 2.0]  # 900 ms and 3,000 ms: one request each
     assert units[0, 2] == 1.0 and units[1, 2] == 1.0
-    assert np.isfinite(counted_requests[:, 1:]).all()
+    assert np.isfinite(counted_requests[:, 1:]).all() and (known_from > 2).all()  # the third step known later
 
 
 def test_a_healthy_version_with_heavy_rare_slow_requests_is_not_rolled_back_by_its_start_test() -> None:
