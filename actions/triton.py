@@ -26,6 +26,7 @@ from pydantic import Field
 from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from actions._triton_release import switch_sequence
 from actions._triton_versions import (in_place, is_warm_set, listed_versions, pinned_config, pinned_versions,
                                       ready_versions)
 from actions.base import ActionDeps, ActionParams, Effect, PinCheck, Refused, Replicas, Step
@@ -111,7 +112,10 @@ def plan_rollback(
 
     A replica that already has the version loaded (kept warm beside the bad one) is switched by the
     same load, which Triton makes a config update of the loaded version (no load: `switch` "warm" in
-    the step); one without it loads it (`switch` "load", today's path). `warm_ok` (the pin
+    the step); one without it loads it (`switch` "load", today's path). Where the replica's read
+    carries its server metadata (`server`, as `observe` reads it) the switch follows what that
+    release promises (actions/_triton_release.py): no warm switch on one that does not promise a
+    reload without loss of availability (`release` in the step names it). `warm_ok` (the pin
     reconciler's check): a replica serving the version with a warm one beside it is in place."""
     replicas: Mapping[str, Mapping[str, Any]] = observed["replicas"]
     unreachable: Mapping[str, str] = observed.get("unreachable", {})
@@ -130,18 +134,25 @@ def plan_rollback(
     version, why = choose_version(params.to, served, listed, pinned, known_bad)
     if version is None:
         raise PermanentError(f"{target.model}: {why}")
-    todo = {}
+    todo: dict[str, dict[str, Any]] = {}
     before = {}
+    cold: dict[str, str] = {}  # replicas whose release allows no warm switch, with why
     for url, rep in replicas.items():
         rep_served = ready_versions(rep["index"], target.model)
         before[url] = {"served": rep_served, "config": rep["config"]}
         if in_place(rep, target.model, version, warm_ok, known_bad):
             continue
-        todo[url] = {"version": version, "from": rep_served, "switch": "warm" if version in rep_served else "load"}
+        seq = switch_sequence(rep["server"]) if "server" in rep else None  # None: not read, today's path
+        todo[url] = {"version": version, "from": rep_served,
+                     "switch": "warm" if version in rep_served and (seq is None or seq.warm) else "load",
+                     **({"release": seq.release} if seq is not None else {})}
+        if seq is not None and not seq.warm:
+            cold[url] = f"{seq.release}: {seq.why}"
     down = f"; {len(unreachable)} down: the pin brings them over when they return" if unreachable else ""
     every = len(replicas) + len(unreachable)
     warm = sum(1 for t in todo.values() if t["switch"] == "warm")
     how = f" (warm switch on {warm}: version {version} already loaded)" if warm else ""
+    how += f" (no warm switch on {len(cold)}: {sorted(set(cold.values()))[0]})" if cold else ""
     summary = (
         f"pin {target.model} to version {version} on {len(todo)} of {every} replica(s){how}: {why}{down}"
         if todo else f"{target.model} already serves only version {version} on every replica that answers{down}"
@@ -227,24 +238,38 @@ class TritonRollback:
             return await self._deps.replicas(target)
         return Replicas(tuple(await self._deps.endpoints(target)))
 
+    async def _read_server(self, url: str, timeout: float) -> Mapping[str, Any] | None:
+        """The replica's server metadata (`GET /v2`: name, version, extensions), None when unreadable
+        (then no release promise is assumed: actions/_triton_release.py)."""
+        client = self._client(url, timeout)
+        try:
+            metadata = await client.get_server_metadata()
+            return metadata if isinstance(metadata, dict) else None
+        except Exception:  # any failure is "unknown": the safe path, never a crash of the plan
+            return None
+        finally:
+            await client.close()
+
     async def observe(self, target: Target, params: TritonRollbackParams) -> Mapping[str, Any]:
         found = await self._replicas(target)
         if not found.ready and not found.not_ready:
             raise PermanentError(f"no Triton endpoints known for {target.key}")
         timeout = self._deps.triton_timeout_seconds
-        results = await asyncio.gather(
-            *(self._read_replica(u, target.model, timeout) for u in found.ready), return_exceptions=True
-        )
+        reads = asyncio.gather(*(self._read_replica(u, target.model, timeout) for u in found.ready),
+                               return_exceptions=True)
+        # What each replica's release promises about a reload decides its switch (plan_rollback).
+        results, servers = await asyncio.gather(reads, asyncio.gather(*(self._read_server(u, timeout)
+                                                                         for u in found.ready)))
         replicas: dict[str, Any] = {}
         unreachable = {url: "not ready (EndpointSlice)" for url in found.not_ready}
-        for url, res in zip(found.ready, results):
+        for url, res, server in zip(found.ready, results, servers):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
                     raise res
                 # A replica down is counted (the rollback reaches it through the pin), never dropped.
                 unreachable[url] = _describe(res)
             else:
-                replicas[url] = res
+                replicas[url] = {**res, "server": server}
         known_bad = sorted(await self._deps.known_bad(target.key))
         return {"replicas": replicas, "unreachable": unreachable, "known_bad": known_bad}
 

@@ -12,12 +12,18 @@ This module plans and makes that warm load, one replica at a time, through the d
 (`ActionDeps.actuator`): an Effect whose `loads` is the warm version, so a freeze, a lost Lease or a
 bad mark on it refuses it. It never unloads a version (`unload_model` takes every version of a
 model down): the load names every version the replica serves now plus the warm one.
+
+Only on a replica whose Triton release promises a reload without loss of availability (its server
+metadata, actions/_triton_release.py): loading a version beside the served one is a reload of the
+loaded model, which releases from 2.66.0 say should follow an unload. There no version is kept warm
+and the rollback makes today's load.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from actions.base import Refused
+from actions._triton_release import switch_sequence
 from actions._triton_versions import listed_versions, pinned_config, ready_versions
 from actions.triton import LOAD_ERRORS, TritonRollback, TritonRollbackParams, _describe, choose_version
 from core.outcome import Outcome
@@ -40,11 +46,18 @@ def plan_warm(model: str, observed: Mapping[str, Any], failed: Mapping[str, int]
 
     `failed`: replica -> a warm version whose load failed there before (missing from the repository,
     refused by Triton): not tried again there while it is the version to warm (a deploy moves it on;
-    a restart of the daemon forgets it)."""
+    a restart of the daemon forgets it).
+
+    A replica whose read carries server metadata (`server`) of a release that does not promise a
+    reload without loss of availability gets none (see the module doc)."""
     known_bad = frozenset(int(v) for v in observed.get("known_bad", ()))
     todo: dict[str, dict[str, Any]] = {}
     skipped: dict[str, str] = {}
     for url, rep in observed["replicas"].items():
+        seq = switch_sequence(rep["server"]) if "server" in rep else None  # None: not read (today's path)
+        if seq is not None and not seq.warm:
+            skipped[url] = f"no version kept warm on {seq.release}: {seq.why}"
+            continue
         served = ready_versions(rep["index"], model)
         warm, why = warm_version(served, listed_versions(rep["index"], model), known_bad)
         if warm is None:

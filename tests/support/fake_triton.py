@@ -8,21 +8,30 @@ read), and a load with a config (the write), which serves what the config's vers
 recorded with whether it was sent from inside a door's `send` (`through_door`): tests assert none
 is not. A load naming a version the repository lacks is refused as Triton refuses it (a 400, nothing
 changes; the text as tests/support/safety_world.py's port words it); a replica marked `stale`
-answers a load and keeps serving what it served (a bad input verify must catch).
+answers a load and keeps serving what it served (a bad input verify must catch). Each replica
+answers the server metadata (`GET /v2`) of its `server`, by default the lab's Triton 2.51 as recorded
+in fixtures/triton_metadata/ (None: the read fails).
 """
 from __future__ import annotations
 
 import contextvars
+import json
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from actions.base import Effect
 from actions.triton import TritonRollback
 from daemon.workers.door import Door
+from tests.support.paths import FIXTURES
 
 T = TypeVar("T")
 
 _in_door: contextvars.ContextVar[bool] = contextvars.ContextVar("in_door", default=False)
+
+
+def triton_metadata(version: str) -> dict[str, Any]:
+    """A Triton's `GET /v2` answer from fixtures/triton_metadata/ ("2.51.0" recorded, "2.66.0" written)."""
+    return dict(json.loads((FIXTURES / "triton_metadata" / f"triton-{version}.json").read_text()))
 
 
 @dataclass
@@ -31,6 +40,7 @@ class Replica:
     served: list[int] = field(default_factory=lambda: [2])
     policy: dict[str, Any] = field(default_factory=lambda: {"latest": {"num_versions": 1}})
     stale: bool = False  # answers every load (200) and keeps serving the old version
+    server: dict[str, Any] | None = field(default_factory=lambda: triton_metadata("2.51.0"))  # GET /v2
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,9 @@ class FakeTriton:
 
             async def _send_load(self, url: str, model: str, config: Mapping[str, Any], timeout: float) -> None:
                 fake.load(url, config)
+
+            async def _read_server(self, url: str, timeout: float) -> Mapping[str, Any] | None:
+                return fake.replicas[url].server
 
         return FakeTritonRollback
 
