@@ -42,6 +42,7 @@ async def one(seed: int, out: Path) -> tuple[float | None, str | None, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated model seeds")
+    parser.add_argument("--keep", type=Path, help="write each seed's report (HTML and picture) here instead of a temporary folder")
     args = parser.parse_args(argv)
     configure_logging("console", "warning")
     # SIGTERM as Ctrl-C: asyncio.run cancels the run, which stops every server it started.
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     rows: list[tuple[int, float | None, str | None, str]] = []
     with tempfile.TemporaryDirectory(prefix="tailguard-demo-ttr-") as tmp:
+        out = args.keep if args.keep is not None else Path(tmp)
         for seed in seeds:
-            ttr, verdict, first = asyncio.run(one(seed, Path(tmp)))
+            ttr, verdict, first = asyncio.run(one(seed, out))
             rows.append((seed, ttr, verdict, first))
             print(f"seed {seed}: TTR {'--' if ttr is None else f'{ttr:.1f} s'}, first signal {first}, "
                   f"verdict {verdict}", flush=True)
