@@ -13,26 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any, Awaitable, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 import aiohttp
 import structlog
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from daemon.common.config import Settings
-from daemon.http.auth import TOKEN_NAME, Caller, TokenSet
+from daemon.http.auth import TOKEN_NAME, Caller, Credentials
 from daemon.http.bodies import (ApproveRequest, Body, ClearBadVersionRequest, FreezeRequest, MarkBadVersionRequest,
                                 UnfreezeRequest, UnpinRequest)
 from daemon.http.intake import BodyError, decode_body, field_path
 from daemon.http.openapi import openapi_document
 from daemon.http.responses import answer_and_close, error
+from daemon.http.setup import SETUP
 from daemon.http.status import StatusInputs, build_status
 from daemon.storage.errors import JournalError, JournalValueError
-from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE, FOREVER
+from daemon.storage.records import DAEMON_SCOPE, Freeze
 from daemon.workers.approvals import ApprovalOutcome, ApprovalResult, approval_view
-from daemon.workers.freezes import FreezeControl, FreezeError, freeze_as_dict, target_key
+from daemon.workers.freezes import FreezeError, freeze_as_dict, target_key
 
 log = structlog.get_logger("tailguard.api")
 
@@ -40,32 +40,53 @@ READ, WRITE = "read", "write"
 CONTENT_CODINGS = frozenset({"identity", "gzip", "deflate"})  # what aiohttp decodes; others are refused
 
 
+@dataclass(frozen=True)
+class Leadership:
+    """Who answers for the leader: this replica's name and the Lease holder's (None when unknown)."""
+
+    replica: str
+    leader: str | None
+
+
 class Operator(Protocol):
-    """What the operator API needs from the running daemon (the service implements it)."""
+    """What the operator API asks of the running daemon: named operations only; the journal, its
+    repositories and the settings stay behind them (daemon/wiring/operations.py implements it).
+    Operations that write raise FreezeError (its status answers) or JournalError."""
 
-    settings: Settings
-    identity: str
-    api_tokens: TokenSet
-    journal: Journal
-    freezes: FreezeControl
+    def credentials(self) -> Credentials:
+        """The tokens in force now."""
 
-    def may_act(self) -> bool:
-        """Whether this replica acts now (the leader, with the shared state imported)."""
+    def may_answer(self, leader_only: bool) -> bool:
+        """Whether this replica answers a call now: it acts (the leader, with the shared state
+        imported), or the call only reads or writes a journal the replicas share and is not `leader_only`."""
 
-    async def leader_identity(self) -> str | None:
-        """The Lease holder (the leader pod's name), None when unknown."""
+    async def leadership(self) -> Leadership:
+        """This replica's name and the Lease holder's, for a replica that may not answer."""
 
-    async def status_inputs(self) -> StatusInputs:
+    async def status(self) -> StatusInputs:
         """What the status document shows, read now."""
+
+    async def freeze(self, scope: str, reason: str, by: str, duration_seconds: float | None) -> Freeze:
+        """Freeze the daemon (DAEMON_SCOPE) or a target a policy names (else FreezeError 422) for
+        `duration_seconds` (None: until lifted)."""
+
+    async def unfreeze(self, scope: str, reason: str, by: str) -> list[Freeze]:
+        """Lift the freezes of `scope` in force: the ones lifted."""
 
     async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
         """Approve a pending plan: what came of it (`approval_status` gives its HTTP status)."""
 
-    def known_targets(self) -> set[str]:
-        """The targets the active policies name."""
+    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[Mapping[str, Any]]:
+        """The versions of `target` marked bad (and those cleared, with `include_cleared`)."""
 
-    def state_recorded(self) -> None:
-        """Something shared was journaled (the cluster state publishes it)."""
+    async def mark_bad_version(self, target: str, version: int, reason: str) -> bool:
+        """Mark a version of a target a policy names (else FreezeError 422) bad; False: it already is."""
+
+    async def clear_bad_version(self, target: str, version: int, reason: str) -> bool:
+        """Clear a version's bad mark; False: it was not marked."""
+
+    async def unpin(self, target: str, reason: str) -> Mapping[str, Any] | None:
+        """End the pin on `target`: the pin ended, None when there was none."""
 
 
 OPERATOR: web.AppKey[Operator] = web.AppKey("operator")
@@ -79,17 +100,18 @@ async def _admit(request: web.Request, scope: str, *, leader_only: bool = False)
     leader, or the call only reads or writes a journal the leader shares and is not `leader_only`);
     else the answer."""
     svc = request.app[OPERATOR]
-    caller = svc.api_tokens.authenticate(request.headers.get("Authorization"))
+    tokens = svc.credentials().api_tokens
+    caller = tokens.authenticate(request.headers.get("Authorization"))
     if caller is None:
-        why = ("no API tokens are configured (api.tokensFile)" if not len(svc.api_tokens)
+        why = ("no API tokens are configured (api.tokensFile)" if not len(tokens)
                else "missing or invalid bearer token")
         return await answer_and_close(request, error(401, why, **{"WWW-Authenticate": "Bearer"}))
     request[TOKEN_NAME] = caller.name
     if scope not in caller.scopes:
         return await answer_and_close(request, error(403, f"token {caller.name!r} lacks the {scope!r} scope"))
-    if not svc.may_act() and (leader_only or not svc.journal.shared):
-        leader = await svc.leader_identity()
-        here = svc.identity
+    if not svc.may_answer(leader_only):
+        who = await svc.leadership()
+        leader, here = who.leader, who.replica
         if leader == here:
             why = f"{here} leads but has not imported the shared state yet; retry"
         else:
@@ -102,27 +124,27 @@ async def _admit(request: web.Request, scope: str, *, leader_only: bool = False)
 
 async def _json_body(request: web.Request, model: type[Body]) -> Any:
     """The body as `model` (an empty body is `{}`), or the 4xx answer."""
-    settings = request.app[OPERATOR].settings.api
+    limits = request.app[SETUP].api
     codings = [c.strip().lower() for value in request.headers.getall(hdrs.CONTENT_ENCODING, [])
                for c in value.split(",") if c.strip()]
     if len(codings) > 1 or not set(codings) <= CONTENT_CODINGS:
         return await answer_and_close(request, error(
             400, f"unsupported Content-Encoding {', '.join(codings)!r}; send one of {', '.join(sorted(CONTENT_CODINGS))}"))
-    if request.content_length is not None and request.content_length > settings.max_body_bytes:
-        return await answer_and_close(request, error(413, f"body larger than {settings.max_body_bytes} bytes"))
+    if request.content_length is not None and request.content_length > limits.max_bytes:
+        return await answer_and_close(request, error(413, f"body larger than {limits.max_bytes} bytes"))
     try:
-        async with asyncio.timeout(settings.body_read_timeout_seconds):
+        async with asyncio.timeout(limits.read_timeout_seconds):
             raw = await request.read()
     except TimeoutError:
         return await answer_and_close(request, error(408, f"body not received within "
-                                                          f"{settings.body_read_timeout_seconds:g} s"))
+                                                          f"{limits.read_timeout_seconds:g} s"))
     except web.HTTPRequestEntityTooLarge:
-        return await answer_and_close(request, error(413, f"body larger than {settings.max_body_bytes} bytes"))
+        return await answer_and_close(request, error(413, f"body larger than {limits.max_bytes} bytes"))
     except (web.RequestPayloadError, aiohttp.ClientError, ConnectionError) as exc:
         cause = exc.__cause__ or exc
         return await answer_and_close(request, error(400, f"unreadable body: {getattr(cause, 'message', None) or cause}"))
-    if len(raw) > settings.max_body_bytes:
-        return error(413, f"body larger than {settings.max_body_bytes} bytes")
+    if len(raw) > limits.max_bytes:
+        return error(413, f"body larger than {limits.max_bytes} bytes")
     try:
         body = decode_body(raw) if raw.strip() else {}
     except BodyError as exc:
@@ -136,18 +158,15 @@ async def _json_body(request: web.Request, model: type[Body]) -> Any:
         return error(422, f"{field_path(first['loc'])}: {first['msg']}")
 
 
-def _scope(svc: Operator, text: str | None, *, must_be_known: bool) -> str:
-    """DAEMON_SCOPE for None, else the target key. Raises FreezeError (422) for an unknown target."""
+def _scope(text: str | None) -> str:
+    """DAEMON_SCOPE for None, else the target key. Raises FreezeError (422) for one that is not
+    namespace/model (whether a policy names it is the operation's to check)."""
     if text is None:
         return DAEMON_SCOPE
     try:
-        key = target_key(text)
+        return target_key(text)
     except ValueError as exc:
         raise FreezeError(422, f"target: {exc}") from None
-    if must_be_known and key not in svc.known_targets():
-        known = ", ".join(sorted(svc.known_targets())) or "none"
-        raise FreezeError(422, f"target: no policy names {key} (known: {known})")
-    return key
 
 
 def _journal_failed(exc: JournalError) -> web.Response:
@@ -191,29 +210,26 @@ def operator_call(scope: str, body: type[Body] | None = None, *, leader_only: bo
 
 @operator_call(READ)
 async def get_status(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
-    return web.json_response(build_status(await svc.status_inputs()))
+    return web.json_response(build_status(await svc.status()))
 
 
 @operator_call(READ)
 async def get_approvals(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
-    inputs = await svc.status_inputs()
+    inputs = await svc.status()
     return web.json_response({"approvals": [approval_view(a, inputs.now) for a in inputs.approvals]})
 
 
 @operator_call(WRITE, FreezeRequest)
 async def post_freeze(request: web.Request, svc: Operator, caller: Caller, body: FreezeRequest) -> web.StreamResponse:
-    scope = _scope(svc, body.target, must_be_known=True)
-    until = FOREVER if body.duration_seconds is None else svc.freezes.now() + body.duration_seconds
-    freeze = await svc.freezes.freeze(scope, body.reason, caller.name, "api", until)
-    return web.json_response({"frozen": freeze_as_dict(freeze, svc.freezes.now())}, status=201)
+    freeze = await svc.freeze(_scope(body.target), body.reason, caller.name, body.duration_seconds)
+    return web.json_response({"frozen": freeze_as_dict(freeze, request.app[SETUP].clock())}, status=201)
 
 
 @operator_call(WRITE, UnfreezeRequest)
 async def post_unfreeze(request: web.Request, svc: Operator, caller: Caller,
                         body: UnfreezeRequest) -> web.StreamResponse:
-    scope = _scope(svc, body.target, must_be_known=False)
-    lifted = await svc.freezes.unfreeze(scope, body.reason, caller.name, "api")
-    now = svc.freezes.now()
+    lifted = await svc.unfreeze(_scope(body.target), body.reason, caller.name)
+    now = request.app[SETUP].clock()
     return web.json_response({"lifted": [freeze_as_dict(f, now) for f in lifted]})
 
 
@@ -231,7 +247,7 @@ async def post_approve(request: web.Request, svc: Operator, caller: Caller, _: N
         return error(status, result.message)
     assert result.approval is not None
     return web.json_response({"message": result.message,
-                              "approval": approval_view(result.approval, svc.freezes.now())}, status=status)
+                              "approval": approval_view(result.approval, request.app[SETUP].clock())}, status=status)
 
 
 def approval_status(outcome: ApprovalOutcome) -> int:
@@ -256,19 +272,17 @@ def _bad_version_view(mark: Any) -> dict[str, Any]:
 @operator_call(READ)
 async def get_bad_versions(request: web.Request, svc: Operator, caller: Caller, _: None) -> web.StreamResponse:
     """The versions of `?target=` marked bad (rolled back from), which `to: previous` skips."""
-    key = _scope(svc, request.query.get("target") or "", must_be_known=False)
-    marks = await svc.journal.bad_versions.of.in_thread(key, include_cleared="all" in request.query)
+    key = _scope(request.query.get("target") or "")
+    marks = await svc.bad_versions(key, include_cleared="all" in request.query)
     return web.json_response({"target": key, "badVersions": [_bad_version_view(m) for m in marks]})
 
 
 @operator_call(WRITE, ClearBadVersionRequest)
 async def post_clear_bad_version(request: web.Request, svc: Operator, caller: Caller,
                                  body: ClearBadVersionRequest) -> web.StreamResponse:
-    key = _scope(svc, body.target, must_be_known=False)
-    if not await svc.journal.bad_versions.clear.in_thread(key, body.version,
-                                                          f"{body.reason} (by {caller.name} via api)"):
+    key = _scope(body.target)
+    if not await svc.clear_bad_version(key, body.version, f"{body.reason} (by {caller.name} via api)"):
         return error(409, f"version {body.version} of {key} is not marked bad")
-    svc.state_recorded()
     log.warning("bad-version mark cleared", target=key, version=body.version, by=caller.name, reason=body.reason)
     return web.json_response({"cleared": {"target": key, "version": body.version}})
 
@@ -277,26 +291,24 @@ async def post_clear_bad_version(request: web.Request, svc: Operator, caller: Ca
 async def post_mark_bad_version(request: web.Request, svc: Operator, caller: Caller,
                                 body: MarkBadVersionRequest) -> web.StreamResponse:
     """Mark a version of a target a policy names bad: `to: previous` skips it, `to: N` refuses it."""
-    key = _scope(svc, body.target, must_be_known=True)
+    key = _scope(body.target)
     if key == DAEMON_SCOPE:
         raise FreezeError(422, "target: required")
     reason = f"{body.reason} (by {caller.name} via api)"
-    if not await svc.journal.bad_versions.mark.in_thread(key, body.version, reason):
+    if not await svc.mark_bad_version(key, body.version, reason):
         return error(409, f"version {body.version} of {key} is already marked bad")
-    svc.state_recorded()
     log.warning("version marked bad", target=key, version=body.version, by=caller.name, reason=body.reason)
     return web.json_response({"marked": {"target": key, "version": body.version, "reason": reason}}, status=201)
 
 
 @operator_call(WRITE, UnpinRequest)
 async def post_unpin(request: web.Request, svc: Operator, caller: Caller, body: UnpinRequest) -> web.StreamResponse:
-    key = _scope(svc, body.target, must_be_known=False)
+    key = _scope(body.target)
     if key == DAEMON_SCOPE:
         raise FreezeError(422, "target: required")
-    ended = await svc.journal.pins.end.in_thread(key, f"{body.reason} (by {caller.name} via api)")
+    ended = await svc.unpin(key, f"{body.reason} (by {caller.name} via api)")
     if ended is None:
         return error(409, f"no pin on {key}")
-    svc.state_recorded()
     log.warning("unpinned", target=key, by=caller.name, reason=body.reason)
     return web.json_response({"unpinned": {"target": key, "version": ended["version"],
                                            "fromVersion": ended["from_version"], "decision": ended["decision_id"]}})

@@ -7,46 +7,44 @@ import collections
 import hmac
 import sys
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import aiohttp
 import structlog
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import _default_expect_handler
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from daemon.common.config import Settings
-from daemon.common.metrics import Metrics
+from core.signal import Signal
 from daemon.http.responses import answer_and_close, error
 from daemon.http.api import Operator, add_routes
 from daemon.http.auth import TOKEN_NAME
 from daemon.http.intake import BodyError, PayloadError
+from daemon.http.setup import SETUP, HttpSetup
 from daemon.http.webhook_fast import read_webhook
-from daemon.storage.errors import JournalError
-from daemon.storage.journal import Journal
-from daemon.workers.signal_intake import Refusal, SignalIntake
+from daemon.workers.signal_intake import Recorded, Refusal
 
 log = structlog.get_logger("tailguard.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Daemon(Operator, Protocol):
-    """What the HTTP app needs from the running daemon (the service implements it)."""
+    """What the HTTP app asks of the running daemon: named operations only, the operator API's and
+    these (daemon/wiring/operations.py implements it); the journal, the settings and the
+    repositories stay behind them. At most 15 members (tests/unit/test_http_daemon.py)."""
 
-    settings: Settings
-    metrics: Metrics
-    journal: Journal
-    intake: SignalIntake
-    webhook_token: str | None
+    async def ingest_alerts(self, signals: Sequence[Signal]) -> Recorded:
+        """Journal one webhook's alerts (committed rows reach the workers' backlog before this
+        returns); a refusal is in the answer, never raised."""
 
-    def may_act(self) -> bool:
-        """Whether this replica may take signals now (the leader, with the shared state imported)."""
-
-    def readiness(self) -> dict[str, Any]:
-        """The /readyz document; `ready` says whether to answer 200."""
-
-    def loop_trouble(self) -> str | None:
+    def liveness(self) -> str | None:
         """Why the daemon's loops count as failing (one keeps crashing); None while they run."""
+
+    async def readiness(self) -> dict[str, Any]:
+        """The /readyz document, the freezes read now; `ready` says whether to answer 200."""
+
+    async def scrape(self) -> bytes:
+        """The daemon's metrics in Prometheus' text format, the freezes read now."""
 
 
 SERVICE: web.AppKey[Daemon] = web.AppKey("service")
@@ -89,8 +87,8 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Count every response by route and status, and write its access log line; an unexpected
     exception becomes a JSON 500 that is counted and logged once (one line in JSON format) instead
     of aiohttp's plain-text traceback."""
-    svc = request.app[SERVICE]
-    metrics = svc.metrics
+    setup = request.app[SETUP]
+    metrics = setup.metrics
     route = _route(request)
     started = time.monotonic()
     status = 500
@@ -106,7 +104,7 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("unhandled error in request handler; answered 500", method=request.method, route=route)
         response = error(500, "internal error; the daemon's log has the details")
     finally:
-        access_log(svc.settings.log.access, request, route, status, time.monotonic() - started)
+        access_log(setup.access_log, request, route, status, time.monotonic() - started)
     metrics.http_responses.labels(route, str(response.status)).inc()
     return response
 
@@ -127,21 +125,21 @@ async def receive_alerts(request: web.Request) -> web.Response:
     """POST /api/v1/alerts. 2xx only once every alert is journaled; 4xx for bad input (Alertmanager
     does not retry those); 503 when the alert must come again (journal down, busy, or a follower
     with a journal of its own)."""
-    svc = request.app[SERVICE]
+    counted = request.app[SETUP].metrics.webhooks
     try:
-        response = await _receive(request, svc)
+        response = await _receive(request, request.app[SERVICE])
     except web.HTTPException as exc:  # aiohttp renders it
-        svc.metrics.webhooks.labels(str(exc.status)).inc()
+        counted.labels(str(exc.status)).inc()
         raise
     except Exception:
-        svc.metrics.webhooks.labels("500").inc()  # the middleware answers it
+        counted.labels("500").inc()  # the middleware answers it
         raise
-    svc.metrics.webhooks.labels(str(response.status)).inc()
+    counted.labels(str(response.status)).inc()
     return response
 
 
 async def _receive(request: web.Request, svc: Daemon) -> web.Response:
-    token = svc.webhook_token
+    token = svc.credentials().webhook_token
     if token is not None:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
@@ -162,26 +160,27 @@ async def _receive(request: web.Request, svc: Daemon) -> web.Response:
 
 
 async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
-    settings = svc.settings.webhook
-    if not svc.may_act() and not svc.journal.shared:  # a shared journal takes webhooks on any replica
+    setup = request.app[SETUP]
+    limits = setup.webhook
+    if not svc.may_answer(leader_only=False):  # a shared journal takes webhooks on any replica
         return await answer_and_close(
             request, error(503, "this replica is not the leader; retry", **{"Retry-After": "5"}))
-    if request.content_length is not None and request.content_length > settings.max_body_bytes:
+    if request.content_length is not None and request.content_length > limits.max_bytes:
         # aiohttp reads the rest for up to 10 s (lingering) so that a sender still writing gets the 413
-        return error(413, f"body larger than {settings.max_body_bytes} bytes")
+        return error(413, f"body larger than {limits.max_bytes} bytes")
     codings = [c.strip().lower() for value in request.headers.getall(hdrs.CONTENT_ENCODING, [])
                for c in value.split(",") if c.strip()]
     if len(codings) > 1 or not set(codings) <= CONTENT_CODINGS:
         return await answer_and_close(request, error(
             400, f"unsupported Content-Encoding {', '.join(codings)!r}; send one of {', '.join(sorted(CONTENT_CODINGS))}"))
     try:
-        async with asyncio.timeout(settings.body_read_timeout_seconds):
+        async with asyncio.timeout(limits.read_timeout_seconds):
             raw = await request.read()
     except TimeoutError:
         return await answer_and_close(
-            request, error(408, f"body not received within {settings.body_read_timeout_seconds:g} s"))
+            request, error(408, f"body not received within {limits.read_timeout_seconds:g} s"))
     except web.HTTPRequestEntityTooLarge:
-        return error(413, f"body larger than {settings.max_body_bytes} bytes")
+        return error(413, f"body larger than {limits.max_bytes} bytes")
     except (web.RequestPayloadError, aiohttp.ClientError, ConnectionError) as exc:
         # A body that does not match its Content-Encoding or chunking, or a sender that went away.
         cause = exc.__cause__ or exc
@@ -195,9 +194,8 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
         return error(422, str(exc))
     # Counted by the enum members (cheap to hash), each one's .value read once.
     for status, count in collections.Counter([s.status for s in signals]).items():
-        svc.metrics.alerts_received.labels(status.value).inc(count)
-    # Committed rows go to the workers' backlog from inside the journal, before this returns.
-    recorded = await svc.intake.record(signals, resent=True)
+        setup.metrics.alerts_received.labels(status.value).inc(count)
+    recorded = await svc.ingest_alerts(signals)
     if recorded.refused is Refusal.INVALID:  # cannot be stored however often it is sent: no retry
         return error(422, recorded.error)
     if recorded.refused is Refusal.BUSY:
@@ -212,32 +210,19 @@ async def _receive_admitted(request: web.Request, svc: Daemon) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: ok unless a loop keeps crashing (restarts did not help); then 503, so that Kubernetes
     restarts the pod. A journal outage is not a reason: a restart would not fix it (readiness says it)."""
-    trouble = request.app[SERVICE].loop_trouble()
+    trouble = request.app[SERVICE].liveness()
     if trouble is not None:
         return web.json_response({"status": "failing", "reason": trouble}, status=503)
     return web.json_response({"status": "ok"})
 
 
-async def _refresh_freezes(svc: Daemon) -> None:
-    """Read the freezes in force (expiry is a matter of time); a journal failure keeps the last view."""
-    try:
-        await svc.freezes.view()
-    except JournalError as exc:
-        svc.metrics.faults.labels("journal").inc()
-        log.warning("could not read freezes; showing the last view", error=str(exc))
-
-
 async def readyz(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    await _refresh_freezes(svc)
-    detail = svc.readiness()
+    detail = await request.app[SERVICE].readiness()
     return web.json_response(detail, status=200 if detail["ready"] else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    await _refresh_freezes(svc)
-    body = generate_latest(svc.metrics.registry)
+    body = await request.app[SERVICE].scrape()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -249,10 +234,11 @@ async def expect_continue(request: web.Request) -> None:
         await _default_expect_handler(request)
 
 
-def build_app(service: Daemon) -> web.Application:
-    app = web.Application(client_max_size=service.settings.webhook.max_body_bytes, middlewares=[observe])
+def build_app(service: Daemon, setup: HttpSetup) -> web.Application:
+    app = web.Application(client_max_size=setup.webhook.max_bytes, middlewares=[observe])
     app[SERVICE] = service
-    app[IN_FLIGHT] = InFlight(service.settings.webhook.max_concurrent_requests)
+    app[SETUP] = setup
+    app[IN_FLIGHT] = InFlight(setup.max_concurrent_webhooks)
     app.router.add_post("/api/v1/alerts", receive_alerts, expect_handler=expect_continue)
     app.router.add_get("/healthz", healthz, expect_handler=expect_continue)
     app.router.add_get("/readyz", readyz, expect_handler=expect_continue)

@@ -31,6 +31,15 @@ class Caller:
 
 
 @dataclass(frozen=True)
+class Credentials:
+    """The tokens in force now: the Alertmanager webhook's (None: webhooks need none) and the
+    operator API's. Token files are re-read when they change, so ask for these per request."""
+
+    webhook_token: str | None
+    api_tokens: TokenSet
+
+
+@dataclass(frozen=True)
 class _Token:
     name: str
     digest: bytes

@@ -28,15 +28,15 @@ from daemon.common.config import ApiTokenEntry, Settings, journal_store, resolve
 from daemon.common.lifecycle import Loop, RestartPolicy, Supervisor, wait_or_stop
 from daemon.common.logs import configure_logging
 from daemon.common.metrics import Metrics
-from daemon.http.app import build_app
 from daemon.http.auth import TokenSet
 from daemon.http.status import StatusInputs
 from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
+from daemon.wiring.operations import http_app
 from daemon.wiring.parts import base_url, build_parts
 from daemon.wiring.sharding import start_sharding
-from daemon.workers.approvals import ApprovalExpiry, ApprovalResult
+from daemon.workers.approvals import ApprovalExpiry
 from daemon.workers.backlog import Backlog
 from daemon.workers.freezes import FreezeControl
 from daemon.workers.journal_upkeep import JournalProbe, JournalPruner, SharedJournalWatch
@@ -330,9 +330,6 @@ class Service:
     def known_targets(self) -> set[str]:
         return {p.target.key for p in self.state.policies.policies}
 
-    async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
-        return await self.executor.approve(approval_id, by, reason)
-
     def approval_base_url(self) -> str:
         """Named in approval notifications: api.externalUrl, else the port the API listens on once
         it does (the configured one before)."""
@@ -511,7 +508,7 @@ class Service:
         except JournalError as exc:  # shown as not frozen until the next read succeeds
             self.metrics.faults.labels("journal").inc()
             log.error("could not read freezes at start", error=str(exc))
-        app = build_app(self)
+        app = http_app(self)
         self._runner = web.AppRunner(app, access_log=None,
                                      shutdown_timeout=self.settings.listen.shutdown_timeout_seconds)
         sup.on_stop(self._runner.cleanup)  # the first step of stop(): no more webhooks
