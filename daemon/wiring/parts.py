@@ -23,7 +23,8 @@ from daemon.sources.prometheus import PrometheusClient
 from daemon.storage.journal import Journal
 from daemon.workers.door import Door
 from daemon.workers.evidence import LatestVerdicts
-from daemon.workers.executor import Executor
+from daemon.workers.context import ActContext
+from daemon.workers.executor import Executor, ExecutorLimits
 from daemon.workers.state import ExecutorState
 from daemon.workers.notifier import Notifier
 from daemon.workers.silences import SilenceChecker
@@ -40,6 +41,7 @@ class Parts:
     deps: ActionDeps
     executor: Executor
     notifier: Notifier
+    ctx: ActContext  # what the executor shares with the pin reconciler the service builds
     prometheus: PrometheusClient | None = None
     kube: Any = None  # kubernetes_asyncio ApiClient when kubernetes.mode is not off
     alertmanager: AlertmanagerClient | None = None  # silences, when alertmanager.url is set
@@ -129,12 +131,13 @@ def build_parts(settings: Settings, actions: Mapping[str, type[Action]], journal
         alertmanager = AlertmanagerClient(settings.alertmanager.url, settings.alertmanager.timeout_seconds)
         silences = SilenceChecker(alertmanager.silences, clock,
                                   on_result=lambda result: metrics.silence_checks.labels(result).inc())
-    executor = Executor(journal, state, actions, deps, metrics, may_act=may_act, clock=clock,
-                        on_recorded=on_recorded, notify=notifier.publish, silences=silences,
+    # The executor and the pin reconciler share one context: the same locks, leadership and callbacks.
+    ctx = ActContext(journal, state, deps, metrics, actions, may_act=may_act, clock=clock, on_recorded=on_recorded,
+                     notify=notifier.publish)
+    executor = Executor(ctx, silences=silences,
                         query_range=prometheus.query_range if prometheus is not None else None, latest=latest,
                         approval_base_url=approval_base_url or (lambda: base_url(settings)),
-                        escalation_freeze_seconds=settings.executor.escalation_freeze_seconds,
-                        blast_radius=settings.blast_radius,
-                        max_signal_age_seconds=settings.executor.max_signal_age_seconds)
-    return Parts(settings, journal, state, deps, executor, notifier, prometheus=prometheus,
+                        limits=ExecutorLimits(settings.executor.escalation_freeze_seconds, settings.blast_radius,
+                                              settings.executor.max_signal_age_seconds))
+    return Parts(settings, journal, state, deps, executor, notifier, ctx, prometheus=prometheus,
                  alertmanager=alertmanager, metrics=metrics)

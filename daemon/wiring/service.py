@@ -130,11 +130,7 @@ class Service:
         self.elector: LeaderElector | None = None
         self.shards: ShardManager | None = None  # sharding.shards > 1 (daemon/wiring/sharding.py)
         self.cluster_state: ClusterState | None = None  # shared pins/guard marks, with leader election
-        self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, self.may_act,
-                                  self.executor.lock_for,
-                                  settings.executor.pin_reconcile_interval_seconds,
-                                  on_recorded=self._state_recorded, actions=actions,
-                                  announce=self.parts.notifier.publish,
+        self.pins = PinReconciler(self.parts.ctx, settings.executor.pin_reconcile_interval_seconds,
                                   repin_escalate_after=settings.executor.repin_escalate_after,
                                   repin_window_seconds=settings.executor.repin_window_seconds)
         # How stop() ends what start() began (each step copes with a start that failed before it),

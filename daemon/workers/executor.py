@@ -20,24 +20,22 @@ recovered, not_recovered, escalated) go to `notify`, a callback that never block
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import defaultdict
-from typing import Any, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import structlog
 
-from actions.base import Action, ActionDeps
+from actions.base import Action
 from core.timestamps import iso_utc
 from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
 from daemon.common.lifecycle import Spawn
-from daemon.common.metrics import Metrics
-from daemon.storage.journal import Journal
 from daemon.storage.records import RECOVERY, Decision
 from daemon.workers.decision_events import decision_event
 from daemon.workers.approvals import ApprovalGate, ApprovalResult, BaseUrl
 from daemon.workers.blast_guard import BlastGuard
+from daemon.workers.context import ActContext
 from daemon.workers.decide import decide
 from daemon.workers.evidence import EvidenceReader, LatestVerdicts
 from daemon.workers.progress import (STARTED_WITH, RecoveryPlan, StepProgress, journaled_plan, runs_on,
@@ -45,7 +43,6 @@ from daemon.workers.progress import (STARTED_WITH, RecoveryPlan, StepProgress, j
 from daemon.workers.recovery_watch import RecoveryWatches
 from daemon.workers.shadow import ShadowOrigin, shadow_origin, shadow_row
 from daemon.workers.silences import SilenceCheck
-from daemon.workers.state import ExecutorState
 from daemon.workers.steps import StepRunner
 from daemon.workers.verdicts import Blocked, DryRun, Execute, Mode, NeedsApproval, NoOp, Unplanned, Verdict
 from daemon.workers.verifier import RangeFn
@@ -57,31 +54,14 @@ from policies.planning import Plan, RecoveryCheck, blocked_plan, recovery_check
 
 log = structlog.get_logger("tailguard.executor")
 
-Notify = Callable[[Mapping[str, Any]], None]  # an outcome event to send; returns at once, never blocks
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 
 
-class Executor:
-    """Decides and acts for journaled signals; resumes what a restart interrupted.
+@dataclass(frozen=True)
+class ExecutorLimits:
+    """How far the executor goes (settings `executor.*` and `blastRadius`).
 
     Args:
-        journal: Signals, decisions, steps, freezes, approvals.
-        state: The active policies and the config's global freeze (swapped by reload and the CLI).
-        registry: Action kind -> class; one instance per kind is made with `deps`.
-        deps: The clients actions use.
-        metrics: Decisions, actions, faults, shadow decisions.
-        may_act: False while this replica may not act (not the leader): no apply starts.
-        clock: Unix time.
-        sleep: Waits (retries, the common-cause hold, recovery watches).
-        on_recorded: An executed plan, a pin, a freeze or an approval was journaled (cluster state).
-        notify: Hands an outcome event over; returns at once, never blocks.
-        silences: Asks Alertmanager whether a silence covers a detector signal's target (None: no
-            silences are consulted; alertmanager.url unset).
-        query_range: Reads back what a recovery watch resumed after a restart missed (Prometheus
-            range query; None: nothing is read back).
-        latest: The poller's last verdicts of a detector trigger, weighed by gated alert triggers.
-        approval_base_url: How operators reach the API, named in approval notifications; read when
-            one is sent (the port is known only once the API listens).
         escalation_freeze_seconds: How long onNotRecovered: escalate freezes the target.
         blast_radius: The daemon-wide guards across targets (default: off).
         max_signal_age_seconds: A decision left executing (a crash, a journal outage) is resumed only
@@ -89,59 +69,63 @@ class Executor:
             `expired`. None: no age bound (the preconditions still hold it).
     """
 
+    escalation_freeze_seconds: float = 3600.0
+    blast_radius: BlastRadiusSettings | None = None
+    max_signal_age_seconds: float | None = None
+
+
+class Executor:
+    """Decides and acts for journaled signals; resumes what a restart interrupted.
+
+    Args:
+        ctx: The plumbing it shares with the pin reconciler (journal, state, the action registry and
+            the clients lent to actions, metrics, leadership, clock, sleep, locks, notify, on_recorded).
+        silences: Asks Alertmanager whether a silence covers a detector signal's target (None: no
+            silences are consulted; alertmanager.url unset).
+        query_range: Reads back what a recovery watch resumed after a restart missed (Prometheus
+            range query; None: nothing is read back).
+        latest: The poller's last verdicts of a detector trigger, weighed by gated alert triggers.
+        approval_base_url: How operators reach the API, named in approval notifications; read when
+            one is sent (the port is known only once the API listens).
+        limits: Escalation freezes, the blast radius, the age past which a decision is not resumed.
+    """
+
     def __init__(
         self,
-        journal: Journal,
-        state: ExecutorState,
-        registry: Mapping[str, type[Action]],
-        deps: ActionDeps,
-        metrics: Metrics,
+        ctx: ActContext,
         *,
-        may_act: Callable[[], bool] = lambda: True,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        on_recorded: Callable[[], None] = lambda: None,
-        notify: Notify = lambda event: None,
         silences: SilenceCheck | None = None,
         query_range: RangeFn | None = None,
         latest: LatestVerdicts | None = None,
         approval_base_url: BaseUrl = lambda: DEFAULT_BASE_URL,
-        escalation_freeze_seconds: float = 3600.0,
-        blast_radius: BlastRadiusSettings | None = None,
-        max_signal_age_seconds: float | None = None,
+        limits: ExecutorLimits = ExecutorLimits(),
     ) -> None:
-        self._journal = journal
-        self.state = state
-        self._registry = registry
-        self._deps = deps
-        self._metrics = metrics
-        self._clock = clock
-        self._max_signal_age = max_signal_age_seconds
-        self._on_recorded = on_recorded  # an executed plan or a pin was journaled (cluster state)
-        self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._ctx = ctx
+        self.state = ctx.state
+        self._max_signal_age = limits.max_signal_age_seconds
         self._actions: dict[str, Action] = {}
-        self._notify = notify
-        self._blast = BlastGuard(journal, state, blast_radius or BLAST_RADIUS_OFF, clock, sleep)
+        self._blast = BlastGuard(ctx.journal, ctx.state, limits.blast_radius or BLAST_RADIUS_OFF, ctx.clock, ctx.sleep)
         # What the decision ladder reads; running a decision's steps, watching its recovery after,
         # and plans that wait for an operator: each in a class of its own.
-        self._evidence = EvidenceReader(journal, state, self._blast, self._action, metrics, clock, silences, latest)
-        self._steps = StepRunner(journal, metrics, self._action, self._event, may_act, sleep, on_recorded)
-        self._watches = RecoveryWatches(journal, state, self._steps, deps, metrics, self.lock_for, may_act, clock,
-                                        sleep, on_recorded, self._announce, escalation_freeze_seconds,
-                                        query_range, actions=registry)
-        self._approvals = ApprovalGate(journal, state, metrics, self.lock_for, self._evidence.frozen, self._finish,
-                                       self._send, approval_base_url, clock, on_recorded)
+        self._evidence = EvidenceReader(ctx.journal, ctx.state, self._blast, self._action, ctx.metrics, ctx.clock,
+                                        silences, latest)
+        self._steps = StepRunner(ctx.journal, ctx.metrics, self._action, self._event, ctx.may_act, ctx.sleep,
+                                 ctx.on_recorded)
+        self._watches = RecoveryWatches(ctx, self._steps, self._announce, limits.escalation_freeze_seconds,
+                                        query_range)
+        self._approvals = ApprovalGate(ctx.journal, ctx.state, ctx.metrics, ctx.lock_for, self._evidence.frozen,
+                                       self._finish, self._send, approval_base_url, ctx.clock, ctx.on_recorded)
         # With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
         # A signal whose target's shard it does not lead is left pending for the replica that does.
         self.owns: Callable[[str], bool] | None = None
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
-        """The lock that keeps one actor at a time on a target (shared with the pin reconciler)."""
-        return self._locks[target_key]
+        """The lock that keeps one actor at a time on a target (the context's: shared with the pin reconciler)."""
+        return self._ctx.lock_for(target_key)
 
     def _action(self, kind: str) -> Action:
         if kind not in self._actions:
-            self._actions[kind] = self._registry[kind](self._deps)
+            self._actions[kind] = self._ctx.actions[kind](self._ctx.deps)
         return self._actions[kind]
 
     # ---- deciding --------------------------------------------------------------------------------
@@ -167,23 +151,23 @@ class Executor:
             # Decisions a crash left executing under a policy the signal no longer matches (renamed,
             # removed, retargeted since): finished on the policy they started with, not stranded.
             matched = {p.name for p in policies}
-            stranded = [d for d in await self._journal.decisions.unfinished_for_signal.in_thread(signal_id)
+            stranded = [d for d in await self._ctx.journal.decisions.unfinished_for_signal.in_thread(signal_id)
                         if d.policy not in matched]
             for left in stranded:
-                async with self._locks[left.target]:
+                async with self._ctx.locks[left.target]:
                     with structlog.contextvars.bound_contextvars(policy=left.policy, target=left.target):
                         plans.append(await self._resume(left, None, signal))
             for policy in policies:
-                self._metrics.matched.labels(policy.name).inc()
+                self._ctx.metrics.matched.labels(policy.name).inc()
                 former = _former_name(policy, stranded)
                 if former is not None:  # the same remedy under a new name: the signal is not acted on twice
                     plans.append(await self._decided_before(signal_id, signal, policy, former))
                     continue
-                async with self._locks[policy.target.key]:
+                async with self._ctx.locks[policy.target.key]:
                     with structlog.contextvars.bound_contextvars(policy=policy.name,
                                                                  target=policy.target.key):
                         plans.append(await self._run_policy(signal_id, signal, policy, arrived_at))
-            await self._journal.signals.mark_processed.in_thread([signal_id])
+            await self._ctx.journal.signals.mark_processed.in_thread([signal_id])
         return plans
 
     async def preview(self, signal: Signal) -> list[tuple[LoadedPolicy, Verdict]]:
@@ -195,7 +179,7 @@ class Executor:
 
     async def _run_policy(self, signal_id: int, signal: Signal, policy: LoadedPolicy,
                           arrived_at: float | None = None) -> Plan:
-        existing = await self._journal.decisions.for_signal.in_thread(signal_id, policy.name)
+        existing = await self._ctx.journal.decisions.for_signal.in_thread(signal_id, policy.name)
         if existing is not None and existing.state.final:
             log.info("already decided", state=existing.state)
             return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
@@ -227,7 +211,7 @@ class Executor:
             failed_id = await self._decide(signal_id, policy, plan, DecisionState.FAILED, verdict.reason,
                                            executed=False, extra=note)
             for bound in policy.actions:
-                self._metrics.actions.labels(bound.kind, "failed").inc()
+                self._ctx.metrics.actions.labels(bound.kind, "failed").inc()
             await self._event(policy, "RemediationFailed", verdict.reason, warning=True)
             self._announce("failed", policy.name, policy.target.key, verdict.reason, decision=failed_id,
                            state=DecisionState.FAILED.value, signal=signal.dedup_key)
@@ -248,14 +232,14 @@ class Executor:
             decision_id = await self._decide(signal_id, policy, plan, DecisionState.EXECUTING, "applying",
                                              executed=True,
                                              extra={**note, STARTED_WITH: started_with_document(policy, recovery)})
-            self._on_recorded()
+            self._ctx.on_recorded()
             await self._finish(decision_id, policy, plan, {}, signal, recovery)
         return plan
 
     async def _decided_before(self, signal_id: int, signal: Signal, policy: LoadedPolicy, former: Decision) -> Plan:
         """Journal (blocked) that the signal was already acted on for this target under the policy's
         former name, once: a second pass over the signal finds this decision and stops there."""
-        existing = await self._journal.decisions.for_signal.in_thread(signal_id, policy.name)
+        existing = await self._ctx.journal.decisions.for_signal.in_thread(signal_id, policy.name)
         if existing is not None:
             return Plan(policy.name, policy.target.key, signal.dedup_key, (), False,
                         blocked=f"already decided: {existing.state}")
@@ -270,7 +254,7 @@ class Executor:
         """Journal what a shadow trigger's signal would have done; never applied, not `executed`, so
         it never counts toward cooldown or rate limit."""
         row = shadow_row(verdict, origin)
-        self._metrics.shadow_decisions.labels(policy.name, row.would).inc()
+        self._ctx.metrics.shadow_decisions.labels(policy.name, row.would).inc()
         await self._decide(signal_id, policy, row.plan, row.state, row.reason, executed=False,
                            extra={**row.note, "shadow": {**origin.as_dict(), "would": row.would}})
         return row.plan
@@ -278,10 +262,10 @@ class Executor:
     async def _decide(self, signal_id: int, policy: LoadedPolicy, plan: Plan, state: DecisionState, reason: str,
                       executed: bool, extra: Mapping[str, Any] | None = None) -> int:
         """Journal the decision; `extra` keys go into its journaled plan (shadow, silences)."""
-        decision_id = await self._journal.decisions.record.in_thread(
+        decision_id = await self._ctx.journal.decisions.record.in_thread(
             signal_id, policy.name, policy.target.key, state, reason, {**plan.as_dict(), **(extra or {})}, executed)
         if state.final:
-            self._metrics.decisions.labels(policy.name, state).inc()
+            self._ctx.metrics.decisions.labels(policy.name, state).inc()
         log.info("decision", state=state, reason=reason, plan=[s.summary for s in plan.steps],
                  dry_run=plan.dry_run)
         if state.final and not (extra or {}).get("shadow"):  # decided without running: blocked, dry run, noop
@@ -299,15 +283,15 @@ class Executor:
         """Go on with a decision left `executing` by a crash, from its journaled plan and steps, on the
         policy it started with (`current`: the active policy of its name, None when gone)."""
         plan = journaled_plan(decision.plan)
-        runs = runs_on(decision.plan, current, self._registry)
+        runs = runs_on(decision.plan, current, self._ctx.actions)
         if runs.policy is None:
             reason = (f"not resumed after restart: {runs.why}; steps applied before the restart are left as "
                       "they are")
-            await self._journal.decisions.finish.in_thread(decision.id, DecisionState.FAILED, reason)
-            self._metrics.decisions.labels(decision.policy, DecisionState.FAILED).inc()
+            await self._ctx.journal.decisions.finish.in_thread(decision.id, DecisionState.FAILED, reason)
+            self._ctx.metrics.decisions.labels(decision.policy, DecisionState.FAILED).inc()
             log.warning("decision not resumed", decision=decision.id, reason=reason)
             return plan
-        progress = step_progress(await self._journal.decisions.steps.in_thread(decision.id))
+        progress = step_progress(await self._ctx.journal.decisions.steps.in_thread(decision.id))
         why, age = await self._stale(decision, runs.policy, plan, progress)
         if why is not None:
             await self._expired(decision, runs.policy, plan, progress, why, age)
@@ -321,8 +305,8 @@ class Executor:
                      progress: Mapping[int, StepProgress]) -> tuple[str | None, float | None]:
         """(why a resumed decision must not go on, or None; its signal's age). It goes on only while
         its signal is younger than maxSignalAgeSeconds and its target is still as planned (re-observed)."""
-        stored = await self._journal.signals.get.in_thread(decision.signal_id)
-        age = self._clock() - stored.received_at if stored is not None else None
+        stored = await self._ctx.journal.signals.get.in_thread(decision.signal_id)
+        age = self._ctx.clock() - stored.received_at if stored is not None else None
         if self._max_signal_age is not None and age is not None and age > self._max_signal_age:
             return (f"its signal is {age:.0f}s old (executor.maxSignalAgeSeconds {self._max_signal_age:.0f}s): the "
                     "incident it answered has moved on"), age
@@ -342,10 +326,10 @@ class Executor:
             reason += f"; step(s) {landed} had landed and stay"
         if doubt:
             reason += f"; step(s) {doubt} may have landed (an apply without its result)"
-        await self._journal.decisions.finish.in_thread(
+        await self._ctx.journal.decisions.finish.in_thread(
             decision.id, DecisionState.EXPIRED, reason,
             expired={"why": why, "age_seconds": age, "landed": landed, "in_doubt": doubt})
-        self._metrics.decisions.labels(decision.policy, DecisionState.EXPIRED).inc()
+        self._ctx.metrics.decisions.labels(decision.policy, DecisionState.EXPIRED).inc()
         log.warning("decision expired", decision=decision.id, reason=reason)
         await self._event(policy, "RemediationExpired", reason, warning=True)
         self._announce("failed", decision.policy, decision.target, reason, decision=decision.id,
@@ -362,14 +346,14 @@ class Executor:
         if recovery is None:
             recovery = self._recovery_plan(policy, signal)
         check = recovery.check if state is DecisionState.SUCCEEDED else None
-        acted_at = self._clock()
+        acted_at = self._ctx.clock()
         pending = None
         if check is not None:
             pending = (f"checking: {check.query} {check.condition.describe()} ({check.source})",
                        {"check": check.as_dict(), "acted_at": acted_at, "signal": signal.dedup_key})
         # One transaction: a restart finds the check in flight with the decision, or neither.
-        await self._journal.decisions.finish.in_thread(decision_id, state, reason, pending)
-        self._metrics.decisions.labels(policy.name, state).inc()
+        await self._ctx.journal.decisions.finish.in_thread(decision_id, state, reason, pending)
+        self._ctx.metrics.decisions.labels(policy.name, state).inc()
         log.info("plan finished", state=state, reason=reason, recovery=check.as_dict() if check else None)
         await self._decision_event(policy, state, reason)
         acted = state is DecisionState.SUCCEEDED
@@ -378,7 +362,7 @@ class Executor:
         if check is not None:
             self._watches.start(decision_id, policy.name, policy.target.key, check, acted_at)
         elif acted and recovery.skipped is not None:
-            await self._journal.decisions.record_step.in_thread(
+            await self._ctx.journal.decisions.record_step.in_thread(
                 decision_id, -1, RECOVERY, RECOVERY, "skipped", recovery.skipped, {"signal": signal.dedup_key}, None)
 
     def _recovery_plan(self, policy: LoadedPolicy, signal: Signal) -> RecoveryPlan:
@@ -394,7 +378,7 @@ class Executor:
         try:
             return recovery_check(policy, signal)
         except Exception:  # a query that cannot be rendered: acting stands, only the check is lost
-            self._metrics.faults.labels("recovery").inc()
+            self._ctx.metrics.faults.labels("recovery").inc()
             log.exception("recovery check could not be built")
             return None
 
@@ -443,23 +427,23 @@ class Executor:
 
     def _send(self, event: Mapping[str, Any]) -> None:
         try:
-            self._notify(event)
+            self._ctx.notify(event)
         except Exception as exc:  # a notification never fails the caller
-            self._metrics.faults.labels("notifications").inc()
+            self._ctx.metrics.faults.labels("notifications").inc()
             log.warning("could not hand over notification", error=repr(exc))
 
     def _announce(self, event: str, policy: str, target: str, message: str, **extra: Any) -> None:
         """Hand an outcome event to `notify`; never blocks, never fails the caller."""
         self._send({"event": event, "policy": policy, "target": target, "message": message,
-                    "at": iso_utc(self._clock()), **extra})
+                    "at": iso_utc(self._ctx.clock()), **extra})
 
     async def _event(self, policy: LoadedPolicy, reason: str, message: str, warning: bool) -> None:
-        if self._deps.record_event is None:
+        if self._ctx.deps.record_event is None:
             return
         try:
-            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
+            await self._ctx.deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
         except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
-            self._metrics.faults.labels("events").inc()
+            self._ctx.metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
 
 

@@ -49,16 +49,14 @@ import structlog
 
 from prometheus_client import Counter
 
-from actions.base import Action, ActionDeps, Effect, PinCheck, pinning_action
+from actions.base import Effect, PinCheck, pinning_action
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.timestamps import iso_utc
 from daemon.storage.effects import DONE, REFUSED
+from daemon.workers.context import ActContext
 from daemon.workers.door import PINS, acting
 from daemon.workers.warm import WarmKeeper
-from daemon.workers.state import ExecutorState
-from daemon.storage.journal import Journal
 from daemon.common.lifecycle import wait_or_stop
-from daemon.common.metrics import Metrics
 from policies.loader import LoadedPolicy
 
 log = structlog.get_logger("tailguard.pins")
@@ -68,7 +66,6 @@ UNREACHABLE_RETRY_SECONDS = 5.0
 """A target with a ready replica that could not be read is looked at again this soon."""
 REPIN = "pin.repin"  # effects kind: a re-pin over a redeployed rolled-back version
 ESCALATED = "pin.escalated"  # effects kind: re-pinning of the pin waits for an operator
-Announce = Callable[[Mapping[str, Any]], None]  # hands a notification event over (Notifier.publish)
 
 
 class PinReconciler:
@@ -76,56 +73,42 @@ class PinReconciler:
     `may_act()`, no freeze covers the target and the pinned version is not marked bad.
 
     Args:
-        journal: Holds the pins (target key, model, version).
-        state: The active policy set (a pin whose target no policy names is left alone) and freeze.
-        deps: Shared clients; `deps.endpoints` resolves the replicas of a target.
-        metrics: `tailguard_actions_total{action="pin.reconcile"}` counts results.
-        may_act: False on a replica that is not the leader.
-        lock_for: The per-target lock the executor uses, so a pin never races a remediation.
+        ctx: The executor's plumbing: the journal (pins, effects), the state (a pin whose target no
+            policy names is left alone; the freeze), the clients (`deps.endpoints` resolves a target's
+            replicas) and the door, metrics (`tailguard_actions_total{action="pin.reconcile"}`),
+            leadership, the per-target locks (a pin never races a remediation), on_recorded (an ended
+            pin is shared state), notify (a tug of war's first re-pin per version, `acted`, and its
+            escalation, `escalated`) and the action registry, whose pinning action
+            (`actions.base.pinning_action`) re-applies pins (without one, no pin is re-applied; pins
+            still end with their policies).
         interval_seconds: Time between passes.
-        actions: The action registry; its pinning action (`actions.base.pinning_action`) re-applies
-            pins. Without one, no pin is re-applied (pins still end with their policies).
-        announce: Hands a notification event over (the notifier's publish): a tug of war's first
-            re-pin per version (`acted`) and its escalation (`escalated`).
         repin_escalate_after, repin_window_seconds: Re-pins of a redeployed rolled-back version within
             the window after which the target escalates (settings `executor.repinEscalateAfter`,
             `executor.repinWindowSeconds`).
-        clock: Unix time of the re-pin window; the journal's (pins and effects are stamped with it).
     """
 
-    def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
-                 may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock],
-                 interval_seconds: float = 30.0, on_recorded: Callable[[], None] = lambda: None, *,
-                 actions: Mapping[str, type[Action]], announce: Announce = lambda event: None,
-                 repin_escalate_after: int = 3, repin_window_seconds: float = 3600.0,
-                 clock: Callable[[], float] | None = None) -> None:
-        self._journal = journal
-        self._on_recorded = on_recorded  # an ended pin is shared state (cluster state publish)
-        self._state = state
-        self._deps = deps
-        self._metrics = metrics
-        self._may_act = may_act
+    def __init__(self, ctx: ActContext, interval_seconds: float = 30.0, *, repin_escalate_after: int = 3,
+                 repin_window_seconds: float = 3600.0) -> None:
+        self._ctx = ctx
         self.owns: Callable[[str], bool] | None = None  # sharding: the targets of the shards led here
-        self._lock_for = lock_for
         self.interval_seconds = interval_seconds
-        pinning = pinning_action(actions)
-        self._pinning = pinning(deps) if pinning is not None else None
-        self._announce = announce
+        pinning = pinning_action(ctx.actions)
+        self._pinning = pinning(ctx.deps) if pinning is not None else None
         self.repin_escalate_after = repin_escalate_after
         self.repin_window_seconds = repin_window_seconds
-        self._clock = clock or journal.clock  # the journal's: pins and effects are stamped with it
+        # The re-pin window's time is the journal's, not the context's: pins and effects are stamped with it.
+        self._clock = ctx.journal.clock
         self._refused: dict[str, str] = {}  # target -> the refusal journaled last (journaled once while it holds)
         self._repins = Counter("tailguard_pin_repins", "Re-pins over a redeployed version the pin rolled back from "
                                "(a tug of war with the deploy pipeline), by target.", ["target"],
-                               registry=metrics.registry)
+                               registry=ctx.metrics.registry)
         self._followed: set[str] = set()  # targets to look at now (follow)
         self._retry: dict[str, float] = {}  # target -> when (monotonic) to look again (unreachable)
         self._wake = asyncio.Event()
         self.passes = 0  # full periodic passes run (tests, the benchmark)
         self.next_pass_at = 0.0  # when (monotonic) the next full pass runs
         # Rides the same passes: a deploy or a pod that appears later gets its warm version (keepWarm).
-        self.warm = WarmKeeper(journal, state, deps, metrics, may_act, lock_for, actions=actions,
-                               owns=lambda key: self.owns is None or self.owns(key))
+        self.warm = WarmKeeper(ctx, owns=lambda key: self.owns is None or self.owns(key))
 
     def follow(self, target_keys: Iterable[str]) -> None:
         """Look at these targets' pins now, before the next full pass (a replica became ready)."""
@@ -156,7 +139,7 @@ class PinReconciler:
         try:
             results = await self.reconcile_once(only)
         except Exception:  # one bad pass (journal, API) must not end the loop; the next retries
-            self._metrics.faults.labels("pins").inc()
+            self._ctx.metrics.faults.labels("pins").inc()
             log.exception("pin reconcile pass failed")
             return
         for key in (only if only is not None else set(self._retry)):
@@ -168,7 +151,7 @@ class PinReconciler:
         try:
             await self.warm.once(only)
         except Exception:  # a failed warm pass is retried on the next pass; pins are not held up
-            self._metrics.faults.labels("warm").inc()
+            self._ctx.metrics.faults.labels("warm").inc()
             log.exception("warm pass failed")
 
     async def reconcile_once(self, only: set[str] | None = None) -> dict[str, Outcome]:
@@ -180,11 +163,11 @@ class PinReconciler:
         that could not be read is named in the outcome's `unreachable` data and counted as
         result `unreachable`, never as in sync.
         """
-        if not self._may_act():
+        if not self._ctx.may_act():
             return {}
-        policies = self._state.policies.policies
+        policies = self._ctx.state.policies.policies
         results: dict[str, Outcome] = {}
-        for pin in await self._journal.pins.live.in_thread():
+        for pin in await self._ctx.journal.pins.live.in_thread():
             key = pin["target"]
             if only is not None and key not in only:
                 continue
@@ -198,7 +181,7 @@ class PinReconciler:
             target = policy.target
             if self._pinning is None or (target.triton_service is None and not target.triton_endpoints):
                 continue
-            async with self._lock_for(key):
+            async with self._ctx.lock_for(key):
                 with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin["version"]), \
                         acting(PINS, key):
                     try:
@@ -206,7 +189,7 @@ class PinReconciler:
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:  # one target's failure never stops another's pins
-                        self._metrics.faults.labels("pins").inc()
+                        self._ctx.metrics.faults.labels("pins").inc()
                         log.exception("pin reconcile of one target failed; the others go on")
                         outcome = Outcome.failure(f"{type(exc).__name__}: {exc}", retryable=True)
             results[key] = outcome
@@ -218,24 +201,24 @@ class PinReconciler:
                 result = "unreachable"
             else:
                 result = {"ok": "reapplied", "noop": "in_sync"}.get(outcome.status.value, outcome.status.value)
-            self._metrics.actions.labels(ACTION, result).inc()
+            self._ctx.metrics.actions.labels(ACTION, result).inc()
         return results
 
     async def _end(self, pin: Mapping[str, Any], reason: str, policy: LoadedPolicy | None) -> None:
         """End `pin` in the journal with `reason`; an Event on the policy's target when one can be recorded."""
-        ended = await self._journal.pins.end.in_thread(pin["target"], reason)
+        ended = await self._ctx.journal.pins.end.in_thread(pin["target"], reason)
         if ended is None:
             return
         log.info("pin ended", target=pin["target"], version=pin["version"], reason=reason)
-        self._on_recorded()
-        if policy is None or self._deps.record_event is None:
+        self._ctx.on_recorded()
+        if policy is None or self._ctx.deps.record_event is None:
             return
         try:
-            await self._deps.record_event(policy=policy, reason="PinEnded",
+            await self._ctx.deps.record_event(policy=policy, reason="PinEnded",
                                           message=f"pin of {pin['model']} to version {pin['version']} ended: "
                                                   f"{reason}", warning=False)
         except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
-            self._metrics.faults.labels("events").inc()
+            self._ctx.metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
 
     async def _reconcile(self, pin: Mapping[str, Any], policy: LoadedPolicy) -> Outcome:
@@ -263,7 +246,7 @@ class PinReconciler:
             else:
                 log.debug("pin holds", replicas=check.replicas)
             return Outcome.noop(step.summary, unreachable=unreachable)
-        if self._state.frozen or not self._may_act():
+        if self._ctx.state.frozen or not self._ctx.may_act():
             log.info("pin drift seen; not re-applied (frozen or not leader)", summary=step.summary)
             return Outcome.skipped(f"frozen or not leader: {step.summary}")
         drifted = dict(check.drifted)
@@ -276,7 +259,7 @@ class PinReconciler:
             settled = await self._tug_of_war(pin, policy, redeployed, step.summary)
             if settled is not None:
                 return settled
-        refused = await self._deps.actuator.ask(Effect("triton.load", step.summary, target=key, loads=version))
+        refused = await self._ctx.deps.actuator.ask(Effect("triton.load", step.summary, target=key, loads=version))
         if refused is not None:
             await self._journal_refusal(key, refused.check, refused.reason, version)
             return Outcome.skipped(f"not re-applied: {refused}", refused=refused.check, unreachable=unreachable)
@@ -297,7 +280,7 @@ class PinReconciler:
         """Journal why the pin of `key` is not re-applied, once while the same refusal holds."""
         if self._refused.get(key) == reason:
             return
-        await self._journal.effects.record.in_thread(PINS, key, "triton.load", REFUSED, reason,
+        await self._ctx.journal.effects.record.in_thread(PINS, key, "triton.load", REFUSED, reason,
                                                      {"check": check, "loads": version})
         self._refused[key] = reason
         log.warning("pin not re-applied: refused", check=check, reason=reason)
@@ -308,28 +291,28 @@ class PinReconciler:
         that settles this pass without a load (the pin ends: an operator cleared the mark; or it is
         held: escalated), else None: re-pin."""
         key, since = pin["target"], float(pin["at"])
-        if bad not in await self._journal.bad_versions.known.in_thread(key):
+        if bad not in await self._ctx.journal.bad_versions.known.in_thread(key):
             reason = f"version {bad} the pin rolled back from is served again and no longer marked bad (cleared)"
             await self._end(pin, reason, policy)
             return Outcome.noop(f"pin of {pin['model']} to version {pin['version']} ended: {reason}", ended=reason)
         waiting = (f"re-pinning waits for an operator: `tailguard bad-versions {key} --clear {bad}` (the version is "
                    f"good) or `tailguard unpin {key}`")
-        if await self._journal.effects.of.in_thread(key, ESCALATED, since):
+        if await self._ctx.journal.effects.of.in_thread(key, ESCALATED, since):
             await self._journal_refusal(key, "escalated", f"escalated tug of war over version {bad}; {waiting}",
                                         int(pin["version"]))
             return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
         now = self._clock()
-        count = await self._journal.effects.count.in_thread(key, REPIN, DONE,
+        count = await self._ctx.journal.effects.count.in_thread(key, REPIN, DONE,
                                                              max(since, now - self.repin_window_seconds))
         if count < self.repin_escalate_after:
             return None
         message = (f"{pin['model']}: version {bad}, rolled back from, was redeployed and re-pinned to version "
                    f"{pin['version']} {count} time(s) within {self.repin_window_seconds:g}s; escalated: {waiting}")
-        await self._journal.effects.record.in_thread(PINS, key, ESCALATED, DONE, message,
+        await self._ctx.journal.effects.record.in_thread(PINS, key, ESCALATED, DONE, message,
                                                      {"version": bad, "repins": count, "pin_at": since})
         log.warning("pin tug of war escalated", version=bad, repins=count)
         await self._event(policy, "PinTugOfWarEscalated", message)
-        self._announce({"event": "escalated", "policy": policy.name, "target": key, "message": message,
+        self._ctx.notify({"event": "escalated", "policy": policy.name, "target": key, "message": message,
                         "at": iso_utc(now), "version": bad, "repins": count})
         return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
 
@@ -337,29 +320,29 @@ class PinReconciler:
                         drifted: Mapping[str, Any]) -> None:
         """Journal and count a re-pin over the redeployed version `bad`; announce the first one per version."""
         key = pin["target"]
-        earlier = [r for r in await self._journal.effects.of.in_thread(key, REPIN, float(pin["at"]))
+        earlier = [r for r in await self._ctx.journal.effects.of.in_thread(key, REPIN, float(pin["at"]))
                    if r["data"].get("version") == bad]
         message = (f"{pin['model']}: version {bad}, rolled back from and marked bad, was redeployed; re-pinned to "
                    f"version {pin['version']} on {len(drifted)} replica(s). Past {self.repin_escalate_after} re-pins "
                    f"within {self.repin_window_seconds:g}s the target escalates")
-        await self._journal.effects.record.in_thread(PINS, key, REPIN, DONE, message,
+        await self._ctx.journal.effects.record.in_thread(PINS, key, REPIN, DONE, message,
                                                      {"version": bad, "pinned": int(pin["version"]),
                                                       "replicas": sorted(drifted)})
         self._repins.labels(key).inc()
         log.warning("redeployed rolled-back version re-pinned", version=bad, replicas=sorted(drifted))
         if not earlier:
             await self._event(policy, "PinTugOfWar", message)
-            self._announce({"event": "acted", "policy": policy.name, "target": key, "message": message,
+            self._ctx.notify({"event": "acted", "policy": policy.name, "target": key, "message": message,
                             "at": iso_utc(self._clock()), "version": bad})
 
     async def _event(self, policy: LoadedPolicy, reason: str, message: str) -> None:
         """A Warning Event on the policy's target; a courtesy: its failure is counted, never fatal."""
-        if self._deps.record_event is None:
+        if self._ctx.deps.record_event is None:
             return
         try:
-            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=True)
+            await self._ctx.deps.record_event(policy=policy, reason=reason, message=message, warning=True)
         except Exception as exc:
-            self._metrics.faults.labels("events").inc()
+            self._ctx.metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
 
 

@@ -23,21 +23,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Coroutine, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Coroutine, Protocol
 
 import structlog
 
-from actions.base import Action, ActionDeps
 from core.timestamps import iso_utc
 from core.decision import DecisionState
 from daemon.common.lifecycle import Spawn, plain_spawn
-from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
-from daemon.storage.journal import Journal
 from daemon.workers.decision_events import verdict_event
 from daemon.workers.backlog import JOURNAL_RETRY_MAX_SECONDS
+from daemon.workers.context import ActContext
 from daemon.workers.progress import journaled_plan, runs_on, step_progress
-from daemon.workers.state import ExecutorState
 from daemon.workers.steps import StepRunner, effect_key
 from daemon.workers.verifier import RangeFn, missed_samples, watch_recovery
 from policies.planning import RecoveryCheck
@@ -55,39 +52,14 @@ class Announce(Protocol):
 class RecoveryWatches:
     """The recovery watches in flight (decision id -> task), and what follows their verdicts."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        state: ExecutorState,
-        steps: StepRunner,
-        deps: ActionDeps,
-        metrics: Metrics,
-        lock_for: Callable[[str], asyncio.Lock],
-        may_act: Callable[[], bool],
-        clock: Callable[[], float],
-        sleep: Callable[[float], Awaitable[None]],
-        on_recorded: Callable[[], None],
-        announce: Announce,
-        escalation_freeze_seconds: float,
-        query_range: RangeFn | None = None,
-        *,
-        actions: Mapping[str, type[Action]],
-    ) -> None:
-        self._journal = journal
-        self._state = state
+    def __init__(self, ctx: ActContext, steps: StepRunner, announce: Announce, escalation_freeze_seconds: float,
+                 query_range: RangeFn | None = None) -> None:
+        self._ctx = ctx  # the executor's: its journal, state, clients, locks, leadership, clock, sleep
         self._steps = steps  # undoes what a decision that did not help applied
-        self._deps = deps
-        self._metrics = metrics
-        self._lock_for = lock_for
-        self._may_act = may_act
-        self._clock = clock
-        self._sleep = sleep
-        self._on_recorded = on_recorded  # a freeze or a cleared pin was journaled (cluster state)
         self._announce = announce
         self.escalation_freeze_seconds = escalation_freeze_seconds
         # Reads back what a watch resumed after a restart missed (Prometheus range query; None: nothing).
         self._query_range = query_range
-        self._actions = actions  # restores the policy a decision started with (its revert runs on it)
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
         self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash counts in its budget
 
@@ -101,7 +73,7 @@ class RecoveryWatches:
         Returns how many were started; ones already running are left alone (safe to call again,
         e.g. when this replica becomes the leader). Raises JournalError when the journal cannot be read."""
         started = 0
-        for opened in await self._journal.decisions.open_recoveries.in_thread():
+        for opened in await self._ctx.journal.decisions.open_recoveries.in_thread():
             decision, row = opened.decision, opened.row
             if decision.id in self._recoveries:
                 continue
@@ -143,7 +115,7 @@ class RecoveryWatches:
         if self._recoveries.get(decision_id) is task:
             del self._recoveries[decision_id]
         if not task.cancelled() and task.exception() is not None:
-            self._metrics.faults.labels("recovery").inc()
+            self._ctx.metrics.faults.labels("recovery").inc()
             log.error("recovery watch failed; left pending for the next start", decision=decision_id,
                       error=repr(task.exception()))
 
@@ -151,8 +123,9 @@ class RecoveryWatches:
                      acted_at: float, resumed: bool) -> None:
         """Watch one decision's recovery to a verdict, journal it, and follow up."""
         with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
-            missed = await missed_samples(check, acted_at, self._clock(), self._query_range) if resumed else []
-            watched = await watch_recovery(check, acted_at, self._deps.query, self._clock, self._sleep, missed)
+            missed = await missed_samples(check, acted_at, self._ctx.clock(), self._query_range) if resumed else []
+            watched = await watch_recovery(check, acted_at, self._ctx.deps.query, self._ctx.clock, self._ctx.sleep,
+                                           missed)
             verdict = watched.verdict
             follow_up = follow_up_of(verdict.state, check.on_not_recovered)
             data: dict[str, Any] = {
@@ -164,17 +137,17 @@ class RecoveryWatches:
             if verdict.state is Recovery.UNKNOWN:
                 message = could_not_tell(verdict.reason, check.on_not_recovered)
             if follow_up == "escalate":
-                until = self._clock() + self.escalation_freeze_seconds
+                until = self._ctx.clock() + self.escalation_freeze_seconds
                 freeze = (target, f"policy {policy_name}, decision {decision_id}: {verdict.state.value}: "
                                   f"{verdict.reason}", until)
                 data["frozen_until"] = until
                 message += f"; escalated: {target} frozen until {iso_utc(until)}"
             elif follow_up is not None:
                 message += f"; onNotRecovered: {follow_up}"
-            await self._retrying("the recovery verdict", lambda: self._journal.decisions.record_verdict.in_thread(
+            await self._retrying("the recovery verdict", lambda: self._ctx.journal.decisions.record_verdict.in_thread(
                 decision_id, verdict.state.value, message, data, freeze))
             if freeze is not None:
-                self._on_recorded()  # a freeze is shared state: a new leader must see it
+                self._ctx.on_recorded()  # a freeze is shared state: a new leader must see it
             log.info("recovery verdict", verdict=verdict.state, reason=verdict.reason, follow_up=follow_up,
                      samples=len(watched.samples))
             await self._verdict_event(policy_name, verdict.state.value, message)
@@ -199,29 +172,29 @@ class RecoveryWatches:
             except (JournalFenced, JournalValueError):
                 raise
             except JournalError as exc:
-                self._metrics.faults.labels("journal").inc()
-                if not self._may_act():
+                self._ctx.metrics.faults.labels("journal").inc()
+                if not self._ctx.may_act():
                     raise
                 attempt += 1
                 delay = min(JOURNAL_RETRY_MAX_SECONDS, 2.0 ** (attempt - 1))
                 log.warning(f"could not journal {what}; retrying", attempt=attempt, retry_in_seconds=delay,
                             error=str(exc))
-                await self._sleep(delay)
+                await self._ctx.sleep(delay)
 
     async def _escalate_unknown(self, decision_id: int, policy_name: str, target: str,
                                 row: dict[str, Any]) -> None:
         """An unknown verdict left waiting for its revert (journaled by a version that reverted on
         unknown): escalate it instead, as a new verdict row with the freeze, so it is settled."""
         with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
-            until = self._clock() + self.escalation_freeze_seconds
+            until = self._ctx.clock() + self.escalation_freeze_seconds
             reason = could_not_tell(str(row["message"]), "revert")
             freeze = (target, f"policy {policy_name}, decision {decision_id}: unknown: {reason}", until)
             data = {**row["data"], "verdict": Recovery.UNKNOWN.value, "follow_up": "escalate", "frozen_until": until,
                     "escalated_instead_of": "revert"}
             message = f"{reason}; escalated: {target} frozen until {iso_utc(until)}"
-            await self._retrying("the recovery verdict", lambda: self._journal.decisions.record_verdict.in_thread(
+            await self._retrying("the recovery verdict", lambda: self._ctx.journal.decisions.record_verdict.in_thread(
                 decision_id, Recovery.UNKNOWN.value, message, data, freeze))
-            self._on_recorded()
+            self._ctx.on_recorded()
             log.warning("unknown recovery escalated instead of reverted", reason=reason)
             await self._verdict_event(policy_name, Recovery.UNKNOWN.value, message)
             self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}", decision=decision_id,
@@ -229,39 +202,39 @@ class RecoveryWatches:
 
     async def _verdict_event(self, policy_name: str, verdict: str, message: str) -> None:
         """The verdict as a Kubernetes Event on the policy's target; a courtesy: a failure is counted."""
-        policy = next((p for p in self._state.policies.policies if p.name == policy_name), None)
-        if policy is None or self._deps.record_event is None:
+        policy = next((p for p in self._ctx.state.policies.policies if p.name == policy_name), None)
+        if policy is None or self._ctx.deps.record_event is None:
             return
         reason, warning = verdict_event(verdict)
         try:
-            await self._deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
+            await self._ctx.deps.record_event(policy=policy, reason=reason, message=message, warning=warning)
         except Exception as exc:
-            self._metrics.faults.labels("events").inc()
+            self._ctx.metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
 
     async def _revert_unrecovered(self, decision_id: int, policy_name: str, verdict: RecoveryVerdict) -> None:
         """Undo the steps a decision that did not help applied (onNotRecovered: revert), clear the pins
         its rollback recorded, and end the decision reverted (failed when a revert failed)."""
-        decision = await self._journal.decisions.get.in_thread(decision_id)
+        decision = await self._ctx.journal.decisions.get.in_thread(decision_id)
         if decision is None:
             return
-        current = next((p for p in self._state.policies.policies if p.name == policy_name), None)
+        current = next((p for p in self._ctx.state.policies.policies if p.name == policy_name), None)
         plan = journaled_plan(decision.plan)
         why = f"{decision.reason}; did not recover ({verdict.state.value})"
-        runs = runs_on(decision.plan, current, self._actions)  # the policy it started with, not the reloaded one
+        runs = runs_on(decision.plan, current, self._ctx.actions)  # the policy it started with, not the reloaded one
         policy = runs.policy
         if policy is None:
             reason = f"{why}; not reverted: {runs.why}"
-            await self._journal.decisions.finish.in_thread(decision_id, DecisionState.FAILED, reason)
-            self._metrics.decisions.labels(policy_name, DecisionState.FAILED).inc()
+            await self._ctx.journal.decisions.finish.in_thread(decision_id, DecisionState.FAILED, reason)
+            self._ctx.metrics.decisions.labels(policy_name, DecisionState.FAILED).inc()
             self._announce("failed", policy_name, decision.target, reason, decision=decision_id)
             return
-        if not self._may_act():
+        if not self._ctx.may_act():
             log.warning("revert after no recovery left for the leader: this replica may not act",
                         decision=decision_id)
             return
-        async with self._lock_for(decision.target):
-            rows = await self._journal.decisions.steps.in_thread(decision_id)
+        async with self._ctx.lock_for(decision.target):
+            rows = await self._ctx.journal.decisions.steps.in_thread(decision_id)
             progress = step_progress(rows)
             applied = [(idx, replace(step, effect_key=effect_key(decision_id, idx)))
                        for idx, step in enumerate(plan.steps)
@@ -269,16 +242,16 @@ class RecoveryWatches:
             not_reverted = await self._steps.revert(decision_id, policy, applied, progress)
             pinned = {int(r["idx"]) for r in rows if r["phase"] == "verify" and r["data"].get("pin")}
             if pinned and not pinned & set(not_reverted):
-                await self._journal.pins.clear.in_thread(decision.target, f"reverted: decision {decision_id} did not "
-                                                                          f"recover ({verdict.state.value})")
-                self._on_recorded()
+                await self._ctx.journal.pins.clear.in_thread(
+                    decision.target, f"reverted: decision {decision_id} did not recover ({verdict.state.value})")
+                self._ctx.on_recorded()
             state = DecisionState.FAILED if not_reverted else DecisionState.REVERTED
             reason = f"{why}; revert failed for step(s) {not_reverted}" if not_reverted else f"{why}; reverted"
             if runs.reloaded:
                 reason += f" on {runs.why}"
-            await self._retrying("the reverted decision", lambda: self._journal.decisions.finish.in_thread(
+            await self._retrying("the reverted decision", lambda: self._ctx.journal.decisions.finish.in_thread(
                 decision_id, state, reason))
-        self._metrics.decisions.labels(policy_name, state).inc()
+        self._ctx.metrics.decisions.labels(policy_name, state).inc()
         log.info("reverted after no recovery", state=state, reason=reason)
         if not_reverted:
             self._announce("failed", policy_name, decision.target, reason, decision=decision_id)

@@ -14,19 +14,17 @@ rollback's "already pinned" rule reads a single pinned version).
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Mapping
+from typing import Callable
 
 import structlog
 
-from actions.base import Action, ActionDeps, Effect
+from actions.base import Effect
 from actions.triton import KIND, TritonRollback, TritonRollbackParams
 from actions.triton_warm import keep_warm, warm_params
 from core.outcome import Outcome
 from core.target import Target
-from daemon.common.metrics import Metrics
-from daemon.storage.journal import Journal
+from daemon.workers.context import ActContext
 from daemon.workers.door import acting
-from daemon.workers.state import ExecutorState
 
 log = structlog.get_logger("tailguard.warm")
 
@@ -38,40 +36,30 @@ class WarmKeeper:
     """Keeps the warm version of every `keepWarm: previous` target loaded (see the module doc).
 
     Args:
-        journal: Live pins (a pinned target is not warmed).
-        state: The active policy set and the settings file's freeze.
-        deps: Shared clients and the door.
-        metrics: `tailguard_actions_total{action="warm.keep"}` counts results.
-        may_act: False on a replica that is not the leader.
-        lock_for: The per-target lock the executor and the pin reconciler take.
-        actions: The action registry (its `triton.rollback`).
+        ctx: The pin reconciler's plumbing: live pins (a pinned target is not warmed), the active
+            policy set and freeze, the clients and the door, metrics
+            (`tailguard_actions_total{action="warm.keep"}`), leadership, the per-target locks the
+            executor and the pin reconciler take, and the action registry (its `triton.rollback`).
         owns: Whether this replica leads the target's shard (sharding; the pin reconciler's `owns`).
     """
 
-    def __init__(self, journal: Journal, state: ExecutorState, deps: ActionDeps, metrics: Metrics,
-                 may_act: Callable[[], bool], lock_for: Callable[[str], asyncio.Lock], *,
-                 actions: Mapping[str, type[Action]], owns: Callable[[str], bool] = lambda key: True) -> None:
-        self._journal = journal
-        self._state = state
-        self._deps = deps
-        self._metrics = metrics
-        self._may_act = may_act
-        self._lock_for = lock_for
+    def __init__(self, ctx: ActContext, *, owns: Callable[[str], bool] = lambda key: True) -> None:
+        self._ctx = ctx
         self._owns = owns
-        cls = actions.get(KIND)
-        self._rollback = cls(deps) if cls is not None and issubclass(cls, TritonRollback) else None
+        cls = ctx.actions.get(KIND)
+        self._rollback = cls(ctx.deps) if cls is not None and issubclass(cls, TritonRollback) else None
         self._failed: dict[str, dict[str, int]] = {}  # target -> replica -> warm version whose load failed
         self._refused: dict[str, str] = {}  # target -> the refusal logged last (logged once while it holds)
 
     async def once(self, only: set[str] | None = None) -> dict[str, Outcome]:
         """One pass over the targets that ask for warmth (or those in `only`); the outcome per target."""
-        if self._rollback is None or not self._may_act() or self._state.frozen:
+        if self._rollback is None or not self._ctx.may_act() or self._ctx.state.frozen:
             return {}
-        wanted = [(policy, params) for policy in self._state.policies.policies if policy.spec.enabled
+        wanted = [(policy, params) for policy in self._ctx.state.policies.policies if policy.spec.enabled
                   for bound in policy.actions if (params := warm_params(bound.params)) is not None]
         if not wanted:
             return {}
-        pinned = {pin["target"] for pin in await self._journal.pins.live.in_thread()}
+        pinned = {pin["target"] for pin in await self._ctx.journal.pins.live.in_thread()}
         results: dict[str, Outcome] = {}
         for policy, params in wanted:
             target = policy.target
@@ -80,11 +68,11 @@ class WarmKeeper:
                 continue
             if target.triton_service is None and not target.triton_endpoints:
                 continue
-            async with self._lock_for(key):
+            async with self._ctx.lock_for(key):
                 with structlog.contextvars.bound_contextvars(target=key), acting(WARM, key):
                     outcome = await self._one(target, params)
             results[key] = outcome
-            self._metrics.actions.labels(ACTION, outcome.status.value).inc()
+            self._ctx.metrics.actions.labels(ACTION, outcome.status.value).inc()
         return results
 
     async def _one(self, target: Target, params: TritonRollbackParams) -> Outcome:
@@ -92,7 +80,7 @@ class WarmKeeper:
         key = target.key
         # Asked before reading the replicas: a freeze that holds pass after pass is logged once, not
         # journaled as a refused write every pass (the door journals a write it refuses).
-        refused = await self._deps.actuator.ask(Effect("triton.load", f"keep {target.model} warm", target=key))
+        refused = await self._ctx.deps.actuator.ask(Effect("triton.load", f"keep {target.model} warm", target=key))
         if refused is not None:
             if self._refused.get(key) != refused.reason:
                 log.info("warm version not loaded: refused", check=refused.check, reason=refused.reason)
@@ -104,7 +92,7 @@ class WarmKeeper:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one target's failure never stops another's warmth
-            self._metrics.faults.labels("warm").inc()
+            self._ctx.metrics.faults.labels("warm").inc()
             log.warning("keeping the previous version warm failed", error=str(exc))
             return Outcome.failure(f"{type(exc).__name__}: {exc}", retryable=True)
         if outcome.status.value in ("ok", "failed"):

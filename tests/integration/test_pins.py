@@ -18,6 +18,7 @@ from daemon.workers.state import ExecutorState
 from daemon.storage.journal import Journal
 from daemon.cluster.kube import endpoints_resolver
 from daemon.common.metrics import Metrics
+from daemon.workers.context import ActContext
 from daemon.workers.pins import PinReconciler
 from daemon.wiring.registries import action_registry, detector_registry
 from lab.triton import served_versions
@@ -65,11 +66,9 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
     state = ExecutorState(PolicySet(policies.policies), frozen=True)
     metrics = Metrics()
     leader = {"v": False}
-    locks: dict[str, asyncio.Lock] = {}
-    reconciler = PinReconciler(journal, state,
-                               ActionDeps(kube=kube_api, endpoints=endpoints_resolver(kube_api)), metrics,
-                               lambda: leader["v"], lambda key: locks.setdefault(key, asyncio.Lock()),
-                               actions=action_registry())
+    reconciler = PinReconciler(ActContext(journal, state,
+                                          ActionDeps(kube=kube_api, endpoints=endpoints_resolver(kube_api)), metrics,
+                                          action_registry(), may_act=lambda: leader["v"]))
     try:
         journal.pins.record("serving/ranker", "ranker", 1)
         journal.pins.record("serving/gone", "gone", 3)
@@ -118,9 +117,7 @@ async def test_a_daemon_frozen_through_the_runtime_freeze_does_not_re_pin_a_rede
     metrics = Metrics()
     deps = Deps()
     deps.actuator = Door(journal, state, deps, lambda: True, metrics)
-    locks: dict[str, asyncio.Lock] = {}
-    reconciler = PinReconciler(journal, state, deps, metrics, lambda: True,
-                               lambda key: locks.setdefault(key, asyncio.Lock()), actions=action_registry())
+    reconciler = PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
     try:
         journal.pins.record("serving/ranker", "ranker", 1, from_version=2, policy="ranker-tail")
         assert (await reconciler.reconcile_once())["serving/ranker"].ok  # the rollback's pin holds: v1

@@ -20,6 +20,7 @@ from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.workers.door import EXECUTOR, Door, acting
+from daemon.workers.context import ActContext
 from daemon.workers.pins import PinReconciler
 from daemon.workers.state import ExecutorState
 from lab.triton import served_versions
@@ -69,9 +70,7 @@ async def test_keep_warm_loads_v1_beside_v2_and_the_rollback_switches_without_a_
     metrics = Metrics()
     deps = ActionDeps(known_bad=journal.bad_versions.known.in_thread)
     deps.actuator = Door(journal, state, deps, lambda: True, metrics)
-    locks: dict[str, asyncio.Lock] = {}
-    reconciler = PinReconciler(journal, state, deps, metrics, lambda: True,
-                               lambda key: locks.setdefault(key, asyncio.Lock()), actions=action_registry())
+    reconciler = PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
     policy = policies.policies[0]
     key = policy.target.key
     try:

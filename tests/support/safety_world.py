@@ -40,7 +40,8 @@ from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import RangeResult
 from daemon.storage.journal import Journal
 from daemon.storage.records import DAEMON_SCOPE
-from daemon.workers.executor import Executor
+from daemon.workers.context import ActContext
+from daemon.workers.executor import Executor, ExecutorLimits
 from daemon.workers.freezes import FreezeControl
 from daemon.workers.pins import PinReconciler
 from daemon.workers.state import ExecutorState
@@ -430,12 +431,11 @@ class Process:
         door = _door_class()
         if door is not None:  # as daemon/wiring/parts.py wires it: every action's write passes the door
             self.deps.actuator = door(self.journal, self.state, self.deps, self.may_act, metrics, self.time)
-        self.executor = Executor(self.journal, self.state, registry, self.deps, metrics, may_act=self.may_act,
-                                 clock=self.time, sleep=world.clock.sleep,
-                                 query_range=world.prometheus.query_range, escalation_freeze_seconds=600.0,
-                                 blast_radius=world.blast_radius)
-        self.pins = PinReconciler(self.journal, self.state, self.deps, metrics, self.may_act, self.executor.lock_for,
-                                  actions=registry)
+        ctx = ActContext(self.journal, self.state, self.deps, metrics, registry, may_act=self.may_act,
+                         clock=self.time, sleep=world.clock.sleep)
+        limits = ExecutorLimits(escalation_freeze_seconds=600.0, blast_radius=world.blast_radius)
+        self.executor = Executor(ctx, query_range=world.prometheus.query_range, limits=limits)
+        self.pins = PinReconciler(ctx)
         self.freezes = FreezeControl(self.journal, metrics, False, clock=self.time)
         self.closed = False
         # Who writes: the executor's plan, its reverts, the revert after no recovery, the pin reconciler.

@@ -9,7 +9,7 @@ Triton load the executor, the pin reconciler and the reverts make is sent from i
 """
 from __future__ import annotations
 
-import asyncio
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -21,6 +21,7 @@ from core.signal import Signal, SignalSource
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.records import DAEMON_SCOPE
+from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, PINS, REVERT, acting
 from daemon.workers.executor import Executor
 from daemon.workers.freezes import FreezeControl
@@ -65,11 +66,10 @@ class World:
             self.k8s_events.append((reason, message))
 
         self.deps.record_event = record_event
-        locks: dict[str, asyncio.Lock] = {}
-        self.lock_for = lambda key: locks.setdefault(key, asyncio.Lock())
-        self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, lambda: self.leader,
-                                  self.lock_for, actions=self.registry, announce=self.announced.append,
-                                  repin_escalate_after=3, repin_window_seconds=3600)
+        self.ctx = ActContext(self.journal, self.state, self.deps, self.metrics, self.registry,
+                              may_act=lambda: self.leader, notify=self.announced.append)
+        self.lock_for = self.ctx.lock_for
+        self.pins = PinReconciler(self.ctx, repin_escalate_after=3, repin_window_seconds=3600)
 
     def effects(self, **kw: Any) -> list[dict[str, Any]]:
         return self.journal.effects.of(KEY, **kw)
@@ -254,9 +254,8 @@ async def test_the_recovery_revert_is_refused_under_a_runtime_freeze(tmp_path: P
             return QueryResult(promql, (Sample({"model": MODEL}, 900.0),))
 
         w.deps.query = prometheus
-        executor = Executor(w.journal, w.state, w.registry, w.deps, w.metrics, may_act=lambda: True,
-                            clock=lambda: w.now, sleep=sleep, notify=w.announced.append,
-                            escalation_freeze_seconds=3600)
+        executor = Executor(ActContext(w.journal, w.state, w.deps, w.metrics, w.registry, clock=lambda: w.now,
+                                       sleep=sleep, notify=w.announced.append))
         signal = Signal(SignalSource.ALERT, "TailLatencyHigh", {"model": MODEL}, datetime.now(timezone.utc), "a1")
         ((signal_id, stored),), _ = await w.journal.signals.intake([signal])
         await executor.process(signal_id, stored)
@@ -317,8 +316,7 @@ async def test_a_redeployed_rolled_back_version_is_re_pinned_announced_once_then
 
 async def test_an_unpin_answers_an_escalated_tug_of_war_and_a_new_pin_starts_afresh(world: World) -> None:
     world.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
-    pins = PinReconciler(world.journal, world.state, world.deps, Metrics(), lambda: True, world.lock_for,
-                         actions=world.registry, announce=world.announced.append, repin_escalate_after=1)
+    pins = PinReconciler(replace(world.ctx, metrics=Metrics(), may_act=lambda: True), repin_escalate_after=1)
     world.triton.redeploy(2)
     assert (await pins.reconcile_once())[KEY].ok
     world.triton.redeploy(2)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from core.signal import Signal, SignalSource
+from daemon.workers.context import ActContext
 from daemon.workers.executor import Executor
 from policies.loader import PolicySet, load_policies_text
 from tests.unit.test_door import KEY, MODEL, URLS, World, _policy
@@ -20,8 +21,8 @@ async def _rollback(w: World) -> None:
     async def sleep(delay: float) -> None:
         w.now += delay
 
-    executor = Executor(w.journal, w.state, w.registry, w.deps, w.metrics, may_act=lambda: True,
-                        clock=lambda: w.now, sleep=sleep, notify=w.announced.append, escalation_freeze_seconds=3600)
+    executor = Executor(ActContext(w.journal, w.state, w.deps, w.metrics, w.registry, clock=lambda: w.now,
+                                   sleep=sleep, notify=w.announced.append))
     signal = Signal(SignalSource.ALERT, "TailLatencyHigh", {"model": MODEL}, datetime.now(timezone.utc), "a1")
     ((signal_id, stored),), _ = await w.journal.signals.intake([signal])
     await executor.process(signal_id, stored)

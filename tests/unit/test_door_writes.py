@@ -22,6 +22,7 @@ from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.wiring.parts import build_parts
 from daemon.workers.door import Door
+from daemon.workers.context import ActContext
 from daemon.workers.executor import Executor
 from tests.support.paths import REPO
 from tests.unit.test_door import KEY, MODEL, URLS, World
@@ -56,9 +57,8 @@ async def test_every_triton_load_of_every_writer_is_sent_through_the_door(tmp_pa
             return QueryResult(promql, (Sample({"model": MODEL}, 900.0),))
 
         w.deps.query = prometheus
-        executor = Executor(w.journal, w.state, w.registry, w.deps, w.metrics, may_act=lambda: True,
-                            clock=lambda: w.now, sleep=sleep, notify=w.announced.append,
-                            escalation_freeze_seconds=3600)
+        executor = Executor(ActContext(w.journal, w.state, w.deps, w.metrics, w.registry, clock=lambda: w.now,
+                                       sleep=sleep, notify=w.announced.append))
         signal = Signal(SignalSource.ALERT, "TailLatencyHigh", {"model": MODEL}, datetime.now(timezone.utc), "a1")
         ((signal_id, stored),), _ = await w.journal.signals.intake([signal])
         await executor.process(signal_id, stored)

@@ -28,7 +28,8 @@ from daemon.storage.journal import Journal
 from daemon.storage.errors import JournalError
 from daemon.workers.approvals import ApprovalOutcome
 from daemon.workers.backlog import Backlog
-from daemon.workers.executor import Executor
+from daemon.workers.context import ActContext
+from daemon.workers.executor import Executor, ExecutorLimits
 from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS
 from daemon.workers.steps import MAX_RETRY_DELAY_SECONDS
 from daemon.workers.state import ExecutorState
@@ -220,11 +221,11 @@ class Harness:
             return QueryResult(promql, () if value is None else (Sample({"model": MODEL}, value),))
 
         self.metrics = Metrics()
-        self.made.append(Executor(self.journal, ExecutorState(policies), registry,
-                                  ActionDeps(query=prometheus if query is not None else None), self.metrics,
-                                  may_act=may_act, clock=self.clock, sleep=sleep,
-                                  notify=notify or self.events.append, escalation_freeze_seconds=3600,
-                                  blast_radius=blast_radius, max_signal_age_seconds=max_signal_age))
+        ctx = ActContext(self.journal, ExecutorState(policies),
+                         ActionDeps(query=prometheus if query is not None else None), self.metrics, registry,
+                         may_act=may_act, clock=self.clock, sleep=sleep, notify=notify or self.events.append)
+        self.made.append(Executor(ctx, limits=ExecutorLimits(blast_radius=blast_radius,
+                                                             max_signal_age_seconds=max_signal_age)))
         return self.made[-1]
 
     def clock(self) -> float:
@@ -1570,7 +1571,7 @@ async def test_every_decision_and_verdict_becomes_a_kubernetes_event(h: Harness)
         recorded.append((policy.name, reason, warning))
 
     ex = h.executor(_verified(f"{{type: {A}}}", then="none", cooldown="1h"), query=lambda t: 100.0)
-    ex._deps.record_event = record_event
+    ex._ctx.deps.record_event = record_event
     await h.fire(ex, "alert-1")
     await asyncio.wait_for(ex.wait_recoveries(), timeout=10)
     await h.fire(ex, "alert-2")  # within the cooldown
@@ -1580,7 +1581,7 @@ async def test_every_decision_and_verdict_becomes_a_kubernetes_event(h: Harness)
 
     recorded.clear()
     late = h.executor(_verified(f"{{type: {A}}}", then="none", name="other"), query=lambda t: 900.0)
-    late._deps.record_event = record_event
+    late._ctx.deps.record_event = record_event
     await h.fire(late, "alert-3")
     await asyncio.wait_for(late.wait_recoveries(), timeout=10)
     assert [(r, w) for _, r, w in recorded][-1] == ("NotRecovered", True), recorded

@@ -14,6 +14,7 @@ from actions.triton import TritonRollback, TritonRollbackParams
 from core.target import Target
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
+from daemon.workers.context import ActContext
 from daemon.workers.pins import PinReconciler, rolled_forward
 from daemon.workers.state import ExecutorState
 from policies.loader import PolicySet, load_policies_text
@@ -70,8 +71,8 @@ def test_without_a_pinning_action_no_pin_is_reapplied_and_pins_still_end_with_th
     try:
         journal.pins.record("default/ranker", "ranker", 1, policy="p")
         journal.pins.record("default/gone", "gone", 3, policy="q")
-        reconciler = PinReconciler(journal, ExecutorState(PolicySet(policies.policies)), ActionDeps(),
-                                   Metrics(), lambda: True, lambda key: asyncio.Lock(), actions=registry)
+        reconciler = PinReconciler(ActContext(journal, ExecutorState(PolicySet(policies.policies)), ActionDeps(),
+                                              Metrics(), registry))
         assert asyncio.run(reconciler.reconcile_once()) == {}
         assert [p["target"] for p in journal.pins.live()] == ["default/ranker"]
         (gone,) = journal.pins.ended()
@@ -112,8 +113,7 @@ def test_a_pin_outlives_a_rename_and_ends_only_when_no_policy_targets_it():
     _FakeReplicas.loads = []
     try:
         journal.pins.record("default/ranker", "ranker", 1, from_version=3, policy="old")
-        reconciler = PinReconciler(journal, state, ActionDeps(), Metrics(), lambda: True,
-                                   lambda key: asyncio.Lock(), actions=registry)
+        reconciler = PinReconciler(ActContext(journal, state, ActionDeps(), Metrics(), registry))
         results = asyncio.run(reconciler.reconcile_once())
         assert results["default/ranker"].ok, results
         assert _FakeReplicas.loads == [("default/ranker", 1)]
@@ -154,8 +154,7 @@ def test_one_targets_failure_never_stops_another_targets_pin():
     try:
         journal.pins.record("default/broken", "broken", 1, policy="p-broken")
         journal.pins.record("default/ranker", "ranker", 1, policy="p-ranker")
-        reconciler = PinReconciler(journal, state, ActionDeps(), metrics, lambda: True,
-                                   lambda key: asyncio.Lock(), actions=registry)
+        reconciler = PinReconciler(ActContext(journal, state, ActionDeps(), metrics, registry))
         results = asyncio.run(reconciler.reconcile_once())
         assert not results["default/broken"].ok and "ServerDisconnectedError" in results["default/broken"].message
         assert results["default/ranker"].ok

@@ -6,7 +6,6 @@ warm set; and the warm keeper over an in-process Triton behind the daemon's real
 marks, pinned targets left alone, a failed load not retried every pass)."""
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
@@ -23,6 +22,7 @@ from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.records import DAEMON_SCOPE
 from daemon.workers.freezes import FreezeControl
+from daemon.workers.context import ActContext
 from daemon.workers.pins import PinReconciler
 from daemon.workers.state import ExecutorState
 from policies.loader import PolicySet, load_policies_text
@@ -132,9 +132,7 @@ class World:
                                  clock=lambda: self.now)
         self.deps.actuator = self.door
         self.freezes = FreezeControl(self.journal, Metrics(), False, clock=lambda: self.now)
-        locks: dict[str, asyncio.Lock] = {}
-        self.pins = PinReconciler(self.journal, self.state, self.deps, self.metrics, lambda: True,
-                                  lambda key: locks.setdefault(key, asyncio.Lock()), actions=self.registry)
+        self.pins = PinReconciler(ActContext(self.journal, self.state, self.deps, self.metrics, self.registry))
 
     def effects(self) -> list[Mapping[str, Any]]:
         return self.journal.effects.of(KEY)
