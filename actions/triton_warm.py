@@ -46,7 +46,7 @@ def plan_warm(model: str, observed: Mapping[str, Any], failed: Mapping[str, int]
 
     `failed`: replica -> a warm version whose load failed there before (missing from the repository,
     refused by Triton): not tried again there while it is the version to warm (a deploy moves it on;
-    a restart of the daemon forgets it).
+    the warm keeper reads them back from the journal, for an hour: daemon/workers/warm_failures.py).
 
     A replica whose read carries server metadata (`server`) of a release that does not promise a
     reload without loss of availability gets none (see the module doc)."""

@@ -10,6 +10,10 @@ a lost Lease or a bad mark on the warm version refuses it).
 A target with a live pin is not warmed: it is held on its known-good version after a rollback, and
 a version kept warm below that one would let a repeated rollback walk further into the past (the
 rollback's "already pinned" rule reads a single pinned version).
+
+A warm load that failed on a replica (journaled by the door) is read back from the journal every pass
+(daemon/workers/warm_failures.py): not tried there again for an hour while it is the version to warm,
+across restarts and leader changes.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from core.outcome import Outcome
 from core.target import Target
 from daemon.workers.context import ActContext
 from daemon.workers.door import acting
+from daemon.workers.warm_failures import journaled_failures
 
 log = structlog.get_logger("tailguard.warm")
 
@@ -48,7 +53,6 @@ class WarmKeeper:
         self._owns = owns
         cls = ctx.actions.get(KIND)
         self._rollback = cls(ctx.deps) if cls is not None and issubclass(cls, TritonRollback) else None
-        self._failed: dict[str, dict[str, int]] = {}  # target -> replica -> warm version whose load failed
         self._refused: dict[str, str] = {}  # target -> the refusal logged last (logged once while it holds)
 
     async def once(self, only: set[str] | None = None) -> dict[str, Outcome]:
@@ -88,7 +92,9 @@ class WarmKeeper:
             return Outcome.skipped(f"not warmed: {refused}", refused=refused.check)
         self._refused.pop(key, None)
         try:
-            outcome = await keep_warm(self._rollback, target, params, self._failed.setdefault(key, {}))
+            # Failed warm loads come from the journal, not memory: a restart or a new leader forgets none.
+            failed = await journaled_failures(self._ctx.journal, key, WARM)
+            outcome = await keep_warm(self._rollback, target, params, failed)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one target's failure never stops another's warmth

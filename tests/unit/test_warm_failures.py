@@ -16,11 +16,12 @@ from core.target import Target
 from daemon.common.metrics import Metrics
 from daemon.storage.effects import DONE, FAILED, INTENT, REFUSED
 from daemon.storage.journal import Journal
+from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, acting
 from daemon.workers.state import ExecutorState
-from daemon.workers.warm import WARM
+from daemon.workers.warm import WARM, WarmKeeper
 from daemon.workers.warm_failures import RETRY_AFTER_SECONDS, failed_warm_loads, journaled_failures
-from policies.loader import PolicySet
+from policies.loader import PolicySet, load_policies_text
 from tests.support.fake_triton import CountingDoor, FakeTriton, Load
 
 MODEL = "ranker"
@@ -100,4 +101,48 @@ async def test_a_failed_warm_load_is_journaled_and_a_restart_neither_retries_it_
     assert fixed.ok and fixed.data["warmed"] == {A: 2} and triton.served() == {A: [2, 3], B: [2, 3]}
     clock[0] -= RETRY_AFTER_SECONDS / 2  # even the old failure in the window is ended by the later success
     assert await journaled_failures(second.journal, KEY, WARM) == {}
+    second.journal.close()
+
+
+POLICY = (f"name: rollback\ntarget: {{model: {MODEL}, triton: {{endpoints: ['{A}', '{B}']}}}}\n"
+          "triggers:\n  - alert: {name: TailLatencyHigh, actsUngoverned: true}\n"
+          "actions:\n  - {type: triton.rollback, keepWarm: previous}\n"
+          "verify: {query: up, below: 1, onNotRecovered: none}\n")
+
+
+async def test_the_warm_keeper_after_a_restart_does_not_load_again_what_failed_before(tmp_path: Path) -> None:
+    """The keeper itself (the pin reconciler's passes): a failed warm load on A, then a new keeper on the
+    same journal file (a restart) makes no load on A, and one more pass makes none either."""
+    clock = [1_000_000.0]
+    triton = FakeTriton(MODEL, (A, B))
+    triton.redeploy(3)
+    fake_load = triton.load
+
+    def load(url: str, config: Mapping[str, Any]) -> None:
+        if url == A:
+            triton.loads.append(Load(url, MODEL, (), True))
+            raise InferenceServerException(msg="failed to load 'ranker' version 2: unreadable", status="400")
+        fake_load(url, config)
+
+    triton.load = load  # type: ignore[method-assign]
+    registry: dict[str, Any] = {"triton.rollback": triton.action()}
+    policies = load_policies_text(POLICY, "p.yaml", registry, {})
+
+    def keeper(daemon: Daemon) -> WarmKeeper:
+        state = ExecutorState(PolicySet(policies.policies))
+        return WarmKeeper(ActContext(daemon.journal, state, daemon.deps, Metrics(), registry, clock=lambda: clock[0]))
+
+    first = Daemon(tmp_path / "journal.db", clock)
+    out = (await keeper(first).once())[KEY]
+    assert out.status.value == "failed" and out.data["warmed"] == {B: 2}, out.message
+    first.journal.close()
+    tries = [load.url for load in triton.loads]
+    assert tries == [A, B]
+
+    second = Daemon(tmp_path / "journal.db", clock)
+    restarted = keeper(second)
+    for _ in range(2):
+        again = (await restarted.once())[KEY]
+        assert again.status.value == "noop" and "failed before" in again.data["skipped"][A], again.message
+    assert [load.url for load in triton.loads] == tries  # nothing sent to A (nor to B: it is warm)
     second.journal.close()
