@@ -323,7 +323,8 @@ class TritonRollback:
                     timeout: float, warm_ok: bool = False) -> tuple[str, str, Mapping[str, Any] | None]:
         """Bring one replica onto `version`: (state, why, the config it served before the load). The
         state: "on" already there, "moved" loaded now, "down" unreachable, "refused" up and not on
-        it, "fenced" the door refused the write (not the leader, frozen, a bad version...)."""
+        it, "emptied" refused and left serving nothing, "fenced" the door refused the write (not the
+        leader, frozen, a bad version...)."""
         model = target.model
         read_timeout = self._deps.triton_timeout_seconds
         if self._deps.write_fence is not None:
@@ -357,9 +358,14 @@ class TritonRollback:
             return "down", f"{failed}; then {_describe(exc)}", config
         except InferenceServerException as exc:
             return "refused", f"{failed}; then {_describe(exc)}", config
-        if ready_versions(rep["index"], model) == [version]:
+        now = ready_versions(rep["index"], model)
+        if now == [version]:
             return "moved", f"loaded ({failed}, yet it serves version {version})", config
-        return "refused", f"{failed}; serves {ready_versions(rep['index'], model)}", None
+        if not now:
+            # From 2.66 Triton no longer promises a failed reload leaves the model as it was: one left
+            # serving nothing is put back with those that moved (apply).
+            return "emptied", f"{failed}; serves nothing", config
+        return "refused", f"{failed}; serves {now}", None
 
     async def apply(self, step: Step, target: Target, params: TritonRollbackParams) -> Outcome:
         version = int(step.after["version"])
@@ -374,10 +380,11 @@ class TritonRollback:
         prior: dict[str, Mapping[str, Any]] = {}  # what each replica moved now served before
         for url, (state, why, config) in zip(urls, results):
             by.setdefault(state, {})[url] = why
-            if state == "moved" and config is not None:
+            if state in ("moved", "emptied") and config is not None:
                 prior[url] = config
         moved, on, down = by.get("moved", {}), by.get("on", {}), by.get("down", {})
-        blocked, fenced = by.get("refused", {}), by.get("fenced", {})
+        emptied, fenced = by.get("emptied", {}), by.get("fenced", {})
+        blocked = {**by.get("refused", {}), **emptied}
         data: dict[str, Any] = {"moved": sorted(moved), "already": sorted(on), "down": down}
         if fenced:
             # The door refused (not the leader, frozen, a bad version): nothing more is written; a new
@@ -387,7 +394,7 @@ class TritonRollback:
                                    retryable=False, fenced=fenced, **data)
         if blocked:
             # All or nothing: what this apply moved goes back to what it served before.
-            back = {u: prior[u] for u in moved if u in prior}
+            back = {u: prior[u] for u in (*moved, *emptied) if u in prior}
             not_back = await self._load_each(back, target, params.load_timeout_seconds)
             data |= {"refused": blocked, "put_back": sorted(set(back) - set(not_back)),
                      "not_put_back": not_back}
@@ -395,7 +402,8 @@ class TritonRollback:
             if not_back:
                 return Outcome.failure(f"{head}; putting back the {len(back)} that moved FAILED on "
                                        f"{sorted(not_back)}: the target is mixed", retryable=False, **data)
-            return Outcome.failure(f"{head}; the {len(back)} that moved were put back: every replica serves what "
+            which = "that moved or were left serving nothing" if emptied else "that moved"
+            return Outcome.failure(f"{head}; the {len(back)} {which} were put back: every replica serves what "
                                    "it did before", retryable=True, **data)
         if not moved and not on:
             return Outcome.failure(f"no replica of {target.model} answered: {down}", retryable=True, **data)

@@ -5,9 +5,10 @@ format, both in fixtures/triton_metadata/."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from actions._triton_release import IN_PLACE, LOAD, release_version, switch_sequence
 from actions.triton import TritonRollbackParams, plan_rollback
@@ -112,3 +113,30 @@ async def test_observe_reads_each_replicas_release_and_the_warm_keeper_and_rollb
     triton.replicas[OLD].server = None  # metadata unreadable: no promise assumed, nothing kept warm
     triton.redeploy(3)
     assert (await keep_warm(action, TARGET, params, {})).status.value == "noop"
+
+
+async def test_a_failed_reload_that_leaves_a_replica_serving_nothing_is_put_back() -> None:
+    """From 2.66 Triton no longer promises that a failed reload leaves the model as it was. A replica
+    left serving nothing is put back on its config with the replicas that moved: never left unloaded."""
+    triton = FakeTriton(MODEL, (OLD, NEW))
+    triton.redeploy(3)
+    triton.replicas[NEW].server = NEWER
+    fake_load = triton.load
+    failing = {NEW}
+
+    def load(url: str, config: Mapping[str, Any]) -> None:
+        if url in failing:
+            failing.clear()  # the first load fails and takes the model down; the put-back loads
+            triton.replicas[url].served = []
+            raise InferenceServerException(msg="failed to load 'ranker' version 2: out of memory", status="400")
+        fake_load(url, config)
+
+    triton.load = load  # type: ignore[method-assign]
+    action = triton.action()(ActionDeps())
+    signal = Signal(SignalSource.ALERT, "TailLatencyHigh", {}, datetime.now(timezone.utc), "k")
+    step = action.plan(TARGET, TritonRollbackParams(), await action.observe(TARGET, TritonRollbackParams()), signal)
+    applied = await action.apply(step, TARGET, TritonRollbackParams())
+    assert applied.status.value == "failed" and applied.retryable, applied.message
+    assert applied.data["put_back"] == sorted([OLD, NEW]) and applied.data["not_put_back"] == {}
+    assert "left serving nothing" in applied.message
+    assert triton.served() == {OLD: [3], NEW: [3]}
