@@ -30,6 +30,9 @@ from core.outcome import Outcome
 from core.target import Target
 
 
+NOT_PROMISED = "no version kept warm on"  # plan_warm's reason where the release does not promise a reload
+
+
 def warm_version(served: list[int], listed: list[int], known_bad: frozenset[int]) -> tuple[int | None, str]:
     """The version to keep warm beside the newest served one (the newest good version below it),
     or None with why there is none (nothing served, a model with a single version). Pure."""
@@ -56,7 +59,7 @@ def plan_warm(model: str, observed: Mapping[str, Any], failed: Mapping[str, int]
     for url, rep in observed["replicas"].items():
         seq = switch_sequence(rep["server"]) if "server" in rep else None  # None: not read (today's path)
         if seq is not None and not seq.warm:
-            skipped[url] = f"no version kept warm on {seq.release}: {seq.why}"
+            skipped[url] = f"{NOT_PROMISED} {seq.release}: {seq.why}"
             continue
         served = ready_versions(rep["index"], model)
         warm, why = warm_version(served, listed_versions(rep["index"], model), known_bad)

@@ -24,7 +24,7 @@ import structlog
 
 from actions.base import Effect
 from actions.triton import KIND, TritonRollback, TritonRollbackParams
-from actions.triton_warm import keep_warm, warm_params
+from actions.triton_warm import NOT_PROMISED, keep_warm, warm_params
 from core.outcome import Outcome
 from core.target import Target
 from daemon.workers.context import ActContext
@@ -54,6 +54,7 @@ class WarmKeeper:
         cls = ctx.actions.get(KIND)
         self._rollback = cls(ctx.deps) if cls is not None and issubclass(cls, TritonRollback) else None
         self._refused: dict[str, str] = {}  # target -> the refusal logged last (logged once while it holds)
+        self._cold: dict[str, str] = {}  # target -> why its release gets no warm version (logged once)
 
     async def once(self, only: set[str] | None = None) -> dict[str, Outcome]:
         """One pass over the targets that ask for warmth (or those in `only`); the outcome per target."""
@@ -101,6 +102,12 @@ class WarmKeeper:
             self._ctx.metrics.faults.labels("warm").inc()
             log.warning("keeping the previous version warm failed", error=str(exc))
             return Outcome.failure(f"{type(exc).__name__}: {exc}", retryable=True)
+        cold = next((why for why in outcome.data.get("skipped", {}).values() if why.startswith(NOT_PROMISED)), None)
+        if cold is not None and self._cold.get(key) != cold:
+            # keepWarm asked, yet inert here: said once, not every pass (docs/stack-facts.md).
+            log.warning("no version kept warm: the Triton release does not promise a reload without loss of "
+                        "availability; the rollback makes today's load", reason=cold)
+        self._cold[key] = cold or ""
         if outcome.status.value in ("ok", "failed"):
             log.info("warm version loaded" if outcome.ok else "warm version not loaded", message=outcome.message,
                      **{k: v for k, v in outcome.data.items() if k in ("warmed", "errors")})

@@ -5,9 +5,11 @@ format, both in fixtures/triton_metadata/."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
+from structlog.testing import capture_logs
 from tritonclient.utils import InferenceServerException
 
 from actions._triton_release import IN_PLACE, LOAD, release_version, switch_sequence
@@ -16,6 +18,12 @@ from actions.triton_warm import keep_warm, plan_warm
 from core.signal import Signal, SignalSource
 from core.target import Target
 from actions.base import ActionDeps
+from daemon.common.metrics import Metrics
+from daemon.storage.journal import Journal
+from daemon.workers.context import ActContext
+from daemon.workers.state import ExecutorState
+from daemon.workers.warm import WarmKeeper
+from policies.loader import PolicySet, load_policies_text
 from tests.support.fake_triton import FakeTriton, triton_metadata
 
 MODEL = "ranker"
@@ -140,3 +148,28 @@ async def test_a_failed_reload_that_leaves_a_replica_serving_nothing_is_put_back
     assert applied.data["put_back"] == sorted([OLD, NEW]) and applied.data["not_put_back"] == {}
     assert "left serving nothing" in applied.message
     assert triton.served() == {OLD: [3], NEW: [3]}
+
+
+async def test_the_warm_keeper_loads_nothing_on_the_newer_release_and_says_so_once(tmp_path: Path) -> None:
+    triton = FakeTriton(MODEL, (OLD, NEW))
+    triton.redeploy(3)
+    for rep in triton.replicas.values():
+        rep.server = NEWER
+    registry: dict[str, Any] = {"triton.rollback": triton.action()}
+    policy = (f"name: rollback\ntarget: {{model: {MODEL}, triton: {{endpoints: ['{OLD}', '{NEW}']}}}}\n"
+              "triggers:\n  - alert: {name: TailLatencyHigh, actsUngoverned: true}\n"
+              "actions:\n  - {type: triton.rollback, keepWarm: previous}\n"
+              "verify: {query: up, below: 1, onNotRecovered: none}\n")
+    state = ExecutorState(PolicySet(load_policies_text(policy, "p.yaml", registry, {}).policies))
+    journal = Journal(tmp_path / "journal.db")
+    try:
+        keeper = WarmKeeper(ActContext(journal, state, ActionDeps(), Metrics(), registry))
+        with capture_logs() as logs:
+            for _ in range(3):
+                out = (await keeper.once())[TARGET.key]
+                assert out.status.value == "noop" and set(out.data["skipped"]) == {OLD, NEW}, out.message
+        assert triton.loads == []
+        said = [e for e in logs if e["event"].startswith("no version kept warm")]
+        assert len(said) == 1 and "triton 2.66.0" in said[0]["reason"]
+    finally:
+        journal.close()
