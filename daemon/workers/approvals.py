@@ -25,8 +25,8 @@ from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
 from daemon.storage.records import Approval
+from daemon.workers.context import ActContext
 from daemon.workers.progress import StepProgress, journaled_plan, policy_runs_plan, step_progress
-from daemon.workers.state import ExecutorState
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.planning import Plan
@@ -102,41 +102,31 @@ class ApprovalGate:
     """The executor's plans that wait for an operator: requested, approved and applied, resumed.
 
     Args:
-        journal: Where approvals and their decisions are.
-        state: The active policies (an approved plan runs only if its policy still runs its actions)
-            and the config's global freeze.
-        metrics: The decision counted blocked while it waits.
-        lock_for: The target lock (one actor at a time on a target).
+        ctx: The executor's plumbing: the journal (approvals and their decisions), the state (an
+            approved plan runs only if its policy still runs its actions; the global freeze), metrics
+            (the decision counted blocked while it waits), the target locks, clock, on_recorded (an
+            approval was journaled: cluster state).
         frozen: Approving waits out a runtime freeze (the approval stays pending).
         finish: Applies an approved plan (the executor's, as for any executed plan).
         send: Hands a notification over; never blocks, never fails the caller.
         base_url: Named in the notifications' command and call.
-        clock: Unix time.
-        on_recorded: An approval was journaled (cluster state).
     """
 
-    def __init__(self, journal: Journal, state: ExecutorState, metrics: Metrics,
-                 lock_for: Callable[[str], asyncio.Lock], frozen: FreezeCheck, finish: Finish, send: Notify,
-                 base_url: BaseUrl, clock: Callable[[], float], on_recorded: Callable[[], None]) -> None:
-        self._journal = journal
-        self._state = state
-        self._metrics = metrics
-        self._lock_for = lock_for
+    def __init__(self, ctx: ActContext, frozen: FreezeCheck, finish: Finish, send: Notify, base_url: BaseUrl) -> None:
+        self._ctx = ctx
         self._frozen = frozen
         self._finish = finish
         self._send = send
         self._base_url = base_url
-        self._clock = clock
-        self._on_recorded = on_recorded
         self._running: set[asyncio.Task[None]] = set()  # approved plans being applied
         self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash is counted and logged
 
     async def request(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
         """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
-        deadline = self._clock() + policy.spec.approval_timeout_seconds
-        approval = await self._journal.approvals.request.in_thread(signal_id, policy.name, policy.target.key,
-                                                                   plan.as_dict(), deadline)
-        self._metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
+        deadline = self._ctx.clock() + policy.spec.approval_timeout_seconds
+        approval = await self._ctx.journal.approvals.request.in_thread(signal_id, policy.name, policy.target.key,
+                                                                       plan.as_dict(), deadline)
+        self._ctx.metrics.decisions.labels(policy.name, DecisionState.BLOCKED).inc()
         executor_log.info("plan awaits approval", approval=approval.id, decision=approval.decision_id,
                           deadline=iso_utc(deadline), plan=[s.summary for s in plan.steps])
         summary = "; ".join(s.summary for s in plan.steps if not s.noop)
@@ -148,35 +138,35 @@ class ApprovalGate:
         """Approve a pending plan and start applying it (in the background): STARTED; else NOT_FOUND,
         NOT_PENDING, EXPIRED (past its deadline), POLICY_CHANGED (gone or running other actions) or
         FROZEN (a freeze in force: it stays pending)."""
-        approval = await self._journal.approvals.get.in_thread(approval_id)
+        approval = await self._ctx.journal.approvals.get.in_thread(approval_id)
         if approval is None:
             return ApprovalResult(ApprovalOutcome.NOT_FOUND, f"no approval {approval_id}")
         if approval.status != "pending":
             by_whom = f" by {approval.decided_by}" if approval.decided_by else ""
             return ApprovalResult(ApprovalOutcome.NOT_PENDING,
                                   f"approval {approval_id} is {approval.status}{by_whom}, not pending", approval)
-        now = self._clock()
+        now = self._ctx.clock()
         if approval.deadline <= now:
             return ApprovalResult(ApprovalOutcome.EXPIRED,
                                   f"approval {approval_id} passed its deadline {iso_utc(approval.deadline)}", approval)
-        decision = await self._journal.decisions.get.in_thread(approval.decision_id)
+        decision = await self._ctx.journal.decisions.get.in_thread(approval.decision_id)
         policy = self._policy(approval.policy)
         plan = journaled_plan(decision.plan) if decision is not None else None
         if decision is None or plan is None or not policy_runs_plan(policy, plan):
             return ApprovalResult(ApprovalOutcome.POLICY_CHANGED,
                                   f"approval {approval_id}: policy {approval.policy} is gone or now runs other "
                                   "actions; the plan is left unapplied", approval)
-        async with self._lock_for(policy.target.key):
-            frozen = (GuardDecision(False, "global freeze is on (config)") if self._state.frozen
+        async with self._ctx.lock_for(policy.target.key):
+            frozen = (GuardDecision(False, "global freeze is on (config)") if self._ctx.state.frozen
                       else await self._frozen(policy, now))
             if frozen is not None:
                 return ApprovalResult(ApprovalOutcome.FROZEN,
                                       f"approval {approval_id} stays pending: {frozen.reason}", approval)
-            approved = await self._journal.approvals.approve.in_thread(approval_id, by, reason, now)
+            approved = await self._ctx.journal.approvals.approve.in_thread(approval_id, by, reason, now)
             if approved is None:  # expired or approved by someone else meanwhile
                 return ApprovalResult(ApprovalOutcome.NOT_PENDING, f"approval {approval_id} is no longer pending",
                                       approval)
-        self._on_recorded()
+        self._ctx.on_recorded()
         executor_log.info("plan approved", approval=approval_id, by=by, reason=reason,
                           decision=approved.decision_id)
         self._send(approval_event("approved", approved, self._base_url(),
@@ -189,8 +179,8 @@ class ApprovalGate:
     async def resume(self) -> int:
         """Go on with approved plans a restart interrupted (decision still `executing`); how many."""
         started = 0
-        for approval in await self._journal.approvals.all.in_thread("approved"):
-            decision = await self._journal.decisions.get.in_thread(approval.decision_id)
+        for approval in await self._ctx.journal.approvals.all.in_thread("approved"):
+            decision = await self._ctx.journal.decisions.get.in_thread(approval.decision_id)
             if decision is None or decision.state is not DecisionState.EXECUTING:
                 continue
             if any(t.get_name() == _task_name(approval) for t in self._running):
@@ -198,11 +188,11 @@ class ApprovalGate:
             policy = self._policy(approval.policy)
             plan = journaled_plan(decision.plan)
             if not policy_runs_plan(policy, plan):
-                await self._journal.decisions.finish.in_thread(decision.id, DecisionState.FAILED,
-                                                               f"approved plan not resumed after restart: policy "
-                                                               f"{approval.policy} is gone or now runs other actions")
+                await self._ctx.journal.decisions.finish.in_thread(
+                    decision.id, DecisionState.FAILED, f"approved plan not resumed after restart: policy "
+                                                       f"{approval.policy} is gone or now runs other actions")
                 continue
-            progress = step_progress(await self._journal.decisions.steps.in_thread(decision.id))
+            progress = step_progress(await self._ctx.journal.decisions.steps.in_thread(decision.id))
             await self._start(approval, policy, plan, decision.signal_id, progress)
             started += 1
         return started
@@ -222,12 +212,12 @@ class ApprovalGate:
         return running
 
     def _policy(self, name: str) -> LoadedPolicy | None:
-        return next((p for p in self._state.policies.policies if p.name == name), None)
+        return next((p for p in self._ctx.state.policies.policies if p.name == name), None)
 
     async def _start(self, approval: Approval, policy: LoadedPolicy, plan: Plan, signal_id: int,
                      progress: Mapping[int, StepProgress]) -> None:
         """Apply an approved plan in a task of its own, with the signal its decision was made for."""
-        stored = await self._journal.signals.get.in_thread(signal_id)
+        stored = await self._ctx.journal.signals.get.in_thread(signal_id)
         task = self.spawn(_task_name(approval), self._run(approval, policy, plan, stored.payload if stored else None,
                                                           progress))
         self._running.add(task)
@@ -238,10 +228,10 @@ class ApprovalGate:
         signal = Signal.from_summary(dict(summary)) if summary is not None else None
         if signal is None:  # pruned: apply the plan, no recovery check (it needs the signal)
             signal = Signal.from_summary({"source": "alert", "name": "approved", "labels": {},
-                                          "dedup_key": plan.signal_key, "observed_at": iso_utc(self._clock())})
+                                          "dedup_key": plan.signal_key, "observed_at": iso_utc(self._ctx.clock())})
         with structlog.contextvars.bound_contextvars(policy=policy.name, target=policy.target.key,
                                                      approval=approval.id):
-            async with self._lock_for(policy.target.key):
+            async with self._ctx.lock_for(policy.target.key):
                 await self._finish(approval.decision_id, policy, plan, progress, signal)
 
 

@@ -113,8 +113,7 @@ class Executor:
                                  ctx.on_recorded)
         self._watches = RecoveryWatches(ctx, self._steps, self._announce, limits.escalation_freeze_seconds,
                                         query_range)
-        self._approvals = ApprovalGate(ctx.journal, ctx.state, ctx.metrics, ctx.lock_for, self._evidence.frozen,
-                                       self._finish, self._send, approval_base_url, ctx.clock, ctx.on_recorded)
+        self._approvals = ApprovalGate(ctx, self._evidence.frozen, self._finish, self._send, approval_base_url)
         # With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
         # A signal whose target's shard it does not lead is left pending for the replica that does.
         self.owns: Callable[[str], bool] | None = None
