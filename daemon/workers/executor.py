@@ -109,8 +109,7 @@ class Executor:
         # and plans that wait for an operator: each in a class of its own.
         self._evidence = EvidenceReader(ctx.journal, ctx.state, self._blast, self._action, ctx.metrics, ctx.clock,
                                         silences, latest)
-        self._steps = StepRunner(ctx.journal, ctx.metrics, self._action, self._event, ctx.may_act, ctx.sleep,
-                                 ctx.on_recorded)
+        self._steps = StepRunner(ctx, self._action, self._event)
         self._watches = RecoveryWatches(ctx, self._steps, self._announce, limits.escalation_freeze_seconds,
                                         query_range)
         self._approvals = ApprovalGate(ctx, self._evidence.frozen, self._finish, self._send, approval_base_url)

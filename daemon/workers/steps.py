@@ -35,8 +35,7 @@ import structlog
 from actions.base import Action, Preconditions, Step
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
-from daemon.common.metrics import Metrics
-from daemon.storage.journal import Journal
+from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, REVERT, acting
 from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS, StepProgress
 from policies.loader import LoadedPolicy
@@ -65,23 +64,12 @@ class StepRunner:
     """Applies, verifies and reverts a decision's steps, journaling each call; the caller holds the
     target's lock."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        metrics: Metrics,
-        action: ActionFor,
-        event: RecordEvent,
-        may_act: Callable[[], bool],
-        sleep: Callable[[float], Awaitable[None]],
-        on_recorded: Callable[[], None],
-    ) -> None:
-        self._journal = journal
-        self._metrics = metrics
+    def __init__(self, ctx: ActContext, action: ActionFor, event: RecordEvent) -> None:
+        # The executor's plumbing: its journal, metrics, leadership, sleep (between apply attempts),
+        # on_recorded (a pin was journaled: cluster state).
+        self._ctx = ctx
         self._action = action
         self._event = event  # a Kubernetes Event per applied step; never fails the plan
-        self._may_act = may_act
-        self._sleep = sleep  # between apply attempts
-        self._on_recorded = on_recorded  # a pin was journaled (cluster state)
 
     async def run_plan(self, decision_id: int, policy: LoadedPolicy, plan: Plan,
                        progress: Mapping[int, StepProgress]) -> tuple[DecisionState, str]:
@@ -93,8 +81,8 @@ class StepRunner:
             done = progress.get(idx)
             if planned.noop:
                 if done is None:
-                    await self._journal.decisions.record_step.in_thread(decision_id, idx, bound.kind, "apply", "noop",
-                                                                        planned.summary, planned.as_dict(), 0.0)
+                    await self._ctx.journal.decisions.record_step.in_thread(
+                        decision_id, idx, bound.kind, "apply", "noop", planned.summary, planned.as_dict(), 0.0)
                 continue
             step = replace(planned, effect_key=effect_key(decision_id, idx))
             final = done.final() if done is not None else None
@@ -104,7 +92,7 @@ class StepRunner:
                 log.info("step finished before the restart", action=bound.kind, idx=idx, result=outcome.status)
                 await self._remember_pin(decision_id, policy, outcome)
             else:
-                if not self._may_act():
+                if not self._ctx.may_act():
                     # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
                     return DecisionState.FAILED, f"stopped before step {idx}: this replica may no longer act"
                 outcome, landed = await self._apply_and_verify(decision_id, idx, bound.kind, step, policy,
@@ -167,7 +155,7 @@ class StepRunner:
             check = await self._call(action.verify(step, policy.target, params), kind, "verify")
             if check.status is OutcomeStatus.OK:
                 applied = verified = check
-                await self._journal.decisions.record_step.in_thread(
+                await self._ctx.journal.decisions.record_step.in_thread(
                     decision_id, idx, kind, "apply", OutcomeStatus.OK.value,
                     f"recovered after restart: attempt {done.attempt} had landed ({check.message})",
                     {"step": step.as_dict(), "attempt": done.attempt, "effect_key": step.effect_key,
@@ -182,22 +170,22 @@ class StepRunner:
         while landed:
             outcome = verified or await self._call(action.verify(step, policy.target, params), kind, "verify")
             verified = None
-            await self._journal.decisions.record_step.in_thread(decision_id, idx, kind, "verify", outcome.status.value,
-                                                                outcome.message, dict(outcome.data),
-                                                                time.monotonic() - started)
+            await self._ctx.journal.decisions.record_step.in_thread(
+                decision_id, idx, kind, "verify", outcome.status.value, outcome.message, dict(outcome.data),
+                time.monotonic() - started)
             if outcome.ok or not outcome.data.get(REAPPLY) or last >= MAX_APPLY_ATTEMPTS:
                 break
             # Verify found a part of the target the apply could not settle (a replica back on the old
             # version): the apply runs again, within the same attempts, then verify again.
             log.info("verify asks to apply again", action=kind, idx=idx, observed=outcome.message)
-            await self._sleep(_retry_delay(last, outcome))
+            await self._ctx.sleep(_retry_delay(last, outcome))
             again, last = await self._apply(decision_id, idx, kind, step, policy, params, last + 1, started)
             if not again.ok:
                 outcome = again  # landed stays: the earlier apply's change is in place (a revert undoes it)
                 break
         result = "succeeded" if outcome.ok else "failed"
-        self._metrics.actions.labels(kind, result).inc()
-        self._metrics.action_duration.labels(kind).observe(time.monotonic() - started)
+        self._ctx.metrics.actions.labels(kind, result).inc()
+        self._ctx.metrics.action_duration.labels(kind).observe(time.monotonic() - started)
         log.info("step", action=kind, idx=idx, result=result, message=outcome.message,
                  summary=step.summary)
         await self._remember_pin(decision_id, policy, outcome)
@@ -218,20 +206,20 @@ class StepRunner:
         attempt = first
         for attempt in range(first, last + 1):
             attempted = {"step": step.as_dict(), "attempt": attempt, "effect_key": step.effect_key}
-            await self._journal.decisions.record_step.in_thread(decision_id, idx, kind, INTENT, "pending",
-                                                                f"attempt {attempt}: {step.summary}", attempted, None)
+            await self._ctx.journal.decisions.record_step.in_thread(
+                decision_id, idx, kind, INTENT, "pending", f"attempt {attempt}: {step.summary}", attempted, None)
             with acting(EXECUTOR, policy.target.key, decision_id):
                 outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
             delay = _retry_delay(attempt, outcome)
             if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
                 outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
                                                   f"more than {MAX_RETRY_DELAY_SECONDS:g}s", False, outcome.data)
-            await self._journal.decisions.record_step.in_thread(
+            await self._ctx.journal.decisions.record_step.in_thread(
                 decision_id, idx, kind, "apply", outcome.status.value, outcome.message,
                 {**attempted, "retryable": outcome.retryable, **dict(outcome.data)}, time.monotonic() - started)
             if outcome.ok or not outcome.retryable or attempt == last:
                 break
-            await self._sleep(delay)
+            await self._ctx.sleep(delay)
         return outcome, attempt
 
     async def _call(self, coro: Awaitable[Outcome], kind: str, phase: str) -> Outcome:
@@ -239,7 +227,7 @@ class StepRunner:
         (logged with its traceback by `guarded`) is counted as a fault and fails, not retryable."""
         outcome = await _outcome(coro, kind, phase)
         if UNEXPECTED in outcome.data:
-            self._metrics.faults.labels("actions").inc()
+            self._ctx.metrics.faults.labels("actions").inc()
         return outcome
 
     async def _remember_pin(self, decision_id: int, policy: LoadedPolicy, outcome: Outcome) -> None:
@@ -248,11 +236,11 @@ class StepRunner:
         pin = outcome.data.get("pin") if outcome.ok else None
         if pin:
             from_version = pin.get("from_version")
-            await self._journal.pins.record.in_thread(
+            await self._ctx.journal.pins.record.in_thread(
                 policy.target.key, pin["model"], int(pin["version"]),
                 from_version=int(from_version) if from_version is not None else None,
                 decision_id=decision_id, reason=str(pin.get("reason", "")), policy=policy.name)
-            self._on_recorded()
+            self._ctx.on_recorded()
 
     async def revert(self, decision_id: int, policy: LoadedPolicy, applied: list[tuple[int, Step]],
                       progress: Mapping[int, StepProgress]) -> list[int]:
@@ -266,10 +254,9 @@ class StepRunner:
             with acting(REVERT, policy.target.key, decision_id):
                 outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
                                            bound.kind, "revert")
-            await self._journal.decisions.record_step.in_thread(decision_id, idx, bound.kind, "revert",
-                                                                outcome.status.value, outcome.message,
-                                                                dict(outcome.data), None)
-            self._metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
+            await self._ctx.journal.decisions.record_step.in_thread(
+                decision_id, idx, bound.kind, "revert", outcome.status.value, outcome.message, dict(outcome.data), None)
+            self._ctx.metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
             if not outcome.ok:
                 failed.append(idx)
         return failed
