@@ -34,6 +34,7 @@ from kubernetes_asyncio.client import ApiClient, CoordinationV1Api
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from daemon.cluster.shard_assignment import fair_share, preferred, shard_of, to_hand_back
+from daemon.cluster.shard_view import LeaseSeen, ShardingInputs
 from daemon.common.config import LeaderElectionSettings, ShardingSettings
 from daemon.common.lifecycle import wait_or_stop
 
@@ -96,6 +97,7 @@ class ShardManager:
         self.members: frozenset[str] = frozenset({identity})
         self.release_on_stop = True  # on a clean stop, hand every shard back (tests of a crash turn it off)
         self.share = self.shards
+        self._listed_at: float | None = None  # when (monotonic) the Leases were last listed
 
     # ---- what the door, the executor and the poller ask -------------------------------------------
 
@@ -134,6 +136,16 @@ class ShardManager:
         """Whether this replica leads the shard of `target` now."""
         return self.may_write(self.shard_of(target))
 
+    def view(self) -> ShardingInputs:
+        """The shard Leases as this replica last saw them (for status; no API call): each one's holder
+        and when it was last written, on the wall clock, as observed here (expiry is judged as the
+        manager judges it, clocks need not agree). The journal's terms are added by the caller."""
+        offset = self._wall() - self._monotonic()
+        leases = {s: LeaseSeen(seen.holder, seen.at + offset, seen.duration)
+                  for s in range(self.shards) if (seen := self._seen.get(self.shard_name(s))) is not None}
+        return ShardingInputs(self.shards, tuple(sorted(self.members)), tuple(sorted(self.led)), leases,
+                              None if self._listed_at is None else self._listed_at + offset)
+
     def _deadline_left(self, shard: int) -> float:
         return self._renewed.get(shard, -math.inf) + self.election.renew_deadline_seconds - self._monotonic()
 
@@ -171,7 +183,7 @@ class ShardManager:
         except (ApiException, aiohttp.ClientError, OSError) as exc:
             log.warning("cannot list the shard leases", error=f"{type(exc).__name__}: {exc}")
             return
-        now = self._monotonic()
+        now = self._listed_at = self._monotonic()
         leases = {item.metadata.name: item for item in listed.items
                   if item.metadata.name.startswith(f"{self.prefix}-")}
         for name, lease in leases.items():

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from core.timestamps import iso_utc
+from daemon.cluster.shard_assignment import shard_of
+from daemon.cluster.shard_view import ShardingInputs, sharding_document
 from daemon.storage.records import Approval
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
@@ -42,6 +44,7 @@ class StatusInputs:
     vanished: Sequence[Mapping[str, Any]] = ()  # detector triggers whose answers hold no series of their model
     # (policy, trigger index) -> the last cycle's most telling verdict: what the test assumed
     detectors: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
+    sharding: ShardingInputs | None = None  # sharding.shards > 1: the Leases and the journal's shard terms
 
 
 def build_status(i: StatusInputs) -> dict[str, Any]:
@@ -53,6 +56,7 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
     keys = ({p.target.key for p in i.policies.policies} | set(pins) | set(i.freezes.targets)
             | {d["target"] for d in i.latest})
     targets = []
+    shards = sharding_document(i.sharding, keys, i.now) if i.sharding is not None else None
     for key in sorted(keys):
         rows = []
         for p in (p for p in i.policies.policies if p.target.key == key):
@@ -90,6 +94,7 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
             if pin else None,
             "freeze": freeze_as_dict(freeze, i.now) if freeze else None,
             "policies": rows,
+            **(_shard_of_target(shards, key) if shards is not None else {}),
         })
     return {
         "replica": i.replica, "role": "leader" if i.leader else "follower", "acting": i.acting,
@@ -106,7 +111,15 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
         "approvals": [approval_view(a, i.now) for a in i.approvals],
         "staleQueries": [dict(q) for q in i.stale_queries],
         "vanishedMetrics": [dict(v) for v in i.vanished],
+        "sharding": shards,
     }
+
+
+def _shard_of_target(shards: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A target's shard and the replica leading it. Its detectors, stale queries and vanished metrics
+    are the answering replica's own: shown only where `ledHere`."""
+    row = shards["items"][shard_of(key, shards["shards"])]
+    return {"shard": row["shard"], "leader": row["leader"], "ledHere": row["ledHere"]}
 
 
 def _seen_traffic(detectors: Mapping[tuple[str, int], Mapping[str, Any]], policy: str) -> dict[int, float | None]:
@@ -185,6 +198,7 @@ def render_table(doc: Mapping[str, Any]) -> str:
     lines.append("")
     for r in (header, *rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    lines.extend(_shard_lines(doc.get("sharding")))
     detectors = [(t["target"], p["policy"], d) for t in doc["targets"] for p in t["policies"]
                  for d in p.get("detectors", [])]
     if detectors:
@@ -216,3 +230,28 @@ def render_table(doc: Mapping[str, Any]) -> str:
         lines.append("no data (not watched): " + "; ".join(
             f"{v.get('policy')} trigger {v.get('trigger')} since {v.get('since')}" for v in vanished))
     return "\n".join(lines) + "\n"
+
+
+def _shard_lines(sharding: Mapping[str, Any] | None) -> list[str]:
+    """The shards table: each shard's leader (or since when it has none), term and targets."""
+    if not sharding:
+        return []
+    lines = ["", f"shards: {sharding['shards']} across {len(sharding['replicas'])} replicas "
+                 f"({', '.join(sharding['replicas']) or 'none'}), leases as seen at {sharding['leasesSeenAt'] or 'never'}"]
+    if sharding.get("termsError"):
+        lines.append(f"shard terms unreadable: {_short(sharding['termsError'], 160)}")
+    rows = [("SHARD", "LEADER", "TERM", "TARGETS")]
+    for r in sharding["items"]:
+        if r["leader"] is None:
+            since = f" since {r['leaderlessSince']}" if r["leaderlessSince"] else " (never led)"
+            last = f", last {r['lastLeader']}" if r["lastLeader"] else ""
+            leader = f"NO LEADER{since}{last}"
+        else:
+            leader = r["leader"] + (" (taking its term)" if r["state"] == "taking" else "")
+        shown = r["targets"][:3]
+        more = f" (+{len(r['targets']) - len(shown)})" if len(r["targets"]) > len(shown) else ""
+        rows.append((str(r["shard"]), leader, "-" if r["term"] is None else str(r["term"]),
+                     f"{len(r['targets'])}: {', '.join(shown)}{more}" if shown else "0"))
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines.extend("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+    return lines

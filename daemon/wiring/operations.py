@@ -3,6 +3,7 @@ service's journal, freezes, intake and executor stay behind named calls, and the
 from the settings once, at build time."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import structlog
@@ -10,6 +11,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from core.signal import Signal
+from daemon.cluster.shards import ShardManager
 from daemon.common.config import Settings
 from daemon.common.metrics import Metrics
 from daemon.http.api import Leadership
@@ -23,6 +25,7 @@ from daemon.storage.records import DAEMON_SCOPE, FOREVER, Freeze
 from daemon.workers.approvals import ApprovalResult
 from daemon.workers.freezes import FreezeControl, FreezeError
 from daemon.workers.signal_intake import Recorded, SignalIntake
+from daemon.wiring.sharding import sharding_status
 
 log = structlog.get_logger("tailguard.http")
 
@@ -44,6 +47,7 @@ class ServiceParts(Protocol):
     journal: Journal
     intake: SignalIntake
     freezes: FreezeControl
+    shards: ShardManager | None  # sharding.shards > 1
 
     @property
     def executor(self) -> Approver: ...
@@ -107,7 +111,12 @@ class DaemonOperations:
     # ---- the operator API ---------------------------------------------------------------------
 
     async def status(self) -> StatusInputs:
-        return await self._service.status_inputs()
+        inputs = await self._service.status_inputs()
+        shards = self._service.shards
+        if shards is None:
+            return inputs
+        # Every shard with the replica leading it, from the Leases and the shared journal's terms.
+        return dataclasses.replace(inputs, sharding=await sharding_status(shards, self._service.journal))
 
     def _named(self, scope: str) -> None:
         """Raises FreezeError (422) for a target no policy names (the whole daemon always is)."""

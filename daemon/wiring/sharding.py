@@ -12,10 +12,12 @@ single-leader elector, and the door, the executor and the poller follow the shar
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import structlog
 
+from daemon.cluster.shard_view import ShardingInputs
 from daemon.cluster.shards import ShardManager
 from daemon.common.config import Settings
 from daemon.common.lifecycle import Supervisor
@@ -66,3 +68,15 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
         poller.follows = lambda policy: manager.owns(policy.target.key)
     supervisor.start("leader-election", manager, joined=True)
     return manager
+
+
+async def sharding_status(manager: ShardManager, journal: Journal) -> ShardingInputs:
+    """What the status document's `sharding` section merges: the Leases as `manager` last listed them
+    and every shard's term in the (shared) journal; a journal that fails is named, the Leases still shown."""
+    seen = manager.view()
+    try:
+        terms = await journal.shard_terms.current.in_thread()
+    except JournalError as exc:
+        log.warning("could not read the shard terms for status", error=str(exc))
+        return dataclasses.replace(seen, terms_error=str(exc))
+    return dataclasses.replace(seen, terms=terms)
