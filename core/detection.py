@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Any, Mapping
 
 
@@ -13,6 +13,34 @@ class Side(str, Enum):
 
     BELOW = "below"
     ABOVE = "above"
+
+
+class DetectorStatus(IntEnum):
+    """Why a detector did or did not decide on a series, one meaning per value for every detector;
+    only OK rows can fire. Vectorized code keeps int8 arrays of these values; each Detection carries
+    its own (`Detection.status`)."""
+
+    OK = 0
+    """Decided: fired or not on the evidence."""
+    NO_DATA = 1
+    """No usable point (or no sample of both counters) in the lookback window, or a series that
+    cannot be read at all (malformed samples)."""
+    STALE = 2
+    """The newest point is older than the detector's `max_staleness_seconds`."""
+    SHORT_HISTORY = 3
+    """Too little history to compare against (a baseline, or a step with a bulk)."""
+    NO_RECENT = 4
+    """Points in the lookback, none in the evaluation window."""
+    CONSTANT = 5
+    """A constant series: nothing to compare."""
+    COMPANION_MISSING = 6
+    """The detector requires a companion series and it has no data."""
+    NO_COUNTS = 7
+    """No request counter beside the latency counter."""
+    INCONSISTENT = 8
+    """A histogram whose bucket at the line counts more than its total in every step."""
+    FAILED = 9
+    """The detector raised on the series (a bug, never bad data): the poller's stand-in verdict."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +115,9 @@ class Detection:
     hold (not on counters): what the recovery check after acting holds the query to.
     `budget` is set by detectors that count requests above a line (tail_excess): what a gate on
     an alert trigger weighs before letting the alert act.
+    `status` says why the detector did or did not decide: OK (the default) on a verdict, fired or
+    not; any other value when nothing was decided (no data, stale, too little history ...), the
+    `reason` saying it in words.
     """
 
     detector: str
@@ -101,3 +132,4 @@ class Detection:
     details: Mapping[str, Any] = field(default_factory=dict)
     recovery_line: RecoveryLine | None = None
     budget: BudgetEvidence | None = None
+    status: DetectorStatus = DetectorStatus.OK

@@ -1,42 +1,18 @@
 """The Detector protocol. `detect` is cheap and pure given prepared state; heavy work
 (e.g. Prophet fits) happens in `prepare`, off the event loop through `offload`.
 
-What planning reads of a detector is typed here, never a detail by name: a firing Detection's
-`recovery_line`, and its parameters' `recovery_rule`."""
+What the daemon reads of a detector is typed here, never a detail or an attribute by name: a firing
+Detection's `recovery_line` and every Detection's `status`; its parameters' `recovery_rule`,
+`version_label` and `max_staleness_seconds`."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from enum import IntEnum
 from typing import Any, Awaitable, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from core.detection import Detection, RecoveryRule
+from core.detection import Detection, DetectorStatus, RecoveryRule
 from core.query import Series
-
-
-class DetectorStatus(IntEnum):
-    """Why a detector did or did not decide on a series, one meaning per value for every detector;
-    only OK rows can fire. Vectorized code keeps int8 arrays of these values."""
-
-    OK = 0
-    """Decided: fired or not on the evidence."""
-    NO_DATA = 1
-    """No usable point (or no sample of both counters) in the lookback window."""
-    STALE = 2
-    """The newest point is older than the detector's `max_staleness_seconds`."""
-    SHORT_HISTORY = 3
-    """Too little history to compare against (a baseline, or a step with a bulk)."""
-    NO_RECENT = 4
-    """Points in the lookback, none in the evaluation window."""
-    CONSTANT = 5
-    """A constant series: nothing to compare."""
-    COMPANION_MISSING = 6
-    """The detector requires a companion series and it has no data."""
-    NO_COUNTS = 7
-    """No request counter beside the latency counter."""
-    INCONSISTENT = 8
-    """A histogram whose bucket at the line counts more than its total in every step."""
 
 
 class DetectorParams(BaseModel):
@@ -47,6 +23,17 @@ class DetectorParams(BaseModel):
     gives_budget_evidence: ClassVar[bool] = False
     """Its detections carry `budget` (requests above a line over the lookback): it can gate an
     alert trigger."""
+
+    # Declared here because the daemon reads them of every detector; a detector that has its own
+    # redeclares them with its own default (and bounds).
+    version_label: str = Field("version", min_length=1)
+    """The series label that names the serving version: the alert gate names versions by it
+    (`policies.gate`), and detectors that tell versions apart (tail_excess, tail_canary, forecast
+    attribution) read it."""
+    max_staleness_seconds: float | None = Field(None, gt=0)
+    """The newest point older than this is stale: never read as healthy or as firing. The poller
+    also reads it as how old a series may be and still count as data; None (the default): the
+    detector does not say, and the poller allows three trigger intervals, at least a minute."""
 
     @property
     @abstractmethod
@@ -158,3 +145,7 @@ def unpaired(
     if companions is None or any(c is None for c in companions):
         return detect_each(detect, series, now, companions if companions is not None else [None] * len(series))
     return None
+
+
+__all__ = ["ClusterReader", "Detector", "DetectorParams", "DetectorStatus", "Offload", "ReadsCluster", "detect_each",
+           "judges_together", "unpaired"]

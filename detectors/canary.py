@@ -31,11 +31,11 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.canary import CanaryRoles, canary_roles
-from core.detection import Detection
+from core.detection import Detection, DetectorStatus
 from core.query import Series
-from detectors._grid import align
-from detectors.base import ClusterReader, DetectorParams, unpaired
+from detectors.base import ClusterReader, DetectorParams
 from detectors.canary_start import START_ALPHA, bank_days, life_start, start_alpha, start_statistic, start_thresholds
+from detectors.grid_detector import paired_grid
 from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
 from detectors.sequential.design import BankDesign
@@ -104,12 +104,10 @@ class TailCanaryDetector(TailExcessDetector):
 
     def detect_many(self, series: Sequence[Series], now: float,
                     companions: Sequence[Series | None] | None = None) -> list[Detection]:
-        alone = unpaired(self.detect, series, now, companions)
-        if alone is not None or companions is None:
-            return alone or []
-        paired = [c for c in companions if c is not None]
-        grid, counters = align([*series, *paired])
-        n = len(series)
+        head = paired_grid(self.detect, series, now, companions)
+        if isinstance(head, list):
+            return head
+        grid, counters, n = head.grid, head.counters, head.n
         # The window is the lookback the poller was asked for (the last cycle's `judged_lookback`);
         # the start test's horizon is the lookback this cycle implies, or the window if longer.
         front = front_end(replace(self._test, lookback_seconds=self._lookback), grid, counters[:n], counters[n:], now)
@@ -268,7 +266,7 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
                                               "stable or canary")
         elif f.status[row] != OK:
             out[row] = Detection(kind, False, f"not decided: status {int(f.status[row])} (no data, stale or too little "
-                                              "history)")
+                                              "history)", status=DetectorStatus(int(f.status[row])))
     stable_rows = by_version.get(stable, [])
     if not stable_rows:
         return [d or Detection(kind, False, f"no series of the stable {roles.stable.subset} (version {stable}) to "

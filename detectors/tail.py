@@ -209,7 +209,8 @@ def batch_detection(batch: TailBatch, row: int, params: TailAnomalyParams, kind:
         return Detection(
             detector=kind, fired=fired, reason=reason, value=value,
             baseline=base if np.isfinite(base) else None,
-            threshold=thr if np.isfinite(thr) else None, score=score, details=details, **kw,
+            threshold=thr if np.isfinite(thr) else None, score=score, details=details,
+            status=DetectorStatus(status), **kw,
         )
 
     if status == NO_DATA:
@@ -285,7 +286,7 @@ class TailAnomalyDetector:
         """
         arrays = _robust.series_arrays(series.timestamps, series.values)
         if isinstance(arrays, str):
-            return Detection(detector=self.kind, fired=False, reason=arrays)
+            return Detection(detector=self.kind, fired=False, reason=arrays, status=DetectorStatus.NO_DATA)
         comp = None
         if companion is not None:
             c_arrays = _robust.series_arrays(companion.timestamps, companion.values)

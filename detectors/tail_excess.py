@@ -23,11 +23,11 @@ from numpy.typing import NDArray
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from core.detection import Detection
+from core.detection import Detection, DetectorStatus
 from core.query import Series
-from detectors._grid import align
 from detectors._slow_counts import counting_design
-from detectors.base import DetectorParams, Offload, unpaired
+from detectors.base import DetectorParams, Offload
+from detectors.grid_detector import paired_grid, with_statuses
 from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
@@ -254,11 +254,12 @@ class TailExcessDetector:
         Never raises for bad data."""
         if companion is None:
             return Detection(self.kind, False, "no request count: tail_excess needs companionQuery (the "
-                                               "request counter, or the histogram's _count) with the same labels")
+                                               "request counter, or the histogram's _count) with the same labels",
+                             status=DetectorStatus.NO_COUNTS)
         try:
             return self._detect_many([series], now, [companion], starts=False)[0]
         except (TypeError, ValueError) as exc:
-            return Detection(self.kind, False, f"malformed series: {exc}")
+            return Detection(self.kind, False, f"malformed series: {exc}", status=DetectorStatus.NO_DATA)
 
     def detect_many(self, series: Sequence[Series], now: float,
                     companions: Sequence[Series | None] | None = None) -> list[Detection]:
@@ -271,12 +272,10 @@ class TailExcessDetector:
                      starts: bool) -> list[Detection]:
         """`detect_many`; `starts`: run the start tests (never on one series alone: a lone series
         would read every other version as gone, and its own as new)."""
-        alone = unpaired(self.detect, series, now, companions)
-        if alone is not None or companions is None:
-            return alone or []
-        paired = [c for c in companions if c is not None]
-        grid, counters = align([*series, *paired])
-        n = len(series)
+        head = paired_grid(self.detect, series, now, companions)
+        if isinstance(head, list):
+            return head
+        grid, counters, n = head.grid, head.counters, head.n
         labels = [s.labels for s in series]
         book = self._starts if starts else None
         frame = None
@@ -284,7 +283,7 @@ class TailExcessDetector:
             frame = frame_starts(book, grid, counters[n:], labels, self.params.version_label)
             counters = settle(book, frame, grid, counters, n)
         batch = self.evaluate(grid, counters[:n], counters[n:], now)
-        out = batch_detections(batch, self.kind, labels, self.params.version_label)
+        out = with_statuses(batch_detections(batch, self.kind, labels, self.params.version_label), batch.status)
         if book is None or frame is None:
             if self._starts is None:
                 return out

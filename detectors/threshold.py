@@ -3,17 +3,16 @@ the last 5 points"), the simple rule to start from and to compare the tail detec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field, model_validator
 
-from core.detection import Detection, RecoveryRule, Side, threshold_or_baseline
-from core.query import Series
+from core.detection import Detection, DetectorStatus, RecoveryRule, Side, threshold_or_baseline
 from detectors import _robust
-from detectors._grid import align
-from detectors.base import DetectorParams, DetectorStatus, Offload
+from detectors.base import DetectorParams
+from detectors.grid_detector import GridDetector
 
 # The statuses a row can have (only OK rows can fire), bound as module names for the row checks.
 OK, NO_DATA, STALE = DetectorStatus.OK, DetectorStatus.NO_DATA, DetectorStatus.STALE
@@ -93,11 +92,11 @@ def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, ki
     ts, vs = b.timestamps, b.values[row]
     count = int(b.count[row])
     word = ">" if p.direction == "above" else "<"
+    status = int(b.status[row])
     common: dict[str, Any] = {
-        "detector": kind, "threshold": p.threshold,
+        "detector": kind, "threshold": p.threshold, "status": DetectorStatus(status),
         "details": {"confirm": f"{count}/{p.confirm_window_points} (need {p.confirm_points})"},
     }
-    status = int(b.status[row])
     if status == NO_DATA:
         return Detection(fired=False, reason=f"no data in the last {p.window_seconds:g} s", **common)
     last = int(np.flatnonzero(b.valid[row])[-1])
@@ -123,7 +122,7 @@ def batch_detection(batch: ThresholdBatch, row: int, params: ThresholdParams, ki
     )
 
 
-class ThresholdDetector:
+class ThresholdDetector(GridDetector):
     """Static threshold, N of the last M points. Stateless and restart-safe like every detector."""
 
     kind: ClassVar[str] = "threshold"
@@ -139,28 +138,7 @@ class ThresholdDetector:
     def lookback_seconds(self) -> float:
         return self.params.window_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
-                      companions: Sequence[Series | None] | None = None) -> None:
-        """Nothing to prepare."""
-        return None
-
-    def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
-        """Decide on one series (a companion plays no part). Never raises for bad data: returns
-        fired=False with a reason."""
-        arrays = _robust.series_arrays(series.timestamps, series.values)
-        if isinstance(arrays, str):
-            return Detection(detector=self.kind, fired=False, reason=arrays)
-        ts, vs = arrays
-        return batch_detection(threshold_breaches(self.params, ts, vs[None, :], now), 0, self.params,
-                               self.kind, now)
-
-    def detect_many(
-        self, series: Sequence[Series], now: float, companions: Sequence[Series | None] | None = None
-    ) -> list[Detection]:
-        """The vectorized path: aligns the series on one grid and decides every row at once, as
-        `detect` would. Raises on a malformed series (see `align`)."""
-        if not series:
-            return []
-        grid, values = align(series)
+    def decide(self, grid: NDArray[np.float64], values: NDArray[np.float64], now: float) -> list[Detection]:
+        """Every row at once (`threshold_breaches`), one Detection each."""
         batch = threshold_breaches(self.params, grid, values, now)
-        return [batch_detection(batch, i, self.params, self.kind, now) for i in range(len(series))]
+        return [batch_detection(batch, i, self.params, self.kind, now) for i in range(values.shape[0])]

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from core.detection import Detection, RecoveryLine, RecoveryRule, Side
-from core.query import Series
+from core.detection import Detection, DetectorStatus, RecoveryLine, RecoveryRule, Side
 from detectors import _robust
-from detectors._grid import align
-from detectors.base import DetectorParams, DetectorStatus, Offload
+from detectors.base import DetectorParams
+from detectors.grid_detector import GridDetector
 from detectors.sequential.bank import page
 
 # The statuses a row can have (only OK rows can fire), bound as module names for the row checks.
@@ -251,7 +250,7 @@ def value_detection(b: ValueCusumBatch, row: int, grid: NDArray[np.float64], p: 
         return Detection(detector=kind, fired=fired, reason=reason,
                          value=value if np.isfinite(value) else None,
                          baseline=base if np.isfinite(base) else None, threshold=h,
-                         score=stat / h if h > 0 else None, details=details, **kw)
+                         score=stat / h if h > 0 else None, details=details, status=DetectorStatus(status), **kw)
 
     if status == NO_DATA:
         return make(False, "no data: no finite points in the lookback window")
@@ -275,7 +274,7 @@ def value_detection(b: ValueCusumBatch, row: int, grid: NDArray[np.float64], p: 
                 recovery_line=line)
 
 
-class ValueCusumDetector:
+class ValueCusumDetector(GridDetector):
     """Sequential detector on one value series per target. Stateless: each cycle recomputes the test
     from the queried range, so restarts and failovers lose nothing and one episode keeps one start."""
 
@@ -290,26 +289,7 @@ class ValueCusumDetector:
     def lookback_seconds(self) -> float:
         return self.params.lookback_seconds
 
-    async def prepare(self, batch: Sequence[Series], now: float, offload: Offload,
-                      companions: Sequence[Series | None] | None = None) -> None:
-        """Nothing to prepare: everything comes from the queried range."""
-        return None
-
-    def detect(self, series: Series, now: float, companion: Series | None = None) -> Detection:
-        """Decide on one series (a companion plays no part). Never raises for bad data: returns
-        fired=False with a reason."""
-        arrays = _robust.series_arrays(series.timestamps, series.values)
-        if isinstance(arrays, str):
-            return Detection(self.kind, False, arrays)
-        ts, vs = arrays
-        return value_detection(evaluate_value_cusum(self.params, ts, vs[None, :], now), 0, ts, self.params, self.kind)
-
-    def detect_many(self, series: Sequence[Series], now: float,
-                    companions: Sequence[Series | None] | None = None) -> list[Detection]:
-        """Aligns the series on one grid and decides all rows at once. Raises on malformed series
-        (see `align`)."""
-        if not series:
-            return []
-        grid, values = align(series)
+    def decide(self, grid: NDArray[np.float64], values: NDArray[np.float64], now: float) -> list[Detection]:
+        """Every row at once (`evaluate_value_cusum`), one Detection each."""
         batch = evaluate_value_cusum(self.params, grid, values, now)
-        return [value_detection(batch, i, grid, self.params, self.kind) for i in range(len(series))]
+        return [value_detection(batch, i, grid, self.params, self.kind) for i in range(values.shape[0])]

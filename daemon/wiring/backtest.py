@@ -271,7 +271,7 @@ def _gate(policy: LoadedPolicy, poller: Poller, alert_index: int, at: float) -> 
         return None
     bound = policy.gate_for(alert_index)
     latest = poller.latest(policy.name, bound.index) if bound is not None else None
-    label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
+    label = bound.params.version_label if bound is not None else "version"
     # A triton trigger replayed on the scrape interval: its evidence is as old as a replayed step,
     # so three of those steps are the floor of its staleness horizon.
     steps = [g.interval for g in poller.groups.values() for w in g.watches

@@ -126,7 +126,7 @@ class EvidenceReader:
             return None
         bound = policy.gate_for(alert_index)
         latest = self._verdicts(policy, bound.index) if bound is not None else None
-        label = str(getattr(bound.params, "version_label", "version")) if bound is not None else "version"
+        label = bound.params.version_label if bound is not None else "version"
         return gate_verdict(latest.budgets if latest else None, latest.at if latest else None,
                             latest.stale_after if latest else 0.0, self._clock(), alert.gate.error, label)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import structlog
 
 from core.collector import collector_paused
-from core.detection import BudgetEvidence, Detection
+from core.detection import BudgetEvidence, Detection, DetectorStatus
 from core.promql import render_query
 from core.query import Series, series_key
 from core.signal import Signal, SignalSource, TriggerRef, stable_key
@@ -441,7 +441,8 @@ class Poller:
             except Exception as exc:  # detectors promise not to raise; if one does, it is recorded
                 self._metrics.faults.labels("detector").inc()
                 log.exception("detector raised", policy=watch.policy.name, series=series_key(series.labels))
-                out.append(Detection(kind, False, f"detector raised {type(exc).__name__}: {exc}"))
+                out.append(Detection(kind, False, f"detector raised {type(exc).__name__}: {exc}",
+                                     status=DetectorStatus.FAILED))
         return out
 
     def _belongs(self, watch: Watch, series: Series) -> bool:
@@ -471,10 +472,8 @@ def count_verdicts(metrics: Metrics, watch: Watch, detections: list[Detection]) 
 
 
 def staleness_horizon(watch: Watch) -> float:
-    """How old a series' newest point may be and still count as data: the detector's own
-    `max_staleness_seconds` when it has one, else three intervals (at least a minute)."""
-    own = getattr(watch.bound.params, "max_staleness_seconds", None)
-    return float(own) if own else max(3.0 * watch.bound.trigger.interval, 60.0)
+    """How old a series' newest point may be and count as data: its params' own, else 3 intervals (1 min or more)."""
+    return watch.bound.params.max_staleness_seconds or max(3.0 * watch.bound.trigger.interval, 60.0)
 
 
 def fresh(series: list[Series], now: float, horizon: float) -> bool:
@@ -518,7 +517,7 @@ def _short(query: str) -> str:
 def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> Signal:
     """A detector verdict as a Signal; the episode start makes re-detections of one episode dedup."""
     episode = d.episode_start if d.episode_start is not None else now
-    # Marked on the signal too, so a reload that moves triggers cannot turn it live (fails safe).
+    # Marked on the signal too (a reload that moves triggers cannot turn it live); no detail overwrites it or query.
     shadow = {"shadow": True} if watch.policy.spec.triggers[watch.bound.index].shadow else {}
     labels = dict(series.labels)
     labels.setdefault("model", watch.policy.target.model)
@@ -533,7 +532,8 @@ def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> 
         policy=watch.policy.name,
         details={"reason": d.reason, "baseline": d.baseline, "score": d.score, "threshold": d.threshold,
                  "episode_start": d.episode_start, "query": watch.bound.trigger.query,
-                 "evidence": [list(p) for p in d.evidence][-20:], **dict(d.details), **shadow},
+                 "evidence": [list(p) for p in d.evidence][-20:],
+                 **{k: v for k, v in d.details.items() if k not in ("query", "shadow")}, **shadow},
         recovery_line=d.recovery_line,
         trigger=TriggerRef(SignalSource.DETECTOR, watch.bound.index, watch.bound.trigger.type),
     )

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from core.detection import Detection, threshold_or_baseline
+from core.detection import Detection, DetectorStatus, threshold_or_baseline
 from core.query import Series
 from detectors.base import DetectorParams, Offload, detect_each
 from detectors.forecast.arrays import History
@@ -91,7 +91,7 @@ class ForecastBreachDetector:
         try:
             return self._detect(series, now, companion)
         except Exception as exc:  # odd data or a bug here must not stop the poller
-            return self._quiet(f"forecast failed: {type(exc).__name__}: {exc}")
+            return self._quiet(f"forecast failed: {type(exc).__name__}: {exc}", status=DetectorStatus.FAILED)
 
     def _load(self, companion: Series | None, now: float) -> History | None:
         """The request rate's history beside a series, or None (none, or unreadable: the latency is
@@ -103,9 +103,10 @@ class ForecastBreachDetector:
         except ValueError:  # a malformed rate series: the latency is forecast alone, not refused
             return None
 
-    def _quiet(self, reason: str, value: float | None = None, **details: Any) -> Detection:
+    def _quiet(self, reason: str, value: float | None = None, status: DetectorStatus = DetectorStatus.OK,
+               details: Mapping[str, Any] | None = None) -> Detection:
         return Detection(detector=KIND, fired=False, reason=reason, value=value,
-                         threshold=self.params.threshold, details=details)
+                         threshold=self.params.threshold, details=dict(details or {}), status=status)
 
     def _beyond(self, v: float) -> bool:
         p = self.params
@@ -119,15 +120,15 @@ class ForecastBreachDetector:
         if ts.size < p.min_history_points:
             self._episodes.close(key, now)
             return self._quiet(f"too little history: {ts.size} usable points in the lookback, "
-                               f"need {p.min_history_points}")
+                               f"need {p.min_history_points}", status=DetectorStatus.SHORT_HISTORY)
         current = float(vs[-1])
         if now - ts[-1] > history.max_staleness:
             self._episodes.close(key, now)
             return self._quiet(f"stale data: last point is {now - ts[-1]:.0f}s old "
-                               f"(max staleness {history.max_staleness:.0f}s)", current)
+                               f"(max staleness {history.max_staleness:.0f}s)", current, DetectorStatus.STALE)
         if vs.max() == vs.min():  # np.ptp(vs) == 0 for finite values, without its wrapper
             self._episodes.close(key, now)
-            return self._quiet("constant series: no trend to extrapolate", current)
+            return self._quiet("constant series: no trend to extrapolate", current, DetectorStatus.CONSTANT)
         evidence = tuple(zip(ts[-_EVIDENCE_POINTS:].tolist(), vs[-_EVIDENCE_POINTS:].tolist()))
         points = level_points(p.level_window_seconds, history.step)
         level = float(np.mean(vs[-points:]))
@@ -145,7 +146,7 @@ class ForecastBreachDetector:
         if fp is None:
             self._episodes.close(key, now)
             return self._quiet(f"too few past forecasts to calibrate on: {forecast.paths} "
-                               f"(need {MIN_PATHS})", current, **forecast.info)
+                               f"(need {MIN_PATHS})", current, DetectorStatus.SHORT_HISTORY, forecast.info)
         lead = None if fp.crossing_time is None else max(fp.crossing_time - now, 0.0)
         figures = {**forecast.info, "probability": round(fp.probability, 6), "min_probability": p.min_probability,
                    "predicted_crossing_time": fp.crossing_time, "lead_seconds": lead,
