@@ -7,11 +7,13 @@ the shared journal, so the merge is the same fleet-wide picture wherever it is a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
+from core.promql import render_query
 from core.timestamps import iso_utc
 from daemon.cluster.shard_assignment import shard_of
 from daemon.storage.records import Term
+from policies.loader import LoadedPolicy, PolicySet
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ShardingInputs:
     leases_seen_at: float | None = None  # Unix time of the last successful listing; None: never
     terms: Mapping[int, Term] = field(default_factory=dict)
     terms_error: str | None = None  # the journal's terms could not be read
+    fleet_wide: tuple[Mapping[str, Any], ...] = ()  # fleet_wide_queries of the policies led here
 
 
 def _iso(unix: float | None) -> str | None:
@@ -92,4 +95,29 @@ def sharding_document(i: ShardingInputs, targets: Iterable[str], now: float) -> 
     """The status document's `sharding` section."""
     return {"shards": i.shards, "replicas": sorted(i.members), "ledHere": sorted(i.led_here),
             "leasesSeenAt": _iso(i.leases_seen_at), "termsError": i.terms_error,
-            "items": shard_rows(i, targets, now)}
+            "items": shard_rows(i, targets, now), "fleetWideQueries": [dict(q) for q in i.fleet_wide]}
+
+
+def fleet_wide_triggers(policy: LoadedPolicy) -> list[tuple[int, str]]:
+    """The Prometheus detector triggers of `policy` (index, query) whose query does not name its
+    target ($model, $namespace): fetched whole by every replica leading a policy that shares it, where
+    a query naming the target is narrowed to it by its own label matcher. PromQL has no hash
+    function, so a fleet-wide query cannot be cut to a replica's shards by the daemon."""
+    values = {"model": policy.target.model, "namespace": policy.target.namespace}
+    out = []
+    for bound in policy.detectors:
+        for query in (bound.trigger.query, bound.trigger.companion_query):
+            if query and bound.trigger.source == "prometheus" and render_query(query, values) == query:
+                out.append((bound.index, query))
+    return out
+
+
+def fleet_wide_queries(policies: PolicySet, led: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """Per fleet-wide query of the enabled policies whose target is led here (`led(target key)`): the
+    query and those policies, each with the trigger."""
+    found: dict[str, list[str]] = {}
+    for p in policies.enabled:
+        if led(p.target.key):
+            for index, query in fleet_wide_triggers(p):
+                found.setdefault(query, []).append(f"{p.name} trigger {index}")
+    return [{"query": q, "policies": sorted(set(names))} for q, names in sorted(found.items())]

@@ -254,4 +254,7 @@ def _shard_lines(sharding: Mapping[str, Any] | None) -> list[str]:
                      f"{len(r['targets'])}: {', '.join(shown)}{more}" if shown else "0"))
     widths = [max(len(r[c]) for r in rows) for c in range(4)]
     lines.extend("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows)
+    lines.extend(f"fleet-wide query, fetched whole here (not narrowed to these shards): {_short(q['query'], 120)} "
+                 f"({', '.join(q['policies'][:3])}{' ...' if len(q['policies']) > 3 else ''})"
+                 for q in sharding.get("fleetWideQueries", []))
     return lines

@@ -116,7 +116,8 @@ class DaemonOperations:
         if shards is None:
             return inputs
         # Every shard with the replica leading it, from the Leases and the shared journal's terms.
-        return dataclasses.replace(inputs, sharding=await sharding_status(shards, self._service.journal))
+        return dataclasses.replace(inputs, sharding=await sharding_status(shards, self._service.journal,
+                                                                          inputs.policies))
 
     def _named(self, scope: str) -> None:
         """Raises FreezeError (422) for a target no policy names (the whole daemon always is)."""

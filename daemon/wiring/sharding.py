@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import structlog
 
-from daemon.cluster.shard_view import ShardingInputs
+from daemon.cluster.shard_view import ShardingInputs, fleet_wide_queries, fleet_wide_triggers
 from daemon.cluster.shards import ShardManager
 from daemon.common.config import Settings
 from daemon.common.lifecycle import Supervisor
@@ -28,6 +28,7 @@ from daemon.workers.door import Door
 from daemon.workers.executor import Executor
 from daemon.workers.pins import PinReconciler
 from daemon.workers.poller import Poller
+from policies.loader import LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.sharding")
 
@@ -65,15 +66,34 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
     executor.owns = manager.owns
     pins.owns = manager.owns
     if poller is not None:
-        poller.follows = lambda policy: manager.owns(policy.target.key)
+        poller.follows = _follows(manager)
     supervisor.start("leader-election", manager, joined=True)
     return manager
 
 
-async def sharding_status(manager: ShardManager, journal: Journal) -> ShardingInputs:
+def _follows(manager: ShardManager) -> Callable[[LoadedPolicy], bool]:
+    """The poller's filter (asked per policy at every sync: a reload or a change of the shards led):
+    a policy is watched here while its target's shard is led here. A fleet-wide query of a watched
+    policy is said once in the log: each replica leading one of its policies fetches it whole."""
+    said: set[str] = set()
+
+    def follows(policy: LoadedPolicy) -> bool:
+        led = manager.owns(policy.target.key)
+        for index, query in fleet_wide_triggers(policy) if led else ():
+            if query not in said:
+                said.add(query)
+                log.warning("a fleet-wide query cannot be narrowed to this replica's shards (it names no $model):"
+                            " fetched and parsed whole here, detection split", query=query, policy=policy.name,
+                            trigger=index)
+        return led
+    return follows
+
+
+async def sharding_status(manager: ShardManager, journal: Journal, policies: PolicySet) -> ShardingInputs:
     """What the status document's `sharding` section merges: the Leases as `manager` last listed them
-    and every shard's term in the (shared) journal; a journal that fails is named, the Leases still shown."""
-    seen = manager.view()
+    and every shard's term in the (shared) journal (a journal that fails is named, the Leases still
+    shown), and the fleet-wide queries of the policies led here."""
+    seen = dataclasses.replace(manager.view(), fleet_wide=tuple(fleet_wide_queries(policies, manager.owns)))
     try:
         terms = await journal.shard_terms.current.in_thread()
     except JournalError as exc:

@@ -18,6 +18,7 @@ from daemon.common.config import ShardingSettings
 from daemon.storage.journal import Journal
 from daemon.wiring.sharding import sharding_status
 from lab.kube.emulator import KubeEmulator
+from policies.loader import PolicySet
 from tests.emulator.test_shards import ELECTION
 from tests.support.kube.conftest_plugin import kube_emulator  # noqa: F401  (fixture)
 
@@ -71,7 +72,7 @@ async def test_status_names_every_shards_leader_and_a_dead_replicas_shards_as_le
         holders = _holders(kube_emulator)
         # Asked of either replica: the same leaders, those of the Leases and of the journal's terms.
         for manager, journal in ((a, journals[0]), (b, journals[1])):
-            view = await sharding_status(manager, journal)
+            view = await sharding_status(manager, journal, PolicySet())
             assert view.members == ("tailguard-a", "tailguard-b")
             rows = shard_rows(view, TARGETS, clock.wall())
             assert {r["shard"]: r["leader"] for r in rows} == holders
@@ -87,7 +88,8 @@ async def test_status_names_every_shards_leader_and_a_dead_replicas_shards_as_le
         seen_leaderless = False
         for _ in range(int((LEASE_SECONDS + 1) / STEP)):
             clock.t += STEP
-            rows = {r["shard"]: r for r in shard_rows(await sharding_status(a, journals[0]), TARGETS, clock.wall())}
+            view = await sharding_status(a, journals[0], PolicySet())
+            rows = {r["shard"]: r for r in shard_rows(view, TARGETS, clock.wall())}
             for s in orphans:
                 if rows[s]["leader"] is None:
                     seen_leaderless = True
@@ -104,7 +106,8 @@ async def test_status_names_every_shards_leader_and_a_dead_replicas_shards_as_le
                 break
         assert seen_leaderless
         assert a.led == set(range(SHARDS))
-        rows = {r["shard"]: r for r in shard_rows(await sharding_status(a, journals[0]), TARGETS, clock.wall())}
+        view = await sharding_status(a, journals[0], PolicySet())
+        rows = {r["shard"]: r for r in shard_rows(view, TARGETS, clock.wall())}
         assert all(r["leader"] == "tailguard-a" and r["state"] == "led" for r in rows.values())
         for s in orphans:  # taken under a new term
             assert rows[s]["term"] == terms_before[s].term + 1

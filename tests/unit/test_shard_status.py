@@ -104,3 +104,64 @@ def test_unreadable_terms_are_named_and_the_leases_still_shown() -> None:
     assert doc["sharding"]["termsError"] == "journal down"
     assert doc["sharding"]["items"][0]["leader"] == "a" and doc["sharding"]["items"][0]["state"] == "unknown"
     assert "shard terms unreadable: journal down" in render_table(doc)
+
+
+def _policies(*docs: tuple[str, str, str]) -> PolicySet:
+    """(name, model (and more of the target), detector trigger YAML) each: one notify policy per model."""
+    from daemon.wiring.registries import action_registry, detector_registry
+    from policies.loader import load_policies_text
+
+    text = "\n---\n".join(f"""
+name: {name}
+target: {{model: {model}}}
+triggers:
+  - detector: {trigger}
+actions:
+  - type: notify
+    url: http://127.0.0.1:9/hook
+""" for name, model, trigger in docs)
+    return load_policies_text(text, "p.yaml", action_registry(), detector_registry())
+
+
+FLEET = "{type: threshold, query: 'max by (model) (p999_latency_ms)', params: {threshold: 500}}"
+SCOPED = "{type: threshold, query: 'p999_latency_ms{model=\"$model\"}', params: {threshold: 500}}"
+TRITON = "{type: threshold, query: 'p999_latency_ms', source: triton, params: {threshold: 500}}"
+
+
+def test_a_query_naming_no_target_is_fleet_wide_and_listed_for_the_led_policies_only() -> None:
+    from daemon.cluster.shard_view import fleet_wide_queries
+
+    policies = _policies(("a-fleet", "a", FLEET), ("b-fleet", "b", FLEET), ("c-scoped", "c", SCOPED),
+                         ("d-triton", "d, triton: {endpoints: ['http://127.0.0.1:8000']}", TRITON),
+                         ("e-fleet", "e", FLEET))
+    led = {"default/a", "default/b", "default/c", "default/d"}.__contains__
+    assert fleet_wide_queries(policies, led) == [
+        {"query": "max by (model) (p999_latency_ms)", "policies": ["a-fleet trigger 0", "b-fleet trigger 0"]}]
+    # $model narrows a query to its target by its own label matcher; source: triton reads the target's pods
+    assert fleet_wide_queries(policies, {"default/c", "default/d"}.__contains__) == []
+
+
+def test_the_poller_filter_says_each_fleet_wide_query_once(monkeypatch: Any) -> None:
+    from daemon.wiring import sharding
+
+    class Led:
+        def owns(self, target: str) -> bool:
+            return target != "default/e"
+
+    said: list[dict[str, Any]] = []
+    monkeypatch.setattr(sharding.log, "warning", lambda event, **kw: said.append({"event": event, **kw}))
+    follows = sharding._follows(Led())  # type: ignore[arg-type]
+    policies = _policies(("a-fleet", "a", FLEET), ("b-fleet", "b", FLEET), ("c-scoped", "c", SCOPED),
+                         ("e-fleet", "e", FLEET))
+    for _ in range(3):  # three syncs
+        assert [follows(p) for p in policies.policies] == [True, True, True, False]
+    assert [(s["query"], s["policy"]) for s in said] == [("max by (model) (p999_latency_ms)", "a-fleet")]
+    assert "cannot be narrowed" in said[0]["event"]
+
+
+def test_the_status_names_the_fleet_wide_queries_fetched_whole_here() -> None:
+    i = ShardingInputs(shards=2, fleet_wide=({"query": "max(x)", "policies": ["a trigger 0", "b trigger 1"]},))
+    doc = _status(i)
+    assert doc["sharding"]["fleetWideQueries"] == [{"query": "max(x)", "policies": ["a trigger 0", "b trigger 1"]}]
+    assert "fleet-wide query, fetched whole here (not narrowed to these shards): max(x) (a trigger 0, b trigger 1)" \
+        in render_table(doc)
