@@ -22,7 +22,7 @@ MAX_LINES = 500
 # poller.py and config.py grew while the check was landing (sharding, #45: 540, 535 and 506 lines
 # before); their ceilings are their lengths at 457e2b8, to be split, not raised again.
 OVER_LIMIT: dict[str, int] = {
-    "daemon/wiring/service.py": 558,
+    "daemon/wiring/service.py": 551,
     "detectors/tail_excess_batch.py": 554,
     "daemon/workers/poller.py": 539,
     "daemon/common/config.py": 528,
