@@ -7,7 +7,7 @@ from typing import Any
 
 from core.timestamps import iso_utc
 from core.decision import DecisionState
-from daemon.storage.backend import Row
+from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.records import Approval
@@ -25,9 +25,8 @@ class Approvals:
         """Journal a plan that waits for an operator: its decision (blocked, "awaiting approval N")
         and the approval, in one transaction. An approved plan's decision turns `executing` (approve)."""
         checked(policy=policy, target=target)
-        db = self._core._db
 
-        def run() -> Approval:
+        def run(db: Backend) -> Approval:
             now = self._core.clock()
             db.execute(
                 "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed)"
@@ -42,26 +41,26 @@ class Approvals:
                        (f"awaiting approval {approval_id} until {iso_utc(deadline)}", decision_id))
             return Approval(approval_id, decision_id, policy, target, now, deadline, "pending")
 
-        return self._core._tx(run, fenced=True)
+        return self._core.fenced_write(run)
 
     @blocking
     def get(self, approval_id: int) -> Approval | None:
-        rows = self._core._read("SELECT * FROM approvals WHERE id=?", (approval_id,))
+        rows = self._core.read("SELECT * FROM approvals WHERE id=?", (approval_id,))
         return approval_from_row(rows[0]) if rows else None
 
     @blocking
     def all(self, status: str | None = None) -> list[Approval]:
         """Approvals (of one status when given), oldest first."""
         if status is None:
-            return [approval_from_row(r) for r in self._core._read("SELECT * FROM approvals ORDER BY id")]
-        return [approval_from_row(r) for r in self._core._read("SELECT * FROM approvals WHERE status=? ORDER BY id",
-                                                               (status,))]
+            return [approval_from_row(r) for r in self._core.read("SELECT * FROM approvals ORDER BY id")]
+        return [approval_from_row(r) for r in self._core.read("SELECT * FROM approvals WHERE status=? ORDER BY id",
+                                                              (status,))]
 
     @blocking
     def pending_for(self, policy: str, target: str) -> Approval | None:
         """The oldest approval of `policy` on `target` still pending."""
-        rows = self._core._read("SELECT * FROM approvals WHERE status='pending' AND policy=? AND target=?"
-                                " ORDER BY id LIMIT 1", (policy, target))
+        rows = self._core.read("SELECT * FROM approvals WHERE status='pending' AND policy=? AND target=?"
+                               " ORDER BY id LIMIT 1", (policy, target))
         return approval_from_row(rows[0]) if rows else None
 
     @blocking
@@ -70,9 +69,8 @@ class Approvals:
         (it counts for cooldown and rate limit from now). None when it is not pending (or past its deadline)."""
         checked(by=by, reason=reason)
         at = self._core.clock() if now is None else now
-        db = self._core._db
 
-        def run() -> Approval | None:
+        def run(db: Backend) -> Approval | None:
             row = db.execute(
                 "UPDATE approvals SET status='approved', decided_at=?, decided_by=?, reason=? WHERE id=?"
                 " AND status='pending' AND deadline > ? RETURNING *", (at, by, reason, approval_id, at)).fetchone()
@@ -84,15 +82,14 @@ class Approvals:
                         approval.decision_id))
             return approval
 
-        return self._core._tx(run)
+        return self._core.write(run)
 
     @blocking
     def expire(self, now: float | None = None) -> list[Approval]:
         """Expire the pending approvals whose deadline has passed; their decisions say so. The ones expired."""
         at = self._core.clock() if now is None else now
-        db = self._core._db
 
-        def run() -> list[Approval]:
+        def run(db: Backend) -> list[Approval]:
             rows = db.execute(
                 "UPDATE approvals SET status='expired', decided_at=?, reason='deadline passed' WHERE status='pending'"
                 " AND deadline <= ? RETURNING *", (at, at)).fetchall()
@@ -102,7 +99,7 @@ class Approvals:
                            (f"approval {a.id} expired at {iso_utc(a.deadline)}; not applied", a.decision_id))
             return expired
 
-        return self._core._tx(run, fenced=True)
+        return self._core.fenced_write(run)
 
 
 def approval_from_row(r: Row) -> Approval:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
+from daemon.storage.cross_table import insert_mark
 
 
 class BadVersions:
@@ -20,39 +20,27 @@ class BadVersions:
         """Mark `version` bad for `target` (kept once while not cleared); whether a mark was added
         (False: one is in force already)."""
         checked(target=target, reason=reason)
-        db = self._core._db
-        return self._core._tx(lambda: insert_mark(db, target, int(version), reason, decision_id, self._core.clock()),
-                              fenced=True)
+        return self._core.fenced_write(
+            lambda db: insert_mark(db, target, int(version), reason, decision_id, self._core.clock()))
 
     @blocking
     def of(self, target: str, include_cleared: bool = False) -> list[dict[str, Any]]:
         """The bad-version marks of `target` (only those in force unless `include_cleared`), oldest first."""
         where = "" if include_cleared else " AND cleared_at IS NULL"
-        return [dict(r) for r in self._core._read(f"SELECT * FROM bad_versions WHERE target=?{where} ORDER BY id",
-                                                  (target,))]
+        return [dict(r) for r in self._core.read(f"SELECT * FROM bad_versions WHERE target=?{where} ORDER BY id",
+                                                 (target,))]
 
     @blocking
     def known(self, target: str) -> frozenset[int]:
         """The versions of `target` marked bad and not cleared."""
-        return frozenset(int(r["version"]) for r in self._core._read(
+        return frozenset(int(r["version"]) for r in self._core.read(
             "SELECT version FROM bad_versions WHERE target=? AND cleared_at IS NULL", (target,)))
 
     @blocking
     def clear(self, target: str, version: int, reason: str) -> int:
         """Clear the mark on `version` of `target` (journaled with `reason`); how many were cleared."""
         checked(target=target, reason=reason)
-        db = self._core._db
-        return self._core._tx(lambda: db.execute(
+        return self._core.write(lambda db: db.execute(
             "UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=? AND version=?"
             " AND cleared_at IS NULL", (self._core.clock(), reason, target, int(version))).rowcount)
 
-
-def insert_mark(db: Backend, target: str, version: int, reason: str, decision_id: int | None, now: float) -> bool:
-    """The mark, inside the caller's transaction, unless one is in force already (a pin's rollback
-    marks the version it rolled back from); whether it was added."""
-    if db.execute("SELECT 1 FROM bad_versions WHERE target=? AND version=? AND cleared_at IS NULL",
-                  (target, version)).fetchone() is not None:
-        return False
-    db.execute("INSERT INTO bad_versions(target, version, reason, decision_id, at)"
-               " VALUES (?,?,?,?,?)", (target, version, reason, decision_id, now))
-    return True

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from daemon.storage.blocking import blocking
+from daemon.storage.backend import Backend
 from daemon.storage.core import JournalCore, checked
-from daemon.storage.pins import insert_ended
+from daemon.storage.cross_table import insert_ended
 from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd, SharedState
 
 
@@ -24,7 +25,7 @@ class ClusterMerge:
         Ends, clears and lifts are kept when they happened after `since` (a lift also while a freeze
         it lifted would still be in force at `now`)."""
         now = self._core.clock() if now is None else now
-        read = self._core._read
+        read = self._core.read
         ends: dict[str, PinEnd] = {}
         for r in read("SELECT target, at, ended_at, ended_reason FROM pin_history WHERE ended_at > ?"
                       " ORDER BY target, at, ended_at", (since,)):
@@ -94,9 +95,8 @@ class ClusterMerge:
         lifted_at: dict[str, float] = {}
         for lift in extra.lifts:
             lifted_at[lift.target] = max(float(lift.at), lifted_at.get(lift.target, float("-inf")))
-        db = self._core._db
 
-        def run() -> tuple[int, int, int]:
+        def run(db: Backend) -> tuple[int, int, int]:
             changed = added = other = 0
             for end in extra.pin_ends:
                 row = db.execute("SELECT * FROM pins WHERE target=? AND at<=?", (end.target, float(end.at))).fetchone()
@@ -145,4 +145,4 @@ class ClusterMerge:
                                         (freeze.target, freeze.reason, float(freeze.at), float(freeze.until))).rowcount
             return changed, added, other
 
-        return self._core._tx(run)
+        return self._core.write(run)

@@ -3,6 +3,7 @@ transaction on the target, so a SQLite journal moves to PostgreSQL with its hist
 freezes and approvals, and dedup keeps holding for the signals it already had."""
 from __future__ import annotations
 
+from daemon.storage.backend import Backend
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
 
@@ -20,12 +21,12 @@ def copy_journal(source: Journal, target: Journal) -> dict[str, int]:
     """
     counts: dict[str, int] = {}
 
-    def run() -> dict[str, int]:
+    def run(db: Backend) -> dict[str, int]:
         for table in TABLES:
-            if target._db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
+            if db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:
                 raise JournalError(f"the target journal is not empty ({table} has rows); migrate into a new database")
         for table in TABLES:
-            rows = source._read(f"SELECT * FROM {table}")
+            rows = source.read(f"SELECT * FROM {table}")
             counts[table] = len(rows)
             if not rows:
                 continue
@@ -34,13 +35,13 @@ def copy_journal(source: Journal, target: Journal) -> dict[str, int]:
                    f" VALUES ({', '.join('?' for _ in columns)})")
             values = [tuple(r[c] for c in columns) for r in rows]
             for i in range(0, len(values), _CHUNK):
-                target._db.executemany(sql, values[i:i + _CHUNK])
-        reset = getattr(target._db, "reset_sequences", None)
+                db.executemany(sql, values[i:i + _CHUNK])
+        reset = getattr(db, "reset_sequences", None)
         if reset is not None:  # PostgreSQL: new rows get ids after the copied ones
             reset()
         return counts
 
-    copied = target._tx(run)
+    copied = target.write(run)
     target.signals.refresh_pending()  # the copied pending signals count for backpressure
     return copied
 

@@ -8,7 +8,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 import msgspec
 
@@ -21,6 +22,18 @@ T = TypeVar("T")
 
 DEFAULT_STALLED_AFTER_SECONDS = 5.0
 """Without a statement timeout given: a write in progress this long counts as failing."""
+
+
+class Dialect(Protocol):
+    """The SQL fragments that differ per database, for a repository's reads (the backend's own)."""
+
+    @property
+    def json_ids(self) -> str: ...
+
+    @property
+    def share_lock(self) -> str: ...
+
+    def json_text(self, column: str, key: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -46,8 +59,10 @@ class WriteHealth:
 
 
 class JournalCore:
-    """One database (daemon/storage/backend.py) behind one lock: every write is a transaction of
-    `_tx`, every read goes through `_read`. Thread-safe; the repositories of the journal hold it.
+    """One database (daemon/storage/backend.py) behind one lock. Thread-safe; the repositories of
+    the journal hold it and use only its public face: `write` and `fenced_write` (a transaction,
+    handed the database), `read`, `sql` (the fragments that differ per database), `hold` (the
+    term fenced writes check), `opening`, `exclusive` and `joined`.
 
     Args:
         store: A SQLite file (or ":memory:"), a postgres:// or postgresql:// URI, or a backend.
@@ -75,6 +90,7 @@ class JournalCore:
         self._failing_since: float | None = None
         self._last_error: str | None = None
         self._writing_since: float | None = None
+        self._tx_thread: int | None = None  # the thread whose transaction is in progress (`joined`)
         self._last_ok = -float("inf")
         self._stalled_after = (statement_timeout_seconds if statement_timeout_seconds is not None
                                else DEFAULT_STALLED_AFTER_SECONDS)
@@ -125,6 +141,40 @@ class JournalCore:
         with self._lock:
             self._db.close()
 
+    # ---- the repositories' interface --------------------------------------------------------
+
+    def write(self, fn: Callable[[Backend], T], after_commit: Callable[[T], None] | None = None) -> T:
+        """Run `fn` with the database in one transaction (see `_tx`); its result."""
+        return self._tx(lambda: fn(self._db), after_commit)
+
+    def fenced_write(self, fn: Callable[[Backend], T], after_commit: Callable[[T], None] | None = None) -> T:
+        """`write` of the acting path: refused (JournalFenced) when this process holds a term and
+        another has taken a newer one."""
+        return self._tx(lambda: fn(self._db), after_commit, fenced=True)
+
+    @property
+    def sql(self) -> Dialect:
+        """The SQL fragments that differ per database, for reads built outside a transaction."""
+        return self._db
+
+    def opening(self, step: Callable[[Backend], T]) -> T:
+        """A step of opening the journal, run with the database (see `_opening`)."""
+        return self._opening(lambda: step(self._db))
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the journal's lock: no transaction runs meanwhile, nor an `after_commit`. For what a
+        repository keeps beside the database and updates after its commits (a count)."""
+        with self._lock:
+            yield
+
+    def joined(self, fn: Callable[[Backend], T]) -> T:
+        """Run `fn` with the database inside the transaction this thread has in progress (a check
+        that runs inside another repository's write: a shard's term), else in a `write` of its own."""
+        if self._tx_thread == threading.get_ident():
+            return fn(self._db)
+        return self.write(fn)
+
     def _tx(self, fn: Callable[[], T], after_commit: Callable[[T], None] | None = None, *,
             fenced: bool = False) -> T:
         """Run `fn` in one transaction. Whatever it raises rolls the transaction back: an Exception
@@ -136,6 +186,7 @@ class JournalCore:
         self._acquire()
         try:
             self._writing_since = time.monotonic()
+            self._tx_thread = threading.get_ident()
             try:
                 if self._db.in_transaction:  # a rollback that failed earlier: never build on it
                     self._db.rollback()
@@ -161,6 +212,7 @@ class JournalCore:
             return result
         finally:
             self._writing_since = None
+            self._tx_thread = None
             self._lock.release()
 
     def _acquire(self) -> None:
@@ -228,7 +280,8 @@ class JournalCore:
     def _rollback(self) -> None:
         self._db.rollback()  # never raises: the next _tx rolls back again before it begins
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        """The rows of one read, outside any transaction (JournalError when it fails)."""
         if self._db.concurrent_reads:
             try:
                 return self._db.query(sql, params)
@@ -253,7 +306,7 @@ class JournalCore:
         """The term this process took last (None: it never acted under leader election)."""
         return self._fence
 
-    def _hold(self, term: Term) -> None:
+    def hold(self, term: Term) -> None:
         """From now on, fenced writes are refused once another process takes a newer term than `term`."""
         self._fence = term
 

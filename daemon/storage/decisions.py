@@ -9,7 +9,7 @@ from core.decision import EXPIRED_KEY, DecisionState, read_state, stored_state
 from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
-from daemon.storage.freezes import insert_freeze
+from daemon.storage.cross_table import insert_freeze
 from daemon.storage.records import RECOVERY, Decision, OpenRecovery
 
 
@@ -29,11 +29,11 @@ class Decisions:
         checked(policy=policy, target=target, state=state, reason=reason)
         core = self._core
 
-        def run() -> int:
+        def run(db: Backend) -> int:
             # The claim: which replica, in which term, decided (a new leader resuming it claims it anew).
             fence = core.fence
             holder, term = (None, None) if fence is None else (fence.holder, fence.term)
-            row = core._db.execute(
+            row = db.execute(
                 "INSERT INTO decisions(signal_id, policy, target, at, state, reason, plan, executed, holder, term)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT(signal_id, policy) DO UPDATE SET state=excluded.state,"
@@ -44,7 +44,7 @@ class Decisions:
             ).fetchone()
             return int(row["id"])
 
-        return core._tx(run, fenced=True)
+        return core.fenced_write(run)
 
     @blocking
     def finish(self, decision_id: int, state: DecisionState, reason: str,
@@ -55,9 +55,8 @@ class Decisions:
         checked(state=state, reason=reason)
         if (state is DecisionState.EXPIRED) != (expired is not None):
             raise ValueError("an expired decision, and only one, says why it expired")
-        db = self._core._db
 
-        def run() -> None:
+        def run(db: Backend) -> None:
             if expired is not None:
                 row = db.execute("SELECT plan FROM decisions WHERE id=?", (decision_id,)).fetchone()
                 plan = {**(json.loads(row["plan"]) if row is not None else {}), EXPIRED_KEY: expired}
@@ -69,14 +68,13 @@ class Decisions:
                 _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, "pending", recovery[0], recovery[1], None,
                              self._core.clock())
 
-        self._core._tx(run, fenced=True)
+        self._core.fenced_write(run)
 
     @blocking
     def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
                     message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
-        db = self._core._db
-        self._core._tx(lambda: _insert_step(db, decision_id, idx, action, phase, status, message, data,
-                                            duration_seconds, self._core.clock()), fenced=True)
+        self._core.fenced_write(lambda db: _insert_step(db, decision_id, idx, action, phase, status, message, data,
+                                                        duration_seconds, self._core.clock()))
 
     @blocking
     def record_verdict(self, decision_id: int, status: str, message: str, data: dict[str, Any],
@@ -85,49 +83,48 @@ class Decisions:
         until) the target's freeze that escalates it, in one transaction. Returns the freeze's id."""
         if freeze is not None:
             checked(target=freeze[0], reason=freeze[1])
-        db = self._core._db
 
-        def run() -> int | None:
+        def run(db: Backend) -> int | None:
             _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, status, message, data, None, self._core.clock())
             if freeze is None:
                 return None
             return insert_freeze(db, freeze[0], freeze[1], freeze[2], decision_id, at=self._core.clock())
 
-        return self._core._tx(run, fenced=True)
+        return self._core.fenced_write(run)
 
     # ---- reads ----------------------------------------------------------------------------------
 
     @blocking
     def get(self, decision_id: int) -> Decision | None:
-        rows = self._core._read("SELECT * FROM decisions WHERE id=?", (decision_id,))
+        rows = self._core.read("SELECT * FROM decisions WHERE id=?", (decision_id,))
         return decision_from_row(rows[0]) if rows else None
 
     @blocking
     def for_signal(self, signal_id: int, policy: str) -> Decision | None:
         """The decision of `policy` on the signal, if it made one."""
-        rows = self._core._read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
+        rows = self._core.read("SELECT * FROM decisions WHERE signal_id=? AND policy=?", (signal_id, policy))
         return decision_from_row(rows[0]) if rows else None
 
     @blocking
     def unfinished_for_signal(self, signal_id: int) -> list[Decision]:
         """The signal's decisions still `executing` (whatever policy made them), in id order."""
-        rows = self._core._read("SELECT * FROM decisions WHERE signal_id=? AND state=? ORDER BY id",
-                                (signal_id, DecisionState.EXECUTING.value))
+        rows = self._core.read("SELECT * FROM decisions WHERE signal_id=? AND state=? ORDER BY id",
+                               (signal_id, DecisionState.EXECUTING.value))
         return [decision_from_row(r) for r in rows]
 
     @blocking
     def all(self, policy: str | None = None) -> list[Decision]:
         """Every decision (of one policy when given), in id order."""
         if policy is None:
-            rows = self._core._read("SELECT * FROM decisions ORDER BY id")
+            rows = self._core.read("SELECT * FROM decisions ORDER BY id")
         else:
-            rows = self._core._read("SELECT * FROM decisions WHERE policy=? ORDER BY id", (policy,))
+            rows = self._core.read("SELECT * FROM decisions WHERE policy=? ORDER BY id", (policy,))
         return [decision_from_row(r) for r in rows]
 
     @blocking
     def steps(self, decision_id: int) -> list[dict[str, Any]]:
         """The decision's step rows, their data decoded, in order."""
-        rows = self._core._read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
+        rows = self._core.read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
         return [dict(r) | {"data": json.loads(r["data"])} for r in rows]
 
     @blocking
@@ -135,11 +132,11 @@ class Decisions:
         """Decisions whose recovery is unsettled (what a restart resumes), oldest first: the last
         recovery row is pending, or it is a verdict whose follow-up revert has not finished the
         decision (still `succeeded`)."""
-        rows = self._core._read(
+        rows = self._core.read(
             "SELECT d.*, s.id AS row_id, s.status AS row_status, s.message AS row_message, s.data AS row_data,"
             " s.at AS row_at FROM decisions d JOIN steps s ON s.decision_id = d.id"
             " WHERE s.phase = ? AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id AND phase = ?)"
-            " AND (s.status = 'pending' OR (d.state = ? AND " + self._core._db.json_text("s.data", "follow_up")
+            " AND (s.status = 'pending' OR (d.state = ? AND " + self._core.sql.json_text("s.data", "follow_up")
             + " = 'revert' AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
             (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
         return [OpenRecovery(decision_from_row(r), {"id": r["row_id"], "status": r["row_status"],
@@ -149,8 +146,8 @@ class Decisions:
     @blocking
     def latest(self) -> list[dict[str, Any]]:
         """The latest decision of every (policy, target), with the signal it answered (operator status)."""
-        expired = self._core._db.json_text("d.plan", EXPIRED_KEY)
-        rows = self._core._read(
+        expired = self._core.sql.json_text("d.plan", EXPIRED_KEY)
+        rows = self._core.read(
             "SELECT d.id, d.policy, d.target, d.at,"
             f" CASE WHEN d.state = 'failed' AND {expired} IS NOT NULL THEN 'expired' ELSE d.state END AS state,"
             " d.reason, s.name AS signal_name,"
@@ -167,7 +164,7 @@ class Decisions:
         """(time of the last executed plan, executed plans within the window)."""
         now = self._core.clock() if now is None else now
         # UNION (not UNION ALL): a mark this journal exported and imported back is one plan.
-        rows = self._core._read(
+        rows = self._core.read(
             "SELECT MAX(at) AS last, SUM(CASE WHEN at > ? THEN 1 ELSE 0 END) AS n FROM ("
             " SELECT at FROM decisions WHERE policy=? AND target=? AND executed=1"
             " UNION SELECT at FROM guard_marks WHERE policy=? AND target=?) AS plans",
@@ -179,7 +176,7 @@ class Decisions:
     @blocking
     def executed_marks(self, since: float) -> list[tuple[str, str, float]]:
         """(policy, target, at) of every executed plan after `since`, local or imported."""
-        rows = self._core._read(
+        rows = self._core.read(
             "SELECT policy, target, at FROM decisions WHERE executed=1 AND at > ?"
             " UNION SELECT policy, target, at FROM guard_marks WHERE at > ? ORDER BY policy, target, at",
             (since, since))

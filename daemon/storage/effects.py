@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload
 
@@ -31,18 +32,18 @@ class Effects:
         checked(writer=writer, target=target, kind=kind, status=status, message=message)
         core = self._core
 
-        def run() -> int:
+        def run(db: Backend) -> int:
             if also_check is not None:
                 also_check()
             term = core.fence.term if core.fence is not None else None
-            row = core._db.execute(
+            row = db.execute(
                 "INSERT INTO effects(at, writer, target, kind, status, message, data, term, decision_id)"
                 " VALUES (?,?,?,?,?,?,?,?,?) RETURNING id",
                 (core.clock(), writer, target, kind, status, message, json.dumps(data, default=str), term,
                  decision_id)).fetchone()
             return int(row["id"])
 
-        return core._tx(run, fenced=fenced)
+        return (core.fenced_write if fenced else core.write)(run)
 
     @blocking
     def of(self, target: str | None = None, kind: str | None = None, since: float | None = None
@@ -58,11 +59,11 @@ class Effects:
             where.append("at>=?")
             params.append(since)
         sql = "SELECT * FROM effects" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
-        return [{**dict(r), "data": decode_payload(r["data"])} for r in self._core._read(sql, params)]
+        return [{**dict(r), "data": decode_payload(r["data"])} for r in self._core.read(sql, params)]
 
     @blocking
     def count(self, target: str, kind: str, status: str, since: float) -> int:
         """How many rows of `kind` with `status` `target` has since `since`."""
-        rows = self._core._read("SELECT COUNT(*) AS n FROM effects WHERE target=? AND kind=? AND status=? AND at>=?",
-                                (target, kind, status, since))
+        rows = self._core.read("SELECT COUNT(*) AS n FROM effects WHERE target=? AND kind=? AND status=? AND at>=?",
+                               (target, kind, status, since))
         return int(rows[0]["n"])

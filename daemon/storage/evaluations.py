@@ -18,8 +18,7 @@ class Evaluations:
     def record(self, policy: str, trigger_index: int, series: str, fired: bool, reason: str) -> None:
         """The latest verdict per series (no signal is also an answer, with its reason)."""
         checked(policy=policy, series=series, reason=reason)
-        db = self._core._db
-        self._core._tx(lambda: db.execute(
+        self._core.write(lambda db: db.execute(
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
             " fired=excluded.fired, reason=excluded.reason",
@@ -35,8 +34,7 @@ class Evaluations:
                     and p.isascii() and k.isascii() and r.isascii()):
                 checked(policy=p, series=k, reason=r)
         now = self._core.clock()
-        db = self._core._db
-        self._core._tx(lambda: db.executemany(
+        self._core.write(lambda db: db.executemany(
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
             " fired=excluded.fired, reason=excluded.reason",
@@ -46,6 +44,6 @@ class Evaluations:
     def all(self, policy: str | None = None) -> list[dict[str, Any]]:
         """The latest verdicts (of one policy when given), by policy and series."""
         if policy is None:
-            return [dict(r) for r in self._core._read("SELECT * FROM evaluations ORDER BY policy, series")]
-        return [dict(r) for r in self._core._read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
-                                                  (policy,))]
+            return [dict(r) for r in self._core.read("SELECT * FROM evaluations ORDER BY policy, series")]
+        return [dict(r) for r in self._core.read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
+                                                 (policy,))]

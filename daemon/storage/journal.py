@@ -70,9 +70,8 @@ class Journal(JournalCore):
         """Delete what is older than `before`: decisions (with their steps), processed signals left
         without decisions, stale evaluations. Pending signals and pins are never pruned; the
         retention must exceed every guard window (config enforces at least a day)."""
-        db = self._db
 
-        def run() -> dict[str, int]:
+        def run(db: Backend) -> dict[str, int]:
             old = "SELECT id FROM decisions WHERE at < ?"
             steps = db.execute(f"DELETE FROM steps WHERE decision_id IN ({old})", (before,)).rowcount
             db.execute(f"DELETE FROM approvals WHERE decision_id IN ({old})", (before,))
@@ -87,7 +86,7 @@ class Journal(JournalCore):
             db.execute("DELETE FROM effects WHERE at < ? AND kind != 'pin.escalated'", (before,))
             return {"signals": signals, "decisions": decisions, "steps": steps, "evaluations": evaluations}
 
-        return self._tx(run)
+        return self.write(run)
 
     @blocking
     def prune_to_size(self, max_rows: int, keep_after: float) -> dict[str, int]:
@@ -97,4 +96,4 @@ class Journal(JournalCore):
         `max_rows` < 1."""
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
-        return self._tx(lambda: prune_history(self._db, max_rows, keep_after))
+        return self.write(lambda db: prune_history(db, max_rows, keep_after))

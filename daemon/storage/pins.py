@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from daemon.storage.backend import Backend
-from daemon.storage.bad_versions import insert_mark
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
+from daemon.storage.cross_table import decision_signal_name, insert_ended, insert_mark
 
 
 class Pins:
@@ -25,14 +25,9 @@ class Pins:
         than `version`, with `reason` and `decision_id`; the signal's name is taken from the decision.
         """
         checked(target=target, model=model, reason=reason, policy=policy)
-        db = self._core._db
 
-        def run() -> None:
-            signal = None
-            if decision_id is not None:
-                row = db.execute("SELECT s.name FROM decisions d JOIN signals s ON s.id=d.signal_id"
-                                 " WHERE d.id=?", (decision_id,)).fetchone()
-                signal = row["name"] if row is not None else None
+        def run(db: Backend) -> None:
+            signal = None if decision_id is None else decision_signal_name(db, decision_id)
             now = self._core.clock()
             db.execute(
                 "INSERT INTO pins(target, model, version, at, from_version, decision_id, signal, reason, policy)"
@@ -49,7 +44,7 @@ class Pins:
                             + (f" ({signal})" if signal else "") + (f": {reason}" if reason else ""),
                             decision_id, now)
 
-        self._core._tx(run, fenced=True)
+        self._core.fenced_write(run)
 
     @blocking
     def end(self, target: str, reason: str, *, unmark_decision: bool = False) -> dict[str, Any] | None:
@@ -57,9 +52,8 @@ class Pins:
         or None when there was none. `unmark_decision`: also clear the bad-version marks the pin's
         decision made (its rollback was reverted)."""
         checked(target=target, reason=reason)
-        db = self._core._db
 
-        def run() -> dict[str, Any] | None:
+        def run(db: Backend) -> dict[str, Any] | None:
             row = db.execute("SELECT * FROM pins WHERE target=?", (target,)).fetchone()
             if row is None:
                 return None
@@ -72,7 +66,7 @@ class Pins:
                            (now, f"pin ended: {reason}", target, pin["decision_id"]))
             return {**pin, "ended_at": now, "ended_reason": reason}
 
-        return self._core._tx(run)
+        return self._core.write(run)
 
     @blocking
     def clear(self, target: str, reason: str = "cleared") -> None:
@@ -82,20 +76,12 @@ class Pins:
     @blocking
     def live(self) -> list[dict[str, Any]]:
         """The live pins."""
-        return [dict(r) for r in self._core._read("SELECT * FROM pins")]
+        return [dict(r) for r in self._core.read("SELECT * FROM pins")]
 
     @blocking
     def ended(self, target: str | None = None) -> list[dict[str, Any]]:
         """Pins that ended, oldest first."""
         if target is None:
-            return [dict(r) for r in self._core._read("SELECT * FROM pin_history ORDER BY id")]
-        return [dict(r) for r in self._core._read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))]
+            return [dict(r) for r in self._core.read("SELECT * FROM pin_history ORDER BY id")]
+        return [dict(r) for r in self._core.read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))]
 
-
-def insert_ended(db: Backend, pin: dict[str, Any], ended_at: float, reason: str) -> None:
-    """The pin_history row of the pins row `pin`, ended at `ended_at`, inside the caller's transaction."""
-    db.execute(
-        "INSERT INTO pin_history(target, model, version, at, from_version, decision_id, signal, reason,"
-        " policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (pin["target"], pin["model"], pin["version"], pin["at"], pin["from_version"], pin["decision_id"],
-         pin["signal"], pin["reason"] or "", pin["policy"], ended_at, reason))

@@ -10,6 +10,7 @@ replicas' writes are refused until one of them takes a shard term anew: never bo
 """
 from __future__ import annotations
 
+from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.errors import JournalError, JournalFenced
@@ -50,10 +51,9 @@ class ShardTerms:
         if not 0 <= shard < shards:
             raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
         core = self._core
-        db = core._db
         now = core.clock()
 
-        def run() -> Term:
+        def run(db: Backend) -> Term:
             other = db.execute("SELECT shards FROM shard_terms WHERE shards != ? LIMIT 1", (shards,)).fetchone()
             if other is not None:
                 raise ShardCountMismatch(
@@ -73,36 +73,38 @@ class ShardTerms:
                 (SHARDED, now))
             return Term(int(row["term"]), holder, now)
 
-        term = core._tx(run)
+        term = core.write(run)
         self._held[shard] = term
         return term
 
     @blocking
     def current(self) -> dict[int, Term]:
         """Every shard's term now."""
-        rows = self._core._read("SELECT shard, term, holder, since FROM shard_terms ORDER BY shard")
+        rows = self._core.read("SELECT shard, term, holder, since FROM shard_terms ORDER BY shard")
         return {int(r["shard"]): Term(int(r["term"]), str(r["holder"]), float(r["since"])) for r in rows}
 
     @blocking
     def stale(self, shards: frozenset[int]) -> frozenset[int]:
         """Of `shards`, those whose term this process took is no longer current: the shard's term was
         replaced, or a single leader took the journal out of the sharded regime (then all of them)."""
-        regime = self._core._read("SELECT holder FROM leadership WHERE id=1")
+        regime = self._core.read("SELECT holder FROM leadership WHERE id=1")
         if not regime or regime[0]["holder"] != SHARDED:
             return frozenset(shards)
-        now = {int(r["shard"]): int(r["term"]) for r in self._core._read("SELECT shard, term FROM shard_terms")}
+        now = {int(r["shard"]): int(r["term"]) for r in self._core.read("SELECT shard, term FROM shard_terms")}
         return frozenset(s for s in shards if (held := self._held.get(s)) is None or now.get(s) != held.term)
 
     @blocking
     def sharded(self) -> bool:
         """Whether shard terms fence the writes now (no single leader took a term since)."""
-        rows = self._core._read("SELECT holder FROM leadership WHERE id=1")
+        rows = self._core.read("SELECT holder FROM leadership WHERE id=1")
         return bool(rows) and rows[0]["holder"] == SHARDED
 
     def check(self, shard: int) -> None:
-        """Inside a write transaction: raise ShardFenced unless this process's term for `shard` is the
+        """Inside a write transaction (else in one of its own): raise ShardFenced unless this process's term for `shard` is the
         shard's current one and the journal is in the sharded regime. Rows read are held shared."""
-        db = self._core._db
+        self._core.joined(lambda db: self._check(db, shard))
+
+    def _check(self, db: Backend, shard: int) -> None:
         mine = self._held.get(shard)
         if mine is None:
             raise ShardFenced(f"this replica holds no term for shard {shard}; write refused")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from core.signal import Signal
-from daemon.storage.backend import SIGNALS_CHANNEL
+from daemon.storage.backend import SIGNALS_CHANNEL, Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload, journal_error
 from daemon.storage.errors import JournalBackpressure, JournalError, JournalValueError
@@ -43,8 +43,8 @@ class Signals:
         self._core = core
         self.max_pending = max_pending
         # Kept exact by every write that changes a signal's state (all of them go through here).
-        self._pending = core._opening(
-            lambda: int(core._db.query("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"]))
+        self._pending = core.opening(
+            lambda db: int(db.query("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"]))
         self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_batches, "journal-writer")
         self._listener: tuple[asyncio.AbstractEventLoop, OnCommit] | None = None
 
@@ -108,9 +108,8 @@ class Signals:
         included (the earlier batch inserts, the later one counts a duplicate). Raises
         JournalError when the transaction itself fails (then every caller failed)."""
         results: list[Recorded | JournalError] = [([], 0) for _ in batches]
-        db = self._core._db
 
-        def run() -> int:
+        def run(db: Backend) -> int:
             pending = self._pending
             for i, batch in enumerate(batches):
                 if not batch.rows:
@@ -120,7 +119,7 @@ class Signals:
                         f"{pending} signals pending (bound {self.max_pending}); retry later")
                     continue
                 try:
-                    new, dup = self._insert(batch.signals, batch.rows)
+                    new, dup = self._insert(db, batch.signals, batch.rows)
                 except Exception as exc:
                     if not db.in_transaction:  # SQLite gave the whole transaction up (disk full ...)
                         raise
@@ -141,14 +140,13 @@ class Signals:
                     except Exception:  # a listener gone (its loop closed): the rows stay pending, found by
                         pass  # the next reader of the journal
 
-        self._core._tx(run, after_commit=committed)
+        self._core.write(run, after_commit=committed)
         return results
 
-    def _insert(self, signals: Sequence[Signal], rows: Sequence[tuple[Any, ...]]) -> Recorded:
+    def _insert(self, db: Backend, signals: Sequence[Signal], rows: Sequence[tuple[Any, ...]]) -> Recorded:
         """One caller's signals, all or none: one statement per INSERT_CHUNK rows (a statement is
         atomic; several are wrapped in a savepoint). Few statements, because the writer thread
         takes the GIL back after each one, and the event loop holds it most of the time."""
-        db = self._core._db
         chunks = [rows[i:i + INSERT_CHUNK] for i in range(0, len(rows), INSERT_CHUNK)]
         # On PostgreSQL any failed statement spoils the transaction: the savepoint lets this
         # caller fail alone there too.
@@ -183,16 +181,16 @@ class Signals:
     @blocking
     def pending(self, limit: int | None = None, after_id: int = 0) -> list[StoredSignal]:
         """Pending signals in id order: all of them, or `limit` from the first id above `after_id`."""
-        rows = self._core._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
-                                " WHERE state='pending' AND id > ? ORDER BY id" + ("" if limit is None else " LIMIT ?"),
-                                (after_id,) if limit is None else (after_id, limit))
+        rows = self._core.read("SELECT id, dedup_key, payload, state, received_at FROM signals"
+                               " WHERE state='pending' AND id > ? ORDER BY id" + ("" if limit is None else " LIMIT ?"),
+                               (after_id,) if limit is None else (after_id, limit))
         return [StoredSignal(r["id"], r["dedup_key"], decode_payload(r["payload"]), r["state"], float(r["received_at"]))
                 for r in rows]
 
     @blocking
     def pending_count(self) -> int:
         """How many signals are pending (what JournalBackpressure compares with `max_pending`)."""
-        with self._core._lock:
+        with self._core.exclusive():
             return self._pending
 
     @blocking
@@ -200,11 +198,10 @@ class Signals:
         """Mark signals processed in one transaction; returns how many were still pending."""
         # One statement (the ids as a JSON array), not one per id: see _insert.
         ids = json.dumps([int(i) for i in signal_ids])
-        db = self._core._db
-        return self._core._tx(lambda: db.execute(
+        return self._core.fenced_write(lambda db: db.execute(
             "UPDATE signals SET state='processed', processed_at=? WHERE state='pending'"
             f" AND id IN ({db.json_ids})", (self._core.clock(), ids)).rowcount,
-            after_commit=self._processed, fenced=True)
+            after_commit=self._processed)
 
     def _processed(self, count: int) -> None:
         self._pending = max(0, self._pending - count)
@@ -214,8 +211,8 @@ class Signals:
         """Count the pending signals again from the database. On a journal several replicas share,
         the count kept by this process misses the others' writes (their intake, the leader's marks):
         the service refreshes it periodically, so backpressure follows the shared backlog."""
-        count = int(self._core._read("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"])
-        with self._core._lock:
+        count = int(self._core.read("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"])
+        with self._core.exclusive():
             self._pending = count
         return count
 
@@ -224,21 +221,21 @@ class Signals:
     @blocking
     def all(self) -> list[dict[str, Any]]:
         """Every signal row, its payload decoded, in id order."""
-        rows = self._core._read("SELECT * FROM signals ORDER BY id")
+        rows = self._core.read("SELECT * FROM signals ORDER BY id")
         return [dict(r) | {"payload": decode_payload(r["payload"])} for r in rows]
 
     @blocking
     def since(self, since: float) -> list[StoredSignal]:
         """Every signal journaled after `since`, pending or processed, in id order (common cause)."""
-        rows = self._core._read("SELECT id, dedup_key, payload, state, received_at FROM signals"
-                                " WHERE received_at > ? ORDER BY id", (since,))
+        rows = self._core.read("SELECT id, dedup_key, payload, state, received_at FROM signals"
+                               " WHERE received_at > ? ORDER BY id", (since,))
         return [StoredSignal(r["id"], r["dedup_key"], decode_payload(r["payload"]), r["state"], float(r["received_at"]))
                 for r in rows]
 
     @blocking
     def get(self, signal_id: int) -> StoredSignal | None:
-        rows = self._core._read("SELECT id, dedup_key, payload, state, received_at FROM signals WHERE id=?",
-                                (signal_id,))
+        rows = self._core.read("SELECT id, dedup_key, payload, state, received_at FROM signals WHERE id=?",
+                               (signal_id,))
         return (StoredSignal(rows[0]["id"], rows[0]["dedup_key"], json.loads(rows[0]["payload"]), rows[0]["state"],
                              float(rows[0]["received_at"])) if rows else None)
 

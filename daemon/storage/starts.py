@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 
@@ -24,9 +25,9 @@ class Starts:
             checked(target=target, trigger=trigger, version=version)
             if not math.isfinite(at):
                 raise ValueError(f"start of version {version!r} is not a time: {at!r}")
-        db, now = self._core._db, self._core.clock()
+        now = self._core.clock()
 
-        def run() -> int:
+        def run(db: Backend) -> int:
             added = 0
             for version, at in starts:
                 added += db.execute(
@@ -35,10 +36,10 @@ class Starts:
                     (target, trigger, version, float(at), now)).rowcount
             return added
 
-        return self._core._tx(run)
+        return self._core.write(run)
 
     @blocking
     def of(self, target: str, trigger: str) -> dict[str, float]:
         """The journaled starts of one trigger on `target`: version -> unix seconds."""
-        return {str(r["version"]): float(r["started_at"]) for r in self._core._read(
+        return {str(r["version"]): float(r["started_at"]) for r in self._core.read(
             "SELECT version, started_at FROM version_starts WHERE target=? AND trigger_key=?", (target, trigger))}

@@ -1,7 +1,7 @@
 """The leadership table: the term (fencing token) handed to the replica that took over last."""
 from __future__ import annotations
 
-
+from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.records import Term
@@ -19,9 +19,8 @@ class Terms:
         fenced writes of any process holding an older term are refused. Returns the new term."""
         checked(holder=holder)
         now = self._core.clock()
-        db = self._core._db
 
-        def run() -> Term:
+        def run(db: Backend) -> Term:
             row = db.execute(
                 "INSERT INTO leadership(id, term, holder, lease_transitions, since) VALUES (1, 1, ?, ?, ?)"
                 " ON CONFLICT(id) DO UPDATE SET term=leadership.term + 1, holder=excluded.holder,"
@@ -29,12 +28,12 @@ class Terms:
                 (holder, lease_transitions, now)).fetchone()
             return Term(int(row["term"]), holder, now, lease_transitions)
 
-        return self._core._tx(run, after_commit=self._core._hold)
+        return self._core.write(run, after_commit=self._core.hold)
 
     @blocking
     def current(self) -> Term | None:
         """The journal's term now: the replica that took over last."""
-        rows = self._core._read("SELECT term, holder, since, lease_transitions FROM leadership WHERE id=1")
+        rows = self._core.read("SELECT term, holder, since, lease_transitions FROM leadership WHERE id=1")
         if not rows:
             return None
         r = rows[0]

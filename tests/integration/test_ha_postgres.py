@@ -224,7 +224,7 @@ def _assert_each_alert_acted_on_once(sink: Sink, dsn: str, first: Replica, secon
     try:
         signals = journal.signals.all()
         decisions = journal.decisions.all()
-        claims = journal._read("SELECT holder, MAX(term) AS term, COUNT(*) AS n FROM decisions GROUP BY holder")
+        claims = journal.read("SELECT holder, MAX(term) AS term, COUNT(*) AS n FROM decisions GROUP BY holder")
         term = journal.terms.current()
     finally:
         journal.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.signal import Signal, SignalSource
+from daemon.storage.backend import Backend
 from daemon.storage.errors import JournalError, JournalValueError
 from daemon.storage.journal import Journal
 from tests.support.journal_backends import OpenJournal
@@ -74,12 +75,12 @@ def test_any_error_inside_a_transaction_rolls_it_back(open_journal: OpenJournal)
         j.cluster.merge(pins, [], since=0)  # type: ignore[arg-type]
     assert j.pins.live() == []
 
-    def cancelled() -> None:
-        j._db.execute("INSERT INTO pins(target, model, version, at) VALUES ('ns/c', 'c', 1, 1.0)")
+    def cancelled(db: Backend) -> None:
+        db.execute("INSERT INTO pins(target, model, version, at) VALUES ('ns/c', 'c', 1, 1.0)")
         raise asyncio.CancelledError
 
     with pytest.raises(asyncio.CancelledError):
-        j._tx(cancelled)
+        j.write(cancelled)
     assert j.pins.live() == [] and not j._db.in_transaction
     j.pins.record("ns/d", "d", 2)
     assert [p["target"] for p in j.pins.live()] == ["ns/d"]

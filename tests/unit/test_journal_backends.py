@@ -24,9 +24,9 @@ def _signal(key: str, name: str = "A") -> Signal:
 
 def _columns(journal: Journal) -> dict[str, set[str]]:
     if journal.backend == "sqlite":
-        tables = [r["name"] for r in journal._read("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: {r["name"] for r in journal._read(f"PRAGMA table_info({t})")} for t in tables}
-    rows = journal._read("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema='public'")
+        tables = [r["name"] for r in journal.read("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: {r["name"] for r in journal.read(f"PRAGMA table_info({t})")} for t in tables}
+    rows = journal.read("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema='public'")
     out: dict[str, set[str]] = {}
     for r in rows:
         out.setdefault(r["table_name"], set()).add(r["column_name"])
@@ -51,7 +51,7 @@ def test_postgres_migrates_an_empty_database_once(empty_postgres_dsn: str):
     j.close()
     j = Journal(empty_postgres_dsn)  # nothing left to apply
     try:
-        versions = [r["version"] for r in j._read("SELECT version FROM schema_migrations ORDER BY version")]
+        versions = [r["version"] for r in j.read("SELECT version FROM schema_migrations ORDER BY version")]
         assert versions == [m.version for m in postgres_backend.MIGRATIONS]
     finally:
         j.close()

@@ -55,7 +55,7 @@ def test_a_replaced_leader_cannot_claim_decide_or_step(open_journal: OpenJournal
 
     # The new leader resumes the signal: its claim replaces a's on the decision row.
     assert b.decisions.record(sid, "p", "ns/m", "succeeded", "resumed", {}, executed=True) == decision
-    row = b._read("SELECT holder, term, state FROM decisions WHERE id=?", (decision,))[0]
+    row = b.read("SELECT holder, term, state FROM decisions WHERE id=?", (decision,))[0]
     assert (row["holder"], row["term"], row["state"]) == ("tailguard-b", 2, "succeeded")
     b.signals.mark_processed([sid])
     # Each process counted only its own writes: a refresh reads the shared backlog (s2 pending).
@@ -99,7 +99,7 @@ def test_a_takeover_waits_for_a_fenced_write_in_flight(open_journal: OpenJournal
     writer.join(10)
     taker.join(10)
     assert taken == [2]
-    row = b._read("SELECT holder, term FROM decisions WHERE signal_id=?", (sid,))[0]
+    row = b.read("SELECT holder, term FROM decisions WHERE signal_id=?", (sid,))[0]
     assert (row["holder"], row["term"]) == ("tailguard-a", 1)
 
 

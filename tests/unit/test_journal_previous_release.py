@@ -84,7 +84,7 @@ def test_it_takes_new_writes_in_old_tables_and_new(old_journal: Path):
         assert j.terms.take("replica-b").term == 2
         decision = j.decisions.record(6, "ranker-tail", MAKER.RANKER, DecisionState.NOOP, "nothing", {}, False)
         assert decision == 9  # after its 8
-        claim = j._read("SELECT holder, term FROM decisions WHERE id=?", (decision,))[0]
+        claim = j.read("SELECT holder, term FROM decisions WHERE id=?", (decision,))[0]
         assert (claim["holder"], claim["term"]) == ("replica-b", 2)
         (resumed,) = j.decisions.open_recoveries()
         j.decisions.record_verdict(resumed.decision.id, "recovered", "p99 back under 2s", {})

@@ -109,7 +109,7 @@ def test_an_old_journal_takes_new_writes(old_journal: Path):
         assert duplicates == 1 and [sid for sid, _ in new] == [6]
         assert j.terms.take("replica-b").term == 2
         decision = j.decisions.record(6, "ranker-tail", "prod/ranker", "noop", "nothing to do", {}, False)
-        claim = j._read("SELECT holder, term FROM decisions WHERE id=?", (decision,))[0]
+        claim = j.read("SELECT holder, term FROM decisions WHERE id=?", (decision,))[0]
         assert (claim["holder"], claim["term"]) == ("replica-b", 2)
         j.signals.mark_processed([6])
         assert j.signals.pending_count() == 3  # 3, 4 and 5 were pending in the old journal
