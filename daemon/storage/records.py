@@ -3,7 +3,7 @@ constants its rows use. Times are unix seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from core.decision import DecisionState
 from core.signal import Signal
@@ -13,8 +13,16 @@ FOREVER = 253402300799.0  # 9999-12-31T23:59:59Z: the `until` of a freeze that l
 
 RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
 
-# What recording signals returns: (id, signal) of the new ones, and how many were duplicates.
-Recorded = tuple[list[tuple[int, Signal]], int]
+
+
+class SignalsRecorded(NamedTuple):
+    """What recording signals returns (not daemon/workers/signal_intake.py's Recorded, the intake's
+    answer to a sender): the new ones, and how many were duplicates. Unpacks as (new, duplicates)."""
+
+    new: list[tuple[int, Signal]]
+    """(id, signal) of the signals inserted, in the order given."""
+    duplicates: int
+
 # Called with the (id, signal) of the new ones once they are committed.
 OnCommit = Callable[[list[tuple[int, Signal]]], None]
 

@@ -14,7 +14,7 @@ from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload, journal_error
 from daemon.storage.errors import JournalBackpressure, JournalError, JournalValueError
 from daemon.storage.group_commit import GroupCommit
-from daemon.storage.records import OnCommit, Recorded, StoredSignal
+from daemon.storage.records import OnCommit, SignalsRecorded, StoredSignal
 
 DEFAULT_MAX_PENDING = 100_000
 INSERT_CHUNK = 1_000  # rows per INSERT statement (6 parameters each, under SQLite's 32,766)
@@ -45,7 +45,7 @@ class Signals:
         # Kept exact by every write that changes a signal's state (all of them go through here).
         self._pending = core.opening(
             lambda db: int(db.query("SELECT COUNT(*) AS n FROM signals WHERE state='pending'")[0]["n"]))
-        self._group: GroupCommit[SignalBatch, Recorded] = GroupCommit(self.record_batches, "journal-writer")
+        self._group: GroupCommit[SignalBatch, SignalsRecorded] = GroupCommit(self.record_batches, "journal-writer")
         self._listener: tuple[asyncio.AbstractEventLoop, OnCommit] | None = None
 
     def close(self) -> None:
@@ -54,7 +54,7 @@ class Signals:
 
     # ---- intake -------------------------------------------------------------------------------
 
-    def record(self, signals: Iterable[Signal]) -> Recorded:
+    def record(self, signals: Iterable[Signal]) -> SignalsRecorded:
         """Insert signals in one transaction. Returns ((id, signal) of new ones, number of duplicates).
 
         Raises:
@@ -67,13 +67,13 @@ class Signals:
             raise result
         return result
 
-    def submit(self, signals: Iterable[Signal], on_commit: OnCommit | None = None) -> Future[Recorded]:
+    def submit(self, signals: Iterable[Signal], on_commit: OnCommit | None = None) -> Future[SignalsRecorded]:
         """record through the group commit: concurrent callers share one transaction.
         The future completes once the signals are committed; `on_commit` runs just before."""
         try:
             batch = self._batch(signals, on_commit)
         except JournalValueError as exc:
-            failed: Future[Recorded] = Future()
+            failed: Future[SignalsRecorded] = Future()
             failed.set_exception(exc)
             return failed
         return self._group.submit(batch)
@@ -85,7 +85,7 @@ class Signals:
         that this loop sees complete later was made after the listener was called."""
         self._listener = None if listener is None else (asyncio.get_running_loop(), listener)
 
-    async def intake(self, signals: Iterable[Signal]) -> Recorded:
+    async def intake(self, signals: Iterable[Signal]) -> SignalsRecorded:
         """record from the event loop, group-committed: concurrent callers share one transaction
         (one fsync); each gets its own result once its signals are committed (see on_intake)."""
         on_commit: OnCommit | None = None
@@ -102,12 +102,12 @@ class Signals:
         sigs, now = list(signals), self._core.clock()
         return SignalBatch(sigs, [signal_row(n, s, now) for n, s in enumerate(sigs)], on_commit)
 
-    def record_batches(self, batches: Sequence[SignalBatch]) -> list[Recorded | JournalError]:
+    def record_batches(self, batches: Sequence[SignalBatch]) -> list[SignalsRecorded | JournalError]:
         """Several callers' signals in one transaction (one fsync). Each caller's signals are
         written all or none and get the result record would give it, duplicates across callers
         included (the earlier batch inserts, the later one counts a duplicate). Raises
         JournalError when the transaction itself fails (then every caller failed)."""
-        results: list[Recorded | JournalError] = [([], 0) for _ in batches]
+        results: list[SignalsRecorded | JournalError] = [SignalsRecorded([], 0) for _ in batches]
 
         def run(db: Backend) -> int:
             pending = self._pending
@@ -125,7 +125,7 @@ class Signals:
                         raise
                     results[i] = journal_error(exc)
                 else:
-                    results[i] = (new, dup)
+                    results[i] = SignalsRecorded(new, dup)
                     pending += len(new)
             if pending > self._pending:  # a replica leading a shared journal reads them now (journal_notices)
                 db.announce(SIGNALS_CHANNEL, self._core.instance)
@@ -134,16 +134,16 @@ class Signals:
         def committed(pending: int) -> None:
             self._pending = pending
             for batch, result in zip(batches, results):
-                if batch.on_commit is not None and isinstance(result, tuple) and result[0]:
+                if batch.on_commit is not None and isinstance(result, SignalsRecorded) and result.new:
                     try:
-                        batch.on_commit(result[0])
+                        batch.on_commit(result.new)
                     except Exception:  # a listener gone (its loop closed): the rows stay pending, found by
                         pass  # the next reader of the journal
 
         self._core.write(run, after_commit=committed)
         return results
 
-    def _insert(self, db: Backend, signals: Sequence[Signal], rows: Sequence[tuple[Any, ...]]) -> Recorded:
+    def _insert(self, db: Backend, signals: Sequence[Signal], rows: Sequence[tuple[Any, ...]]) -> SignalsRecorded:
         """One caller's signals, all or none: one statement per INSERT_CHUNK rows (a statement is
         atomic; several are wrapped in a savepoint). Few statements, because the writer thread
         takes the GIL back after each one, and the event loop holds it most of the time."""
@@ -174,7 +174,7 @@ class Signals:
             signal_id = inserted.pop(s.dedup_key, None)
             if signal_id is not None:
                 new.append((signal_id, s))
-        return new, len(signals) - len(new)
+        return SignalsRecorded(new, len(signals) - len(new))
 
     # ---- the pending set ----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 from core.signal import Signal, SignalSource
 from daemon.storage.errors import JournalBackpressure, JournalError, JournalValueError
 from daemon.storage.journal import Journal
-from daemon.storage.records import Recorded
+from daemon.storage.records import SignalsRecorded
 from tests.support.journal_backends import OpenJournal
 
 
@@ -58,7 +58,7 @@ async def test_many_concurrent_callers_share_transactions_and_get_their_own_resu
     once, each caller's new ids are its own keys' rows, duplicates add up, fewer commits than callers."""
     batches = [[f"k{rng.randrange(400)}" for _ in range(rng.randint(1, 10))] for _ in range(300)]
     commits = journal.commits
-    results: list[Recorded] = await asyncio.gather(
+    results: list[SignalsRecorded] = await asyncio.gather(
         *(journal.signals.intake([_signal(k) for k in keys]) for keys in batches))
     transactions = journal.commits - commits
 
