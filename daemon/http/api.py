@@ -30,7 +30,7 @@ from daemon.http.responses import answer_and_close, error
 from daemon.http.setup import SETUP
 from daemon.http.status import StatusInputs, build_status
 from daemon.storage.errors import JournalError, JournalValueError
-from daemon.storage.records import DAEMON_SCOPE, Freeze
+from daemon.storage.records import DAEMON_SCOPE, BadVersionMark, Freeze
 from daemon.workers.approvals import ApprovalOutcome, ApprovalResult, approval_view
 from daemon.workers.freezes import FreezeError, freeze_as_dict, target_key
 
@@ -76,7 +76,7 @@ class Operator(Protocol):
     async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
         """Approve a pending plan: what came of it (`approval_status` gives its HTTP status)."""
 
-    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[Mapping[str, Any]]:
+    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[BadVersionMark]:
         """The versions of `target` marked bad (and those cleared, with `include_cleared`)."""
 
     async def mark_bad_version(self, target: str, version: int, reason: str) -> bool:
@@ -264,9 +264,9 @@ def approval_status(outcome: ApprovalOutcome) -> int:
             return 409
 
 
-def _bad_version_view(mark: Any) -> dict[str, Any]:
-    return {"version": mark["version"], "reason": mark["reason"], "decision": mark["decision_id"], "at": mark["at"],
-            "clearedAt": mark.get("cleared_at"), "clearedReason": mark.get("cleared_reason")}
+def _bad_version_view(mark: BadVersionMark) -> dict[str, Any]:
+    return {"version": mark.version, "reason": mark.reason, "decision": mark.decision_id, "at": mark.at,
+            "clearedAt": mark.cleared_at, "clearedReason": mark.cleared_reason}
 
 
 @operator_call(READ)

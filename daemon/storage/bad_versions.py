@@ -2,11 +2,11 @@
 `to: previous` skips until they are cleared."""
 from __future__ import annotations
 
-from typing import Any
-
+from daemon.storage.backend import Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_mark
+from daemon.storage.records import BadVersionMark
 
 
 class BadVersions:
@@ -24,11 +24,11 @@ class BadVersions:
             lambda db: insert_mark(db, target, int(version), reason, decision_id, self._core.clock()))
 
     @blocking
-    def of(self, target: str, include_cleared: bool = False) -> list[dict[str, Any]]:
+    def of(self, target: str, include_cleared: bool = False) -> list[BadVersionMark]:
         """The bad-version marks of `target` (only those in force unless `include_cleared`), oldest first."""
         where = "" if include_cleared else " AND cleared_at IS NULL"
-        return [dict(r) for r in self._core.read(f"SELECT * FROM bad_versions WHERE target=?{where} ORDER BY id",
-                                                 (target,))]
+        return [mark_from_row(r) for r in self._core.read(f"SELECT * FROM bad_versions WHERE target=?{where}"
+                                                          " ORDER BY id", (target,))]
 
     @blocking
     def known(self, target: str) -> frozenset[int]:
@@ -44,3 +44,7 @@ class BadVersions:
             "UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=? AND version=?"
             " AND cleared_at IS NULL", (self._core.clock(), reason, target, int(version))).rowcount)
 
+
+def mark_from_row(r: Row) -> BadVersionMark:
+    return BadVersionMark(r["id"], r["target"], r["version"], r["reason"], r["decision_id"], r["at"],
+                          r["cleared_at"], r["cleared_reason"])

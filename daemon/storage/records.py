@@ -50,6 +50,23 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class StepRow:
+    """One row of a decision's steps: an action's phase (plan, apply, verify, revert ...) and how
+    it went, or a recovery row (phase RECOVERY: pending, then the verdict)."""
+
+    id: int
+    decision_id: int
+    idx: int  # the action's index in the plan (-1: the decision's recovery)
+    action: str
+    phase: str
+    status: str
+    message: str
+    data: dict[str, Any]
+    at: float
+    duration_seconds: float | None
+
+
+@dataclass(frozen=True)
 class OpenRecovery:
     """A decision whose recovery is not settled: its check is in flight (`row` is the pending row),
     or its verdict asked for a revert that has not finished (`row` is the verdict)."""
@@ -87,6 +104,45 @@ class Approval:
     decided_at: float | None = None
     decided_by: str | None = None
     reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The version `target` must serve (re-applied to new replicas), from the rollback that made it."""
+
+    target: str
+    model: str
+    version: int
+    at: float
+    from_version: int | None = None  # the version rolled back from (None: unknown, or imported)
+    decision_id: int | None = None
+    signal: str | None = None  # the name of the signal the decision answered
+    reason: str = ""
+    policy: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndedPin(Pin):
+    """A pin that ended (roll-forward, policy gone, unpin, revert): its pin_history row."""
+
+    id: int
+    ended_at: float
+    ended_reason: str
+
+
+@dataclass(frozen=True)
+class BadVersionMark:
+    """`version` of `target` marked bad (rolled back from, or by hand): `to: previous` skips it
+    until the mark is cleared."""
+
+    id: int
+    target: str
+    version: int
+    reason: str
+    decision_id: int | None
+    at: float
+    cleared_at: float | None = None
+    cleared_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from daemon.http.setup import BodyLimits, HttpSetup
 from daemon.http.status import StatusInputs
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE, FOREVER, Freeze
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, Freeze
 from daemon.workers.approvals import ApprovalResult
 from daemon.workers.freezes import FreezeControl, FreezeError
 from daemon.workers.signal_intake import Recorded, SignalIntake
@@ -137,7 +137,7 @@ class DaemonOperations:
     async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
         return await self._service.executor.approve(approval_id, by, reason)
 
-    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[Mapping[str, Any]]:
+    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[BadVersionMark]:
         return await self._service.journal.bad_versions.of.in_thread(target, include_cleared=include_cleared)
 
     async def mark_bad_version(self, target: str, version: int, reason: str) -> bool:

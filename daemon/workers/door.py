@@ -146,10 +146,10 @@ class Door:
         if effect.loads is not None:
             marks = await self._journal.bad_versions.of.in_thread(who.target)
             # A revert may put back the version its own decision's rollback marked bad (it undoes that rollback).
-            bad = [m for m in marks if int(m["version"]) == effect.loads
-                   and not (who.writer == REVERT and m["decision_id"] is not None and m["decision_id"] == who.decision_id)]
+            bad = [m for m in marks if int(m.version) == effect.loads
+                   and not (who.writer == REVERT and m.decision_id is not None and m.decision_id == who.decision_id)]
             if bad:
-                return "bad_version", (f"version {effect.loads} is marked bad for {who.target} ({bad[0]['reason']}); "
+                return "bad_version", (f"version {effect.loads} is marked bad for {who.target} ({bad[0].reason}); "
                                        f"not loaded (`tailguard bad-versions {who.target} --clear {effect.loads}` "
                                        "once it is good)")
         return None

@@ -305,7 +305,7 @@ async def test_bad_versions_via_cli_list_and_clear_through_the_api(
     assert "cleared: version 2 of default/ranker" in capsys.readouterr().out.splitlines()
     assert await svc.journal.bad_versions.known.in_thread("default/ranker") == frozenset()
     (mark,) = await svc.journal.bad_versions.of.in_thread("default/ranker", include_cleared=True)
-    assert mark["cleared_reason"] == "v2 was fine (by alice via api)"
+    assert mark.cleared_reason == "v2 was fine (by alice via api)"
     assert await asyncio.to_thread(main, ["bad-versions", "ranker", "--clear", "2", *api]) == 1
     assert "error: 409: version 2 of default/ranker is not marked bad" in capsys.readouterr().err.splitlines()
 
@@ -334,7 +334,7 @@ async def test_bad_versions_mark_through_the_cli_and_the_api_is_journaled_and_sc
     assert capsys.readouterr().out.splitlines()[-1] == \
         "marked bad: version 3 of default/ranker: slow path (by alice via api)"
     (mark,) = await svc.journal.bad_versions.of.in_thread("default/ranker")
-    assert (mark["version"], mark["reason"], mark["decision_id"]) == (3, "slow path (by alice via api)", None)
+    assert (mark.version, mark.reason, mark.decision_id) == (3, "slow path (by alice via api)", None)
     assert await asyncio.to_thread(main, ["bad-versions", "mark", "ranker", "3", "--reason", "again", *api]) == 1
     assert "error: 409: version 3 of default/ranker is already marked bad" in capsys.readouterr().err.splitlines()
 

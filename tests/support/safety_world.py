@@ -501,8 +501,8 @@ class World:
         bad = None
         if versions:
             for mark in self.observer.bad_versions.of(target):
-                if int(mark["version"]) in versions:
-                    bad = (int(mark["version"]), mark["decision_id"])
+                if int(mark.version) in versions:
+                    bad = (int(mark.version), mark.decision_id)
         current = self.observer.terms.current()
         writer, decision = WRITER.get()
         return Write(seq, now, process.name, process.term, current.term if current else None, target, url,

@@ -35,7 +35,7 @@ from daemon.http.auth import Credentials, TokenSet
 from daemon.http.setup import BodyLimits, HttpSetup
 from daemon.http.status import StatusInputs
 from daemon.storage.errors import JournalError
-from daemon.storage.records import DAEMON_SCOPE, FOREVER, Freeze
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, Freeze
 from daemon.workers.approvals import ApprovalOutcome, ApprovalResult
 from daemon.workers.freezes import FreezeError, FreezeView
 from daemon.workers.signal_intake import Recorded, Refusal
@@ -165,9 +165,9 @@ class FakeDaemon:
     async def approve(self, approval_id: int, by: str, reason: str) -> ApprovalResult:
         return ApprovalResult(ApprovalOutcome.NOT_FOUND, f"no approval {approval_id}")
 
-    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[Mapping[str, Any]]:
-        return [{"version": v, "reason": r, "decision_id": None, "at": NOW}
-                for (t, v), r in sorted(self.marks.items()) if t == target]
+    async def bad_versions(self, target: str, include_cleared: bool) -> Sequence[BadVersionMark]:
+        return [BadVersionMark(n, t, v, r, None, NOW) for n, ((t, v), r) in enumerate(sorted(self.marks.items()))
+                if t == target]
 
     async def mark_bad_version(self, target: str, version: int, reason: str) -> bool:
         self._named(target)

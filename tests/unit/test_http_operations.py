@@ -120,7 +120,7 @@ async def test_a_changed_record_is_published_and_an_unchanged_one_is_not(service
         await ops.mark_bad_version("default/typo", 3, "slow")
     assert await ops.mark_bad_version(KNOWN, 3, "slow") is True
     assert await ops.mark_bad_version(KNOWN, 3, "slow") is False
-    assert [m["version"] for m in await ops.bad_versions(KNOWN, include_cleared=False)] == [3]
+    assert [m.version for m in await ops.bad_versions(KNOWN, include_cleared=False)] == [3]
     assert service.published == 1
     assert await ops.clear_bad_version(KNOWN, 3, "fixed") is True
     assert await ops.clear_bad_version(KNOWN, 3, "fixed") is False

@@ -145,14 +145,14 @@ def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(open_journal
         (pin,) = j.pins.live()
         assert (pin["decision_id"], pin["signal"], pin["from_version"]) == (d, "A", 2)
         (mark,) = j.bad_versions.of("ns/m")
-        assert mark["version"] == 2 and f"decision {d}" in mark["reason"] and mark["decision_id"] == d
+        assert mark.version == 2 and f"decision {d}" in mark.reason and mark.decision_id == d
         j.pins.clear("ns/m", "reverted")
         assert j.pins.live() == [] and j.bad_versions.known("ns/m") == frozenset()
         assert j.pins.ended()[0]["ended_reason"] == "reverted"
         j.bad_versions.mark("ns/m", 5, "by hand")
         assert j.bad_versions.clear("ns/m", 5, "fixed") == 1 and j.bad_versions.clear("ns/m", 5, "fixed") == 0
-        cleared = [m for m in j.bad_versions.of("ns/m", include_cleared=True) if m["version"] == 5]
-        assert cleared[0]["cleared_reason"] == "fixed"
+        cleared = [m for m in j.bad_versions.of("ns/m", include_cleared=True) if m.version == 5]
+        assert cleared[0].cleared_reason == "fixed"
     finally:
         j.close()
 

@@ -98,8 +98,8 @@ class JournalBackend:
         key = target_key(target)
         with settings_journal(self._config) as journal:
             marks = journal.bad_versions.of(key)
-        return [BadVersion(target=key, version=m["version"], reason=m["reason"], decision=m["decision_id"],
-                           at=m["at"]) for m in marks]
+        return [BadVersion(target=key, version=m.version, reason=m.reason, decision=m.decision_id, at=m.at)
+                for m in marks]
 
     def mark_bad_version(self, target: str, version: int, reason: str) -> Marked:
         key = self.named_target(target)
