@@ -10,7 +10,7 @@ from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
-from daemon.storage.records import RECOVERY, Decision, OpenRecovery
+from daemon.storage.records import RECOVERY, Decision, OpenRecovery, StepRow
 
 
 class Decisions:
@@ -122,10 +122,11 @@ class Decisions:
         return [decision_from_row(r) for r in rows]
 
     @blocking
-    def steps(self, decision_id: int) -> list[dict[str, Any]]:
+    def steps(self, decision_id: int) -> list[StepRow]:
         """The decision's step rows, their data decoded, in order."""
         rows = self._core.read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
-        return [dict(r) | {"data": json.loads(r["data"])} for r in rows]
+        return [StepRow(r["id"], r["decision_id"], r["idx"], r["action"], r["phase"], r["status"], r["message"],
+                        json.loads(r["data"]), r["at"], r["duration_seconds"]) for r in rows]
 
     @blocking
     def open_recoveries(self) -> list[OpenRecovery]:

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, TypeGuard
 
 from actions.base import Action, Step
 from core.outcome import Outcome, OutcomeStatus
-from daemon.storage.records import RECOVERY
+from daemon.storage.records import RECOVERY, StepRow
 from policies.loader import LoadedPolicy, PolicyLoadError, policy_document, restore_policy
 from policies.planning import Plan, RecoveryCheck
 
@@ -33,13 +33,13 @@ class StepProgress:
 
     attempt: int = 0  # the last attempt with an intent or a result
     in_doubt: bool = False  # that attempt's intent has no result: its call may or may not have landed
-    result: Mapping[str, Any] | None = None  # the apply row of that attempt
-    verify: Mapping[str, Any] | None = None  # the verify row after it
+    result: StepRow | None = None  # the apply row of that attempt
+    verify: StepRow | None = None  # the verify row after it
     reverted: bool = False  # a revert of it was recorded as done
 
     @property
     def landed(self) -> bool:
-        return self.result is not None and self.result["status"] in (OutcomeStatus.OK, OutcomeStatus.NOOP)
+        return self.result is not None and self.result.status in (OutcomeStatus.OK, OutcomeStatus.NOOP)
 
     def final(self) -> Outcome | None:
         """The step's final Outcome when the journal already has it (nothing to call), else None."""
@@ -47,31 +47,31 @@ class StepProgress:
             return None
         if self.landed:
             return journaled_outcome(self.verify) if self.verify is not None else None
-        if self.result["data"].get("retryable") and self.attempt < MAX_APPLY_ATTEMPTS:
+        if self.result.data.get("retryable") and self.attempt < MAX_APPLY_ATTEMPTS:
             return None  # a retryable failure with attempts left: the retries go on
         return journaled_outcome(self.result)
 
 
-def step_progress(rows: Iterable[Mapping[str, Any]]) -> dict[int, StepProgress]:
+def step_progress(rows: Iterable[StepRow]) -> dict[int, StepProgress]:
     """Each step's progress (by index) from a decision's step rows, oldest first."""
     progress: dict[int, StepProgress] = {}
     for row in rows:
-        if row["phase"] == RECOVERY:
+        if row.phase == RECOVERY:
             continue  # about the decision as a whole, not one step
-        step = progress.setdefault(int(row["idx"]), StepProgress())
-        if row["phase"] == INTENT:
-            step.attempt, step.in_doubt, step.result, step.verify = int(row["data"]["attempt"]), True, None, None
-        elif row["phase"] == "apply":
-            step.attempt, step.in_doubt, step.result = int(row["data"].get("attempt", step.attempt)), False, row
-        elif row["phase"] == "verify":
+        step = progress.setdefault(int(row.idx), StepProgress())
+        if row.phase == INTENT:
+            step.attempt, step.in_doubt, step.result, step.verify = int(row.data["attempt"]), True, None, None
+        elif row.phase == "apply":
+            step.attempt, step.in_doubt, step.result = int(row.data.get("attempt", step.attempt)), False, row
+        elif row.phase == "verify":
             step.verify = row
-        elif row["phase"] == "revert":
-            step.reverted = row["status"] in (OutcomeStatus.OK, OutcomeStatus.NOOP)
+        elif row.phase == "revert":
+            step.reverted = row.status in (OutcomeStatus.OK, OutcomeStatus.NOOP)
     return progress
 
 
-def journaled_outcome(row: Mapping[str, Any]) -> Outcome:
-    return Outcome(OutcomeStatus(row["status"]), row["message"], data=row["data"])
+def journaled_outcome(row: StepRow) -> Outcome:
+    return Outcome(OutcomeStatus(row.status), row.message, data=row.data)
 
 
 def journaled_plan(plan: Mapping[str, Any]) -> Plan:

@@ -240,7 +240,7 @@ class RecoveryWatches:
                        for idx, step in enumerate(plan.steps)
                        if not step.noop and idx in progress and progress[idx].landed]
             not_reverted = await self._steps.revert(decision_id, policy, applied, progress)
-            pinned = {int(r["idx"]) for r in rows if r["phase"] == "verify" and r["data"].get("pin")}
+            pinned = {int(r.idx) for r in rows if r.phase == "verify" and r.data.get("pin")}
             if pinned and not pinned & set(not_reverted):
                 await self._ctx.journal.pins.clear.in_thread(
                     decision.target, f"reverted: decision {decision_id} did not recover ({verdict.state.value})")

@@ -11,7 +11,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +99,8 @@ class Run:
         """The first recovery verdict in the journal (recovered / not_recovered / unknown), if any."""
         for decision in await self.service.journal.decisions.all.in_thread():
             for step in await self.service.journal.decisions.steps.in_thread(decision.id):
-                if step["phase"] == "recovery" and step["status"] != "pending":
-                    return step
+                if step.phase == "recovery" and step.status != "pending":
+                    return asdict(step)
         return None
 
     async def wait_for_verdict(self, timeout_seconds: float) -> dict[str, Any] | None:
@@ -131,8 +131,8 @@ class Run:
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             for decision in await self.service.journal.decisions.all.in_thread():
-                applied = [float(s["at"]) for s in await self.service.journal.decisions.steps.in_thread(decision.id)
-                           if s["phase"] == "apply"]
+                applied = [float(s.at) for s in await self.service.journal.decisions.steps.in_thread(decision.id)
+                           if s.phase == "apply"]
                 if applied:
                     return min(applied)
             await asyncio.sleep(0.5)

@@ -254,8 +254,8 @@ async def applied_steps(run: Run) -> list[dict[str, Any]]:
     """Every applied step in the journal (what tailguard changed), of every policy."""
     out = []
     for decision in await run.service.journal.decisions.all.in_thread():
-        out += [s for s in await run.service.journal.decisions.steps.in_thread(decision.id)
-                if s["phase"] == "apply" and s["status"] == "ok"]
+        out += [dataclasses.asdict(s) for s in await run.service.journal.decisions.steps.in_thread(decision.id)
+                if s.phase == "apply" and s.status == "ok"]
     return out
 
 

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ async def _watch(run: Run) -> None:
         signals = len(await journal.signals.all.in_thread())
         actions = 0
         for decision in await journal.decisions.all.in_thread():
-            actions += sum(1 for s in await journal.decisions.steps.in_thread(decision.id) if s["phase"] == "apply")
+            actions += sum(1 for s in await journal.decisions.steps.in_thread(decision.id) if s.phase == "apply")
         run.console.progress(Progress(run.phase, run.elapsed(), run.clients.quantiles(), signals, actions))
         await asyncio.sleep(PROGRESS_INTERVAL_SECONDS)
 
@@ -209,7 +209,7 @@ def _range(prom: PrometheusServer, query: str, start: float, end: float, step: f
 async def _report(run: Run, scenario: Scenario, out_dir: Path, ended_at: float) -> Outcome:
     journal = run.service.journal
     decisions = await journal.decisions.all.in_thread()
-    steps = {d.id: await journal.decisions.steps.in_thread(d.id) for d in decisions}
+    steps = {d.id: [asdict(s) for s in await journal.decisions.steps.in_thread(d.id)] for d in decisions}
     signals = await journal.signals.all.in_thread()
     markers = sorted(run.markers + journal_markers(signals, [s for rows in steps.values() for s in rows]),
                      key=lambda m: m.t)

@@ -36,8 +36,8 @@ async def test_webhook_rolls_triton_back_to_v1_and_journals_it(tmp_path: Path, t
         assert decision.state == "succeeded", decision.reason
         (step,) = decision.plan["steps"]
         assert step["after"]["version"] == 1 and step["action"] == "triton.rollback"
-        phases = [(s["phase"], s["status"]) for s in await svc.journal.decisions.steps.in_thread(decision.id)
-                  if s["phase"] != "recovery"]  # the required verify block's check: irrelevant here
+        phases = [(s.phase, s.status) for s in await svc.journal.decisions.steps.in_thread(decision.id)
+                  if s.phase != "recovery"]  # the required verify block's check: irrelevant here
         assert phases == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
         assert (await svc.journal.pins.live.in_thread())[0]["version"] == 1
 

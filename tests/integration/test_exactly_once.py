@@ -42,7 +42,7 @@ from core.outcome import OutcomeStatus
 from core.query import QueryResult, Sample
 from core.target import Target
 from daemon.storage.journal import Journal
-from daemon.storage.records import Decision
+from daemon.storage.records import Decision, StepRow
 from lab.ports import free_port
 from lab.process import ManagedProcess
 from lab.triton import TritonServer, served_versions
@@ -156,7 +156,7 @@ class Journaled:
     irrelevant here), the signals' states and the pins."""
 
     decision: Decision
-    steps: list[dict[str, Any]]
+    steps: list[StepRow]
     signals: list[str]
     pins: list[tuple[str, int]]
 
@@ -165,7 +165,7 @@ def read_journal(path: Path) -> Journaled:
     journal = Journal(path)
     try:
         (decision,) = journal.decisions.all()
-        steps = [s for s in journal.decisions.steps(decision.id) if s["phase"] != "recovery"]
+        steps = [s for s in journal.decisions.steps(decision.id) if s.phase != "recovery"]
         return Journaled(decision, steps, [s["state"] for s in journal.signals.all()],
                          [(p["model"], int(p["version"])) for p in journal.pins.live()])
     finally:
@@ -197,7 +197,7 @@ async def crash_then_resume(daemon: Daemon) -> Journaled:
     crashed = read_journal(daemon.journal)
     key = f"{crashed.decision.id}/0"
     assert crashed.decision.state == "executing", crashed.decision.reason
-    assert [(s["phase"], s["data"]["effect_key"]) for s in crashed.steps] == [("intent", key)], crashed.steps
+    assert [(s.phase, s.data["effect_key"]) for s in crashed.steps] == [("intent", key)], crashed.steps
     assert crashed.signals == ["pending"]
 
     await daemon.start()
@@ -306,7 +306,7 @@ async def test_notify_killed_after_the_post_is_delivered_once_by_its_idempotency
     key = f"{journaled.decision.id}/0"
     assert [k for k, _ in receiver.requests] == [key, key]
     assert len(receiver.delivered) == 1 and receiver.delivered[0]["signal"]["name"] == "TritonTailLatencyHigh"
-    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in journaled.steps] == [
+    assert [(s.phase, s.status, s.data.get("attempt")) for s in journaled.steps] == [
         ("intent", "pending", 1), ("intent", "pending", 2), ("apply", "ok", 2), ("verify", "noop", None)]
 
 
@@ -344,9 +344,9 @@ async def test_istio_killed_after_the_patch_landed_is_recovered_without_a_second
     assert stored is not None
     assert [d["weight"] for d in stored["spec"]["http"][0]["route"]] == [100, 0]
     assert stored["metadata"]["annotations"] == {"owner": "search-team", ANNOTATION: key}
-    assert [(s["phase"], s["status"]) for s in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
-    assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
-    assert f"stamped {key} by this step's write" in rows[1]["message"]
+    assert [(s.phase, s.status) for s in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
+    assert rows[1].message.startswith("recovered after restart: attempt 1 had landed")
+    assert f"stamped {key} by this step's write" in rows[1].message
 
 
 @pytest.mark.integration
@@ -371,9 +371,9 @@ async def test_triton_killed_after_the_load_is_recovered_without_a_second_load(
     rows = journaled.steps
     assert served_versions(triton_server) == ["1"] and journaled.pins == [("ranker", 1)]
     assert proxy.loads == ["/v2/repository/models/ranker/load"]
-    assert [(s["phase"], s["status"]) for s in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
-    assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
-    assert rows[1]["data"]["recovered"] is True
+    assert [(s.phase, s.status) for s in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
+    assert rows[1].message.startswith("recovered after restart: attempt 1 had landed")
+    assert rows[1].data["recovered"] is True
 
 
 # ---- the stamp of every Kubernetes write, against the emulator -------------------------------------

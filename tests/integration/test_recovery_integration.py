@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import aiohttp
 import pytest
 
-from daemon.storage.records import Decision
+from daemon.storage.records import Decision, StepRow
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.prometheus import PrometheusServer
@@ -79,11 +79,11 @@ def _service(tmp_path: Path, prometheus: PrometheusServer, step_sink: NotifySink
     return Service(settings, action_registry(), detector_registry())
 
 
-async def _recovery(svc: Service, decision_id: int) -> list[dict[str, Any]]:
-    return [s for s in await svc.journal.decisions.steps.in_thread(decision_id) if s["phase"] == "recovery"]
+async def _recovery(svc: Service, decision_id: int) -> list[StepRow]:
+    return [s for s in await svc.journal.decisions.steps.in_thread(decision_id) if s.phase == "recovery"]
 
 
-async def _act_and_settle(svc: Service) -> tuple[Decision, list[dict[str, Any]]]:
+async def _act_and_settle(svc: Service) -> tuple[Decision, list[StepRow]]:
     """One alert acted on, its recovery watched to the verdict: the decision and its recovery rows."""
     await _alert(svc, "2026-11-29T17:00:00Z")
     await svc.drain()
@@ -106,8 +106,8 @@ async def test_series_that_drops_below_the_line_is_journaled_recovered(
             gauge.values[GAUGE] = 100.0
             await svc.executor.wait_recoveries()
             rows = await _recovery(svc, decision.id)
-            assert [r["status"] for r in rows] == ["pending", "recovered"], rows[-1]["message"]
-            assert rows[0]["data"]["check"]["query"] == 'max(tg_verify_p999_ms{model="ranker"})'
+            assert [r.status for r in rows] == ["pending", "recovered"], rows[-1].message
+            assert rows[0].data["check"]["query"] == 'max(tg_verify_p999_ms{model="ranker"})'
             assert await svc.journal.freezes.all.in_thread() == []
             await svc.parts.notifier.flush()
         assert [e["event"] for e in receiver.received] == ["acted", "recovered"]
@@ -120,8 +120,8 @@ async def test_series_that_stays_high_escalates_freezes_and_blocks_the_next_sign
     async with NotifySink() as step_sink, NotifySink() as receiver:
         async with _service(tmp_path, prometheus, step_sink, receiver) as svc:
             decision, rows = await _act_and_settle(svc)
-            assert [r["status"] for r in rows] == ["pending", "not_recovered"]
-            assert "last bad value 900" in rows[1]["message"] and rows[1]["data"]["samples"] >= 5
+            assert [r.status for r in rows] == ["pending", "not_recovered"]
+            assert "last bad value 900" in rows[1].message and rows[1].data["samples"] >= 5
             (freeze,) = await svc.journal.freezes.all.in_thread()
             assert freeze.target == "default/ranker" and freeze.decision_id == decision.id
 
@@ -142,8 +142,8 @@ async def test_verify_query_without_data_ends_unknown_and_escalates(tmp_path: Pa
     async with NotifySink() as step_sink, NotifySink() as receiver:
         async with _service(tmp_path, prometheus, step_sink, receiver, metric="missing_series") as svc:
             _, rows = await _act_and_settle(svc)
-            assert [r["status"] for r in rows] == ["pending", "unknown"]
-            assert "no data" in rows[1]["message"]
+            assert [r.status for r in rows] == ["pending", "unknown"]
+            assert "no data" in rows[1].message
             assert await svc.journal.freezes.active_on.in_thread("default/ranker") is not None
             await svc.parts.notifier.flush()
         assert [e["event"] for e in receiver.received] == ["acted", "not_recovered", "escalated"]

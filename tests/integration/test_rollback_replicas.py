@@ -105,10 +105,10 @@ async def test_one_replica_down_rolls_back_the_others_pinned_and_the_down_one_wh
         assert step["after"]["version"] == 1 and set(step["before"]["unreachable"]) == {c.url}
         assert "1 down: the pin brings them over when they return" in step["summary"]
         rows = await svc.journal.decisions.steps.in_thread(decision.id)
-        (apply,) = [r for r in rows if r["phase"] == "apply"]
-        assert apply["data"]["moved"] == sorted([a.url, b.url]) and set(apply["data"]["down"]) == {c.url}
-        (verify,) = [r for r in rows if r["phase"] == "verify"]
-        assert verify["message"] == "ranker serves only version 1 on the 2 replica(s) that answer; 1 down: pinned " \
+        (apply,) = [r for r in rows if r.phase == "apply"]
+        assert apply.data["moved"] == sorted([a.url, b.url]) and set(apply.data["down"]) == {c.url}
+        (verify,) = [r for r in rows if r.phase == "verify"]
+        assert verify.message == "ranker serves only version 1 on the 2 replica(s) that answer; 1 down: pinned " \
                                     "when they return"
         (pin,) = await svc.journal.pins.live.in_thread()
         assert (pin["version"], pin["from_version"]) == (1, 2)
@@ -133,12 +133,12 @@ async def test_a_replica_refusing_the_load_puts_the_others_back_never_half(tmp_p
         assert decision.state == "failed"
         assert "refused on 1 of 3 replica(s); the 2 that moved were put back" in decision.reason
         assert await replicas.served() == [["2"], ["2"], ["2"]]
-        applies = [r for r in await svc.journal.decisions.steps.in_thread(decision.id) if r["phase"] == "apply"]
+        applies = [r for r in await svc.journal.decisions.steps.in_thread(decision.id) if r.phase == "apply"]
         assert len(applies) == 3  # retried: MAX_APPLY_ATTEMPTS
         for row in applies:
-            assert row["status"] == "failed" and row["data"]["retryable"] is True
-            assert set(row["data"]["refused"]) == {c.url}
-            assert row["data"]["put_back"] == sorted([a.url, b.url]) and row["data"]["not_put_back"] == {}
+            assert row.status == "failed" and row.data["retryable"] is True
+            assert set(row.data["refused"]) == {c.url}
+            assert row.data["put_back"] == sorted([a.url, b.url]) and row.data["not_put_back"] == {}
         assert await svc.journal.pins.live.in_thread() == []
         assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset()
 
@@ -153,10 +153,10 @@ async def test_a_replica_restarting_mid_load_is_retryable_not_a_bug(tmp_path: Pa
         decision = await _rollback(svc)
         assert decision.state == "succeeded", decision.reason
         rows = await svc.journal.decisions.steps.in_thread(decision.id)
-        (apply,) = [r for r in rows if r["phase"] == "apply"]
-        assert "exception" not in apply["data"], apply["data"]
-        assert apply["data"]["moved"] == sorted([a.url, b.url])
-        assert apply["data"]["down"][c.url].startswith("ServerDisconnectedError"), apply["data"]["down"]
+        (apply,) = [r for r in rows if r.phase == "apply"]
+        assert "exception" not in apply.data, apply.data
+        assert apply.data["moved"] == sorted([a.url, b.url])
+        assert apply.data["down"][c.url].startswith("ServerDisconnectedError"), apply.data["down"]
         assert svc.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "actions"}) is None
         assert len(await svc.journal.pins.live.in_thread()) == 1
         for _ in range(100):

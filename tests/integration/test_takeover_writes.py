@@ -137,7 +137,7 @@ guards: {{cooldown: 0s}}
         try:
             (decision,) = journal.decisions.all()
             assert decision.state == "executing"
-            assert [s["phase"] for s in journal.decisions.steps(decision.id)] == ["intent"]  # then paused
+            assert [s.phase for s in journal.decisions.steps(decision.id)] == ["intent"]  # then paused
 
             await wait_for(lambda: _holder(kube_emulator) == new.name, timeout=WAIT_SECONDS)
             await wait_for(lambda: "waiting out the takeover fence" in new.log(), timeout=WAIT_SECONDS)

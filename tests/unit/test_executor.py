@@ -26,6 +26,7 @@ from daemon.common.config import BlastRadiusSettings, Settings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.errors import JournalError
+from daemon.storage.records import StepRow
 from daemon.workers.approvals import ApprovalOutcome
 from daemon.workers.backlog import Backlog
 from daemon.workers.context import ActContext
@@ -270,19 +271,19 @@ class Harness:
     def trace_of(self, *phases: str) -> list[tuple[str, str]]:
         return [(c.phase, c.kind) for c in self.calls if c.phase in phases]
 
-    async def results(self, decision_id: int, recovery: bool = False) -> list[dict[str, Any]]:
+    async def results(self, decision_id: int, recovery: bool = False) -> list[StepRow]:
         """The decision's step rows without the intents journaled before each apply and, unless
         `recovery`, without the rows of its recovery check (about the decision as a whole, not a
         step: section 9 checks them; elsewhere they are NO_CHECK's, whose outcome is irrelevant)."""
         skip = (INTENT,) if recovery else (INTENT, "recovery")
-        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s["phase"] not in skip]
+        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s.phase not in skip]
 
-    async def step_rows(self, decision_id: int) -> list[dict[str, Any]]:
+    async def step_rows(self, decision_id: int) -> list[StepRow]:
         """The decision's step rows, intents included, without its recovery check's (see `results`)."""
-        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s["phase"] != "recovery"]
+        return [s for s in await self.journal.decisions.steps.in_thread(decision_id) if s.phase != "recovery"]
 
     async def steps(self, decision_id: int, recovery: bool = False) -> list[tuple[int, str, str]]:
-        return [(s["idx"], s["phase"], s["status"]) for s in await self.results(decision_id, recovery)]
+        return [(s.idx, s.phase, s.status) for s in await self.results(decision_id, recovery)]
 
 
 @pytest.fixture
@@ -381,7 +382,7 @@ async def test_retryable_apply_is_retried_with_backoff_until_it_succeeds(h: Harn
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     steps = await h.results(decision.id)
-    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in steps] == [
+    assert [(s.phase, s.status, s.data.get("attempt")) for s in steps] == [
         ("apply", "failed", 1), ("apply", "failed", 2), ("apply", "ok", 3), ("verify", "ok", None)]
 
 
@@ -397,7 +398,7 @@ async def test_non_retryable_apply_is_attempted_once(h: Harness, permanent: str)
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "failed"
     steps = await h.results(decision.id)
-    assert [(s["phase"], s["status"], s["data"]["attempt"]) for s in steps] == [("apply", "failed", 1)]
+    assert [(s.phase, s.status, s.data["attempt"]) for s in steps] == [("apply", "failed", 1)]
 
 
 async def test_apply_that_keeps_failing_retryably_stops_at_max_attempts(h: Harness):
@@ -413,7 +414,7 @@ async def test_apply_that_keeps_failing_retryably_stops_at_max_attempts(h: Harne
     assert decision.state == "failed"
     assert decision.reason == f"step 0 ({A}) failed: transient failure"
     steps = await h.results(decision.id)
-    assert [(s["phase"], s["data"]["attempt"]) for s in steps] == [
+    assert [(s.phase, s.data["attempt"]) for s in steps] == [
         ("apply", n) for n in range(1, MAX_APPLY_ATTEMPTS + 1)]
 
 
@@ -449,8 +450,8 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     boom, after = await h.journal.decisions.all.in_thread()
     assert boom.state == "failed" and f"{A}.apply raised RuntimeError: boom" in boom.reason
     steps = await h.results(boom.id)
-    assert steps and all(s["phase"] == "apply" and s["status"] == "failed" for s in steps)
-    assert all(f"{A}.apply raised RuntimeError: boom" in s["message"] for s in steps)
+    assert steps and all(s.phase == "apply" and s.status == "failed" for s in steps)
+    assert all(f"{A}.apply raised RuntimeError: boom" in s.message for s in steps)
     assert len(steps) == len([c for c in h.calls if c.phase == "apply" and c.kind == A])
     assert ("verify", A) not in h.trace()
     assert after.state == "succeeded"
@@ -474,10 +475,10 @@ async def test_unexpected_exception_in_apply_fails_the_step_at_once(h: Harness):
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "reverted"
     assert decision.reason == f"step 1 ({B}) failed: {B}.apply raised RuntimeError: boom; reverted"
-    (row,) = [s for s in await h.results(decision.id) if s["idx"] == 1]
-    assert (row["phase"], row["status"], row["data"]["attempt"]) == ("apply", "failed", 1)
-    assert row["data"]["retryable"] is False
-    assert row["data"]["exception"] == {"type": "RuntimeError", "message": "boom"}
+    (row,) = [s for s in await h.results(decision.id) if s.idx == 1]
+    assert (row.phase, row.status, row.data["attempt"]) == ("apply", "failed", 1)
+    assert row.data["retryable"] is False
+    assert row.data["exception"] == {"type": "RuntimeError", "message": "boom"}
     assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "actions"}) == 1
     (raised,) = [e for e in logs if e["event"] == "action raised"]
     assert raised["log_level"] == "error" and raised["exc_info"] is True  # logged with its traceback
@@ -497,8 +498,8 @@ async def test_temporary_error_delay_is_waited_before_the_next_attempt(h: Harnes
     assert h.sleeps == sleeps
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
-    failed = [s for s in await h.results(decision.id) if s["status"] == "failed"]
-    assert [(s["data"]["attempt"], s["data"]["retry_after_seconds"]) for s in failed] == [(1, delay), (2, delay)]
+    failed = [s for s in await h.results(decision.id) if s.status == "failed"]
+    assert [(s.data["attempt"], s.data["retry_after_seconds"]) for s in failed] == [(1, delay), (2, delay)]
 
 
 async def test_temporary_error_delay_keeps_the_attempts_bounded(h: Harness):
@@ -527,7 +528,7 @@ async def test_temporary_error_asking_for_more_than_the_longest_wait_is_not_retr
     assert decision.reason == (f"step 0 ({A}) failed: transient error; not retried: it asks to wait "
                                f"{MAX_RETRY_DELAY_SECONDS + 1:g}s, more than {MAX_RETRY_DELAY_SECONDS:g}s")
     (row,) = await h.results(decision.id)
-    assert row["data"]["retryable"] is False
+    assert row.data["retryable"] is False
 
 
 @pytest.mark.parametrize("phase", ["plan", "observe"])
@@ -602,11 +603,11 @@ async def test_each_apply_attempt_journals_its_intent_first_with_the_effect_key(
 
     (decision,) = await h.journal.decisions.all.in_thread()
     rows = await h.step_rows(decision.id)
-    assert [(s["idx"], s["phase"], s["data"].get("attempt")) for s in rows] == [
+    assert [(s.idx, s.phase, s.data.get("attempt")) for s in rows] == [
         (0, INTENT, 1), (0, "apply", 1), (0, INTENT, 2), (0, "apply", 2), (0, "verify", None),
         (1, INTENT, 1), (1, "apply", 1), (1, "verify", None)]
     keys = [f"{decision.id}/0", f"{decision.id}/0", f"{decision.id}/1"]
-    assert [s["data"]["effect_key"] for s in rows if s["phase"] == INTENT] == keys
+    assert [s.data["effect_key"] for s in rows if s.phase == INTENT] == keys
     assert [c.step.effect_key for c in h.calls if c.phase == "apply" and c.step] == keys
     assert all("effect_key" not in s for s in decision.plan["steps"])  # the plan is the policy's, keys are not
 
@@ -622,10 +623,10 @@ async def test_resumed_step_in_doubt_whose_change_landed_is_recorded_not_applied
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.reason == "1 step(s) applied and verified"
     rows = await h.step_rows(decision.id)
-    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
+    assert [(s.phase, s.status, s.data.get("attempt")) for s in rows] == [
         (INTENT, "pending", 1), ("apply", "ok", 1), ("verify", "ok", None)]
-    assert rows[1]["message"].startswith("recovered after restart: attempt 1 had landed")
-    assert rows[1]["data"]["recovered"] and rows[1]["data"]["effect_key"] == f"{decision.id}/0"
+    assert rows[1].message.startswith("recovered after restart: attempt 1 had landed")
+    assert rows[1].data["recovered"] and rows[1].data["effect_key"] == f"{decision.id}/0"
     (signal,) = await h.journal.signals.all.in_thread()
     assert signal["state"] == "processed"
 
@@ -641,7 +642,7 @@ async def test_resumed_step_in_doubt_whose_change_did_not_land_is_applied_once(h
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     rows = await h.step_rows(decision.id)
-    assert [(s["phase"], s["status"], s["data"].get("attempt")) for s in rows] == [
+    assert [(s.phase, s.status, s.data.get("attempt")) for s in rows] == [
         (INTENT, "pending", 1), (INTENT, "pending", 2), ("apply", "ok", 2), ("verify", "ok", None)]
     applies = [c.step for c in h.calls if c.phase == "apply" and c.step]
     assert [s.effect_key for s in applies] == [f"{decision.id}/0"] * 2
@@ -777,9 +778,9 @@ async def test_a_verify_that_asks_to_apply_again_gets_one_more_apply_within_the_
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
     rows = await h.step_rows(decision.id)
-    assert [(r["phase"], r["status"]) for r in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "failed"),
+    assert [(r.phase, r.status) for r in rows] == [("intent", "pending"), ("apply", "ok"), ("verify", "failed"),
                                                          ("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
-    assert [r["data"]["attempt"] for r in rows if r["phase"] == "apply"] == [1, 2]
+    assert [r.data["attempt"] for r in rows if r.phase == "apply"] == [1, 2]
     assert h.sleeps == [1.0]
 
 
@@ -856,8 +857,8 @@ async def test_a_journal_error_mid_decision_is_retried_with_backoff_not_parked(h
     assert h.trace_of("apply") == [("apply", A)]
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded", decision.reason
-    applies = [s for s in await h.results(decision.id) if s["phase"] == "apply"]
-    assert [a["data"].get("recovered") for a in applies] == [True]  # re-observed after the outage
+    applies = [s for s in await h.results(decision.id) if s.phase == "apply"]
+    assert [a.data.get("recovered") for a in applies] == [True]  # re-observed after the outage
     assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
     assert [s["state"] for s in await h.journal.signals.all.in_thread()] == ["processed"]
     assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "journal"}) == 2
@@ -987,8 +988,8 @@ def _verified(*actions: str, then: str = "escalate", **kw: Any) -> str:
 
 
 async def _recovery_rows(h: Harness, decision_id: int) -> list[tuple[str, str]]:
-    return [(s["status"], s["message"]) for s in await h.journal.decisions.steps.in_thread(decision_id)
-            if s["phase"] == "recovery"]
+    return [(s.status, s.message) for s in await h.journal.decisions.steps.in_thread(decision_id)
+            if s.phase == "recovery"]
 
 
 async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
@@ -1008,9 +1009,9 @@ async def test_plan_that_helped_is_journaled_pending_then_recovered(h: Harness):
     h.gate.set()
     await ex.wait_recoveries()
 
-    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s["phase"] == "recovery"]
-    assert [r["status"] for r in rows] == ["pending", "recovered"]
-    assert rows[1]["data"]["follow_up"] is None and rows[1]["data"]["samples"] >= 3
+    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s.phase == "recovery"]
+    assert [r.status for r in rows] == ["pending", "recovered"]
+    assert rows[1].data["follow_up"] is None and rows[1].data["samples"] >= 3
     assert [e["event"] for e in h.events] == ["acted", "recovered"]
     assert h.events[0]["decision"] == decision.id and h.events[1]["verdict"] == "recovered"
     assert await h.journal.freezes.all.in_thread() == []
@@ -1087,8 +1088,8 @@ async def test_unknown_never_reverts_it_escalates_and_says_it_could_not_tell(h: 
     assert message.startswith("could not tell whether it recovered: no data in the 8s window")
     assert "not reverted: without complete data the rollback may have worked" in message
     assert "escalated: default/ranker frozen until" in message
-    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s["phase"] == "recovery"]
-    assert rows[1]["data"]["follow_up"] == "escalate" and rows[1]["data"]["query_errors"] >= 1
+    rows = [s for s in await h.journal.decisions.steps.in_thread(decision.id) if s.phase == "recovery"]
+    assert rows[1].data["follow_up"] == "escalate" and rows[1].data["query_errors"] >= 1
     (freeze,) = await h.journal.freezes.all.in_thread()
     assert freeze.decision_id == decision.id
     assert [e["event"] for e in h.events] == ["acted", "not_recovered", "escalated"]

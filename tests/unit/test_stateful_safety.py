@@ -429,14 +429,14 @@ class SafetyMachine(RuleBasedStateMachine):
         reverted |= {d.id for d in world.observer.decisions.all() if d.state == "reverted"}
         for decision_id in sorted(i for i in reverted if i is not None):
             rows = world.observer.decisions.steps(decision_id)
-            pending = next((r for r in rows if r["phase"] == "recovery" and r["status"] == "pending"), None)
+            pending = next((r for r in rows if r.phase == "recovery" and r.status == "pending"), None)
             if pending is None:
                 continue  # reverted by onFailure within its plan, not after a recovery check
-            check = RecoveryCheck.from_dict(pending["data"]["check"])
-            acted_at = float(pending["data"]["acted_at"])
+            check = RecoveryCheck.from_dict(pending.data["check"])
+            acted_at = float(pending.data["acted_at"])
             model = check.query.split('"')[1]
             if not complete_evidence(world.prometheus.answered[model], acted_at, check.condition):
-                verdicts = [r["status"] for r in rows if r["phase"] == "recovery" and r["status"] != "pending"]
+                verdicts = [r.status for r in rows if r.phase == "recovery" and r.status != "pending"]
                 out.append(f"decision {decision_id} reverted on incomplete evidence (verdicts {verdicts})")
         return out
 
@@ -539,7 +539,7 @@ def pin_held_off(machine: SafetyMachine) -> None:
 def verdict_unknown(machine: SafetyMachine) -> None:
     """The path was taken: the rollback's watch settled unknown, and nothing was reverted."""
     rows = machine.world.observer.decisions.steps(1)
-    assert [r["status"] for r in rows if r["phase"] == "recovery"][-1] == "unknown"
+    assert [r.status for r in rows if r.phase == "recovery"][-1] == "unknown"
     assert not [w for w in machine.world.triton.writes if w.writer == "recovery_revert"]
 
 
@@ -596,7 +596,7 @@ def test_a_revert_after_no_recovery_waits_out_a_freeze() -> None:
     revert (onNotRecovered: revert) must not load while the target is frozen."""
     def judged_not_recovered(machine: SafetyMachine) -> None:
         rows = machine.world.observer.decisions.steps(1)
-        assert [r["status"] for r in rows if r["phase"] == "recovery"] == ["pending", "not_recovered"]
+        assert [r.status for r in rows if r.phase == "recovery"] == ["pending", "not_recovered"]
 
     replay((FREEZE,), [("the_pipeline_deploys", {"model": "ranker", "new": True, "bad": True}),
                        ("an_alert_fires", {"model": "ranker", "redelivery": False}),

@@ -14,8 +14,8 @@ def show(args: argparse.Namespace) -> int:
         for d in journal.decisions.all():
             print(json.dumps({"decision": d.id, "policy": d.policy, "target": d.target, "state": d.state,
                               "reason": d.reason, "plan": d.plan,
-                              "steps": [{k: s[k] for k in ("action", "phase", "status", "message")}
-                                        for s in journal.decisions.steps(d.id)]}))
+                              "steps": [{"action": s.action, "phase": s.phase, "status": s.status,
+                                         "message": s.message} for s in journal.decisions.steps(d.id)]}))
     return 0
 
 
