@@ -13,7 +13,9 @@ import argparse
 import asyncio
 import dataclasses
 import io
+from contextlib import closing
 import signal
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -36,7 +38,19 @@ async def one(seed: int, out: Path) -> tuple[float | None, str | None, str]:
     outcome = await run_scenario(scenario, out / f"seed-{seed}", console=Console(log, live=False),
                                  timings=dataclasses.replace(FULL, settle_seconds=3.0))
     first = next((m.label for m in outcome.markers if m.kind == "detection"), "none")
-    return scenario.ttr_seconds, outcome.verdict, first
+    return scenario.ttr_seconds, outcome.verdict, f"{first}; decided by {decided_by(out / f'seed-{seed}')}"
+
+
+def decided_by(run_dir: Path) -> str:
+    """The signal whose plan ran (source/name), read from the run's journal: a governed alert that
+    arrived first only notified, and the first signal is then not the one that rolled back."""
+    journal = run_dir / "tail-work" / "journal.db"
+    if not journal.exists():
+        return "unknown (no journal)"
+    with closing(sqlite3.connect(journal)) as db:
+        row = db.execute("SELECT s.source, s.name FROM decisions d JOIN signals s ON s.id = d.signal_id "
+                         "WHERE d.executed = 1 ORDER BY d.at LIMIT 1").fetchone()
+    return f"{row[0]}/{row[1]}" if row else "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: TTR {'--' if ttr is None else f'{ttr:.1f} s'}, first signal {first}, "
                   f"verdict {verdict}", flush=True)
     print(f"\n# `make demo`'s incident, time to remediate (`python bench/bench_demo_ttr.py --seeds {args.seeds}`)\n")
-    print("| seed | deploy to rollback (s) | first signal | recovery verdict |")
+    print("| seed | deploy to rollback (s) | first signal; the one that rolled back | recovery verdict |")
     print("|---|---|---|---|")
     for seed, ttr, verdict, first in rows:
         print(f"| {seed} | {'none' if ttr is None else f'{ttr:.1f}'} | {first} | {verdict} |")
