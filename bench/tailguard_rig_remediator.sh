@@ -3,7 +3,8 @@
 # (examples/policies/ranker.yaml) unchanged except for the endpoints, which come from the rig's
 # environment (RIG_PROMETHEUS_URL, RIG_TRITON_URL, RIG_TRITON_METRICS_URL, RIG_REMEDIATOR_PORT,
 # RIG_WORKDIR; RIG_WEBHOOK_REGISTER_URL, when set, forwards Alertmanager's webhooks here).
-# TG_BIN: the tailguard console script (default: the one on PATH).
+# TG_BIN: the tailguard console script (default: the one on PATH). TG_KEEP_WARM=1 adds
+# `keepWarm: previous` to the rollback (the previous version kept loaded: a switch, not a load).
 set -eu
 here="$(cd "$(dirname "$0")/.." && pwd)"
 tg="${TG_BIN:-tailguard}"
@@ -13,6 +14,10 @@ sed -e "s#endpoints: \[\"http://127.0.0.1:8000\"\]#endpoints: [\"$RIG_TRITON_URL
     -e "s#metricsEndpoints: \[\"http://127.0.0.1:8002/metrics\"\]#metricsEndpoints: [\"$metrics\"]#" \
     "$here/examples/policies/ranker.yaml" > "$w/policies/ranker.yaml"
 grep -q "$RIG_TRITON_URL" "$w/policies/ranker.yaml" || { echo "endpoint not filled in" >&2; exit 1; }
+if [ "${TG_KEEP_WARM:-0}" = 1 ]; then
+  sed -i -e "s#^    requireAttribution: true  \(.*\)#    requireAttribution: true  \1\n    keepWarm: previous#" "$w/policies/ranker.yaml"
+  grep -q "keepWarm: previous" "$w/policies/ranker.yaml" || { echo "keepWarm not added" >&2; exit 1; }
+fi
 cat > "$w/config.yaml" <<YAML
 listen: {host: 127.0.0.1, port: $RIG_REMEDIATOR_PORT}
 webhook: {allowUnauthenticated: true}
