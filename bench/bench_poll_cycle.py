@@ -26,7 +26,9 @@ the series carry, in the first and in the steady cycles, are derived once before
 cycles (the daemon derives them in a background thread as new traffic appears, once per traffic
 cell; their one-time cost is printed, and a cell derived during a measured cycle would count in
 its process_time). Prints tables; not a test.
-Run: python bench/bench_poll_cycle.py [--quick] [--policies N] [--no-cache] [--no-freeze] [--histogram]
+`--led K` (with `--policies N`): only the first K policies are loaded, as on a sharded replica leading
+K of the N models whose fleet-wide query names no model: the answer still holds every model's series.
+Run: python bench/bench_poll_cycle.py [--quick] [--policies N [--led K]] [--no-cache] [--no-freeze] [--histogram]
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -295,7 +297,7 @@ class Row:
 
 
 async def measure(n_series: int, policies: int, repeats: int, work: Path, cache: bool, freeze: bool = True,
-                  histogram: bool = False) -> None:
+                  histogram: bool = False, led: int | None = None) -> None:
     from core.query import series_key
     from daemon.common.heap import freeze_startup_heap
     from daemon.common.logs import configure_logging
@@ -323,6 +325,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                                        counters.requests[:, step])}
     detectors = {**detector_registry(), TailExcessDetector.kind: TailExcessDetector}
     policy_set = load_policies_text(policy_yaml(policies, histogram), "bench", action_registry(), detectors)
+    if led is not None:  # a sharded replica leading `led` of the models the fleet-wide query serves
+        policy_set = replace(policy_set, policies=policy_set.policies[:led])
     if histogram:
         (work / "histogram").touch()
         raw = {"latency": range_body(BUCKET, [{**lab, "le": "500"} for lab in counters.labels],
@@ -415,7 +419,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
         companions = await client.query_range(group.companion or "", start, end, group.interval)
         assert result.error is None and companions.error is None, (result.error, companions.error)
         mine = [[s for s in result.series if poller._belongs(w, s)] for w in group.watches]
-        (watch,) = group.watches
+        watch = group.watches[0]  # every policy's params are alike
         params = watch.detector.params  # type: ignore[attr-defined]
         det = TailExcessDetector(params)
 
@@ -472,7 +476,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
     print(f"thresholds for every traffic the series carry: derived once before the measured cycles in "
           f"{derived_in[0]:.1f} s wall, {derived_in[1]:.1f} CPU-s (the daemon derives them in the background)")
     print(f"{n_series:,} {'bucket' if histogram else 'latency'} + {n_series:,} request counters, {POINTS} points at {STEP_SECONDS:g} s, "
-          f"{policies} polic{'y' if policies == 1 else 'ies'} on one range query; bodies "
+          f"{policies} polic{'y' if policies == 1 else 'ies'} on one range query"
+          f"{'' if led is None else f' ({led} loaded, as a replica leading {led} of them)'}; bodies "
           f"{mb['latency']:.1f} + {mb['requests']:.1f} MB ({mbz['latency']:.1f} + {mbz['requests']:.1f} MB gzip), "
           f"steady-state increments {mbs['latency']:.1f} + {mbs['requests']:.1f} MB; range cache "
           f"{'on' if cache else 'off'} ({queries[0]} full, {queries[1]} incremental range queries); first cycle: "
@@ -522,6 +527,9 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=None, help="series per query (default 10,000)")
     parser.add_argument("--policies", type=int, default=1,
                         help="policies (models) sharing one fleet-wide query (default 1: one model)")
+    parser.add_argument("--led", type=int, default=None,
+                        help="load only the first K of the --policies (a sharded replica's share); the "
+                             "answer still holds every model's series")
     parser.add_argument("--no-cache", action="store_true",
                         help="the poller without its range cache: every cycle asks for the whole lookback")
     parser.add_argument("--histogram", action="store_true",
@@ -532,7 +540,7 @@ def main() -> None:
     n_series = args.series or (1_000 if args.quick else 10_000)
     with tempfile.TemporaryDirectory(prefix="bench-poll-") as tmp:
         asyncio.run(measure(n_series, args.policies, 2 if args.quick else 3, Path(tmp), not args.no_cache,
-                            not args.no_freeze, args.histogram))
+                            not args.no_freeze, args.histogram, args.led))
 
 
 if __name__ == "__main__":

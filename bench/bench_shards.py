@@ -13,11 +13,15 @@ the series the busiest replica polls: 10,000 series over 200 models (50 series e
 shards, assigned by bounded-load rendezvous; the busiest replica polls its models' series through
 queries narrowed to them (one model's query per policy, as `$model` scopes it). Its steady and first
 cycles' CPU (process_time, best of 2) against one leader polling all 10,000 in the same run.
-What this does not measure: a fleet-wide query that cannot be narrowed (every replica would fetch and
-parse it whole; only detection and journaling split), and the Lease traffic (one list and about
-shards/replicas writes per retry period).
+Part 3 (`--fleet-wide`, a few CPU-minutes): the cost of a fleet-wide query that cannot be narrowed (it
+names no $model, so every replica leading one of its policies fetches and parses it whole; only
+routing, detection and journaling split). bench/bench_poll_cycle.py with one query shared by the
+MODELS policies: one leader loading all of them; a replica of four leading a quarter of them (`--led`)
+on the whole answer; and the same quarter narrowed (an answer of its models' series only).
+What this does not measure: the Lease traffic (one list and about shards/replicas writes per retry
+period).
 
-Run: python bench/bench_shards.py [--poll] [--series 10000]
+Run: python bench/bench_shards.py [--poll] [--fleet-wide] [--series 10000]
 """
 from __future__ import annotations
 
@@ -87,10 +91,7 @@ def poll_cycles(series: int) -> None:
     results: dict[int, tuple[int, float, float]] = {}
     for n in (1, 2, 4):
         mine = series if n == 1 else busiest_series(n, series)
-        cmd = [sys.executable, str(SRC / "bench" / "bench_poll_cycle.py"), "--quick", "--series", str(mine)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=SRC).stdout
-        first = float(re.search(r"^first cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
-        steady = float(re.search(r"^steady cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
+        first, steady = _cycles(["--series", str(mine)])
         results[n] = (mine, first, steady)
         print(f"  {n} replica(s): busiest polls {mine:,} series: first {first:.3f} CPU-s, steady {steady:.3f} CPU-s",
               flush=True)
@@ -101,17 +102,51 @@ def poll_cycles(series: int) -> None:
         print(f"| {n} | {mine:,} | {first:.3f} | {steady:.3f} | {steady / one[2]:.2f}x |")
 
 
+def _cycles(args: list[str]) -> tuple[float, float]:
+    """(first, steady) cycle CPU-s of one bench_poll_cycle.py run (--quick: best of 2)."""
+    cmd = [sys.executable, str(SRC / "bench" / "bench_poll_cycle.py"), "--quick", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=SRC).stdout
+    first = float(re.search(r"^first cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
+    steady = float(re.search(r"^steady cycle: ([0-9.]+) CPU-s", out, re.M).group(1))  # type: ignore[union-attr]
+    return first, steady
+
+
+def fleet_wide(series: int, models: int = MODELS, replicas: int = 4) -> None:
+    """One fleet-wide query shared by `models` policies: a replica leading 1/replicas of them, on the
+    whole answer (not narrowed) and on its models' series only (narrowed), against one leader."""
+    share = models // replicas
+    runs = {"one leader, every policy": ["--series", str(series), "--policies", str(models)],
+            f"1 of {replicas} replicas, not narrowed": ["--series", str(series), "--policies", str(models),
+                                                        "--led", str(share)],
+            f"1 of {replicas} replicas, narrowed": ["--series", str(series * share // models), "--policies", str(share)]}
+    results = {}
+    for name, args in runs.items():
+        results[name] = _cycles(args)
+        print(f"  {name}: first {results[name][0]:.3f} CPU-s, steady {results[name][1]:.3f} CPU-s", flush=True)
+    one = results["one leader, every policy"][1]
+    print(f"\n| {series:,} series, {models} policies on one fleet-wide query | first cycle CPU-s | steady cycle CPU-s "
+          "| steady x one leader |")
+    print("|---|---|---|---|")
+    for name, (first, steady) in results.items():
+        print(f"| {name} | {first:.3f} | {steady:.3f} | {steady / one:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--poll", action="store_true", help="also the poll cycle per replica (~2 CPU-minutes)")
+    parser.add_argument("--fleet-wide", action="store_true",
+                        help="also the cost of a fleet-wide query that cannot be narrowed (a few CPU-minutes)")
     parser.add_argument("--series", type=int, default=10_000, help="series of the whole fleet (default 10,000)")
     args = parser.parse_args()
-    print(f"$ python bench/bench_shards.py{' --poll' if args.poll else ''}"
+    print(f"$ python bench/bench_shards.py{' --poll' if args.poll else ''}{' --fleet-wide' if args.fleet_wide else ''}"
           f"{'' if args.series == 10_000 else f' --series {args.series}'}\n")
     movement_and_balance()
     if args.poll:
         print(f"poll cycle per replica: {args.series:,} series over {MODELS} models, {POLL_SHARDS} shards")
         poll_cycles(args.series)
+    if args.fleet_wide:
+        print(f"fleet-wide query: {args.series:,} series over {MODELS} models")
+        fleet_wide(args.series)
 
 
 if __name__ == "__main__":
