@@ -22,7 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
-from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd, SharedState
+from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, Pin, PinEnd, SharedState
 from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
 from policies.loader import PolicySet
@@ -184,7 +184,7 @@ def merge_documents(a: StateDocument, b: StateDocument, since: float, cap: int, 
     return StateDocument(pins, marks, ends, bad, clears, freezes, lifts)
 
 
-def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[str, str, float]],
+def journal_document(pins: Iterable[Pin], marks: Iterable[tuple[str, str, float]],
                      shared: SharedState | None = None) -> StateDocument:
     """The document for a journal's pins, executed marks and shared state (ClusterMerge.shared_state)."""
     grouped: dict[str, list[float]] = {}
@@ -192,7 +192,7 @@ def journal_document(pins: Iterable[Mapping[str, Any]], marks: Iterable[tuple[st
         grouped.setdefault(f"{policy}|{target}", []).append(at)
     extra = shared or SharedState()
     return StateDocument(
-        {p["target"]: {"model": p["model"], "version": int(p["version"]), "at": float(p["at"])} for p in pins},
+        {p.target: {"model": p.model, "version": int(p.version), "at": float(p.at)} for p in pins},
         {k: tuple(sorted(v)) for k, v in grouped.items()},
         {e.target: {"at": e.at, "endedAt": e.ended_at, "reason": e.reason} for e in extra.pin_ends},
         {(m.target, m.version): {"at": m.at, "reason": m.reason} for m in extra.bad_marks},

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import aiohttp
 import structlog
@@ -30,7 +30,7 @@ from daemon.http.responses import answer_and_close, error
 from daemon.http.setup import SETUP
 from daemon.http.status import StatusInputs, build_status
 from daemon.storage.errors import JournalError, JournalValueError
-from daemon.storage.records import DAEMON_SCOPE, BadVersionMark, Freeze
+from daemon.storage.records import DAEMON_SCOPE, BadVersionMark, EndedPin, Freeze
 from daemon.workers.approvals import ApprovalOutcome, ApprovalResult, approval_view
 from daemon.workers.freezes import FreezeError, freeze_as_dict, target_key
 
@@ -85,7 +85,7 @@ class Operator(Protocol):
     async def clear_bad_version(self, target: str, version: int, reason: str) -> bool:
         """Clear a version's bad mark; False: it was not marked."""
 
-    async def unpin(self, target: str, reason: str) -> Mapping[str, Any] | None:
+    async def unpin(self, target: str, reason: str) -> EndedPin | None:
         """End the pin on `target`: the pin ended, None when there was none."""
 
 
@@ -310,8 +310,8 @@ async def post_unpin(request: web.Request, svc: Operator, caller: Caller, body: 
     if ended is None:
         return error(409, f"no pin on {key}")
     log.warning("unpinned", target=key, by=caller.name, reason=body.reason)
-    return web.json_response({"unpinned": {"target": key, "version": ended["version"],
-                                           "fromVersion": ended["from_version"], "decision": ended["decision_id"]}})
+    return web.json_response({"unpinned": {"target": key, "version": ended.version,
+                                           "fromVersion": ended.from_version, "decision": ended.decision_id}})
 
 
 async def get_openapi(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from core.timestamps import iso_utc
 from daemon.cluster.shard_assignment import shard_of
 from daemon.cluster.shard_view import ShardingInputs, sharding_document
-from daemon.storage.records import Approval
+from daemon.storage.records import Approval, Pin
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
 from policies.governance import policy_warnings
@@ -38,7 +38,7 @@ class StatusInputs:
     freezes: FreezeView
     latest: Sequence[Mapping[str, Any]] = ()  # Decisions.latest
     guards: Mapping[tuple[str, str], tuple[float | None, int]] = field(default_factory=dict)  # guard_history
-    pins: Sequence[Mapping[str, Any]] = ()
+    pins: Sequence[Pin] = ()
     approvals: Sequence[Approval] = ()  # pending
     stale_queries: Sequence[Mapping[str, Any]] = ()
     vanished: Sequence[Mapping[str, Any]] = ()  # detector triggers whose answers hold no series of their model
@@ -51,7 +51,7 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
     """The status document: replica and leadership, policies, freezes, and per target its last
     signal and decision, each policy's cooldown left and actions in its rate window, pin and freeze."""
     latest = {(d["policy"], d["target"]): d for d in i.latest}
-    pins = {p["target"]: p for p in i.pins}
+    pins = {p.target: p for p in i.pins}
     waiting = {(a.policy, a.target): a for a in i.approvals}
     keys = ({p.target.key for p in i.policies.policies} | set(pins) | set(i.freezes.targets)
             | {d["target"] for d in i.latest})
@@ -89,8 +89,8 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
             "lastSignal": {"name": newest["signal_name"], "source": newest["signal_source"],
                            "at": _iso_or_none(newest["signal_at"])} if newest else None,
             "lastDecision": _decision(newest) if newest else None,
-            "pin": {"model": pin["model"], "version": pin["version"], "fromVersion": pin.get("from_version"),
-                    "at": _iso_or_none(pin["at"]), "decision": pin.get("decision_id"), "reason": pin.get("reason") or ""}
+            "pin": {"model": pin.model, "version": pin.version, "fromVersion": pin.from_version,
+                    "at": _iso_or_none(pin.at), "decision": pin.decision_id, "reason": pin.reason or ""}
             if pin else None,
             "freeze": freeze_as_dict(freeze, i.now) if freeze else None,
             "policies": rows,

@@ -8,7 +8,7 @@ from typing import Iterable
 from daemon.storage.blocking import blocking
 from daemon.storage.backend import Backend
 from daemon.storage.core import JournalCore, checked
-from daemon.storage.cross_table import insert_ended
+from daemon.storage.cross_table import insert_ended, pin_from_row
 from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd, SharedState
 
 
@@ -101,7 +101,7 @@ class ClusterMerge:
             for end in extra.pin_ends:
                 row = db.execute("SELECT * FROM pins WHERE target=? AND at<=?", (end.target, float(end.at))).fetchone()
                 if row is not None:
-                    insert_ended(db, dict(row), float(end.ended_at), end.reason)
+                    insert_ended(db, pin_from_row(row), float(end.ended_at), end.reason)
                     changed += db.execute("DELETE FROM pins WHERE target=?", (end.target,)).rowcount
             for target, model, version, at in pin_rows:
                 if float(at) <= ended_at.get(target, float("-inf")) or db.execute(

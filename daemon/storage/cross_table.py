@@ -5,9 +5,8 @@ ended pin's history row) and the reads that cross tables. Every function runs in
 transaction, on the database it was handed."""
 from __future__ import annotations
 
-from typing import Any
-
-from daemon.storage.backend import Backend
+from daemon.storage.backend import Backend, Row
+from daemon.storage.records import Pin
 
 
 def insert_freeze(db: Backend, target: str, reason: str, until: float, decision_id: int | None,
@@ -30,13 +29,20 @@ def insert_mark(db: Backend, target: str, version: int, reason: str, decision_id
     return True
 
 
-def insert_ended(db: Backend, pin: dict[str, Any], ended_at: float, reason: str) -> None:
-    """The pin_history row of the pins row `pin`, ended at `ended_at`."""
-    db.execute(
+def insert_ended(db: Backend, pin: Pin, ended_at: float, reason: str) -> int:
+    """The pin_history row of the live pin `pin`, ended at `ended_at`; its id."""
+    row = db.execute(
         "INSERT INTO pin_history(target, model, version, at, from_version, decision_id, signal, reason,"
-        " policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        (pin["target"], pin["model"], pin["version"], pin["at"], pin["from_version"], pin["decision_id"],
-         pin["signal"], pin["reason"] or "", pin["policy"], ended_at, reason))
+        " policy, ended_at, ended_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+        (pin.target, pin.model, pin.version, pin.at, pin.from_version, pin.decision_id, pin.signal,
+         pin.reason or "", pin.policy, ended_at, reason)).fetchone()
+    return int(row["id"])
+
+
+def pin_from_row(r: Row) -> Pin:
+    """A pins row (or the pin part of a pin_history row)."""
+    return Pin(r["target"], r["model"], r["version"], r["at"], r["from_version"], r["decision_id"], r["signal"],
+               r["reason"], r["policy"])
 
 
 def decision_signal_name(db: Backend, decision_id: int) -> str | None:

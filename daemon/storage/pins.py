@@ -2,12 +2,13 @@
 and the pins that ended, with why."""
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
-from daemon.storage.backend import Backend
+from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
-from daemon.storage.cross_table import decision_signal_name, insert_ended, insert_mark
+from daemon.storage.cross_table import decision_signal_name, insert_ended, insert_mark, pin_from_row
+from daemon.storage.records import EndedPin, Pin
 
 
 class Pins:
@@ -47,24 +48,24 @@ class Pins:
         self._core.fenced_write(run)
 
     @blocking
-    def end(self, target: str, reason: str, *, unmark_decision: bool = False) -> dict[str, Any] | None:
+    def end(self, target: str, reason: str, *, unmark_decision: bool = False) -> EndedPin | None:
         """End the live pin of `target`: moved to pin_history with `reason`. Returns the ended pin,
         or None when there was none. `unmark_decision`: also clear the bad-version marks the pin's
         decision made (its rollback was reverted)."""
         checked(target=target, reason=reason)
 
-        def run(db: Backend) -> dict[str, Any] | None:
+        def run(db: Backend) -> EndedPin | None:
             row = db.execute("SELECT * FROM pins WHERE target=?", (target,)).fetchone()
             if row is None:
                 return None
-            pin, now = dict(row), self._core.clock()
-            insert_ended(db, pin, now, reason)
+            pin, now = pin_from_row(row), self._core.clock()
+            history_id = insert_ended(db, pin, now, reason)
             db.execute("DELETE FROM pins WHERE target=?", (target,))
-            if unmark_decision and pin["decision_id"] is not None:
+            if unmark_decision and pin.decision_id is not None:
                 db.execute("UPDATE bad_versions SET cleared_at=?, cleared_reason=? WHERE target=?"
                            " AND decision_id=? AND cleared_at IS NULL",
-                           (now, f"pin ended: {reason}", target, pin["decision_id"]))
-            return {**pin, "ended_at": now, "ended_reason": reason}
+                           (now, f"pin ended: {reason}", target, pin.decision_id))
+            return EndedPin(**dataclasses.asdict(pin), id=history_id, ended_at=now, ended_reason=reason)
 
         return self._core.write(run)
 
@@ -74,14 +75,20 @@ class Pins:
         self.end(target, reason, unmark_decision=True)
 
     @blocking
-    def live(self) -> list[dict[str, Any]]:
+    def live(self) -> list[Pin]:
         """The live pins."""
-        return [dict(r) for r in self._core.read("SELECT * FROM pins")]
+        return [pin_from_row(r) for r in self._core.read("SELECT * FROM pins")]
 
     @blocking
-    def ended(self, target: str | None = None) -> list[dict[str, Any]]:
+    def ended(self, target: str | None = None) -> list[EndedPin]:
         """Pins that ended, oldest first."""
         if target is None:
-            return [dict(r) for r in self._core.read("SELECT * FROM pin_history ORDER BY id")]
-        return [dict(r) for r in self._core.read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))]
+            rows = self._core.read("SELECT * FROM pin_history ORDER BY id")
+        else:
+            rows = self._core.read("SELECT * FROM pin_history WHERE target=? ORDER BY id", (target,))
+        return [ended_from_row(r) for r in rows]
 
+
+def ended_from_row(r: Row) -> EndedPin:
+    return EndedPin(**dataclasses.asdict(pin_from_row(r)), id=r["id"], ended_at=r["ended_at"],
+                    ended_reason=r["ended_reason"])

@@ -4,7 +4,7 @@ from the settings once, at build time."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import structlog
 from aiohttp import web
@@ -21,7 +21,7 @@ from daemon.http.setup import BodyLimits, HttpSetup
 from daemon.http.status import StatusInputs
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, Freeze
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, EndedPin, Freeze
 from daemon.workers.approvals import ApprovalResult
 from daemon.workers.freezes import FreezeControl, FreezeError
 from daemon.workers.signal_intake import Recorded, SignalIntake
@@ -147,7 +147,7 @@ class DaemonOperations:
     async def clear_bad_version(self, target: str, version: int, reason: str) -> bool:
         return self._recorded(bool(await self._service.journal.bad_versions.clear.in_thread(target, version, reason)))
 
-    async def unpin(self, target: str, reason: str) -> Mapping[str, Any] | None:
+    async def unpin(self, target: str, reason: str) -> EndedPin | None:
         ended = await self._service.journal.pins.end.in_thread(target, reason)
         self._recorded(ended is not None)
         return ended

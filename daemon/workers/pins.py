@@ -53,6 +53,7 @@ from actions.base import Effect, PinCheck, pinning_action
 from core.outcome import ActionError, Outcome, OutcomeStatus
 from core.timestamps import iso_utc
 from daemon.storage.effects import DONE, REFUSED
+from daemon.storage.records import Pin
 from daemon.workers.context import ActContext
 from daemon.workers.door import PINS, acting
 from daemon.workers.warm import WarmKeeper
@@ -168,7 +169,7 @@ class PinReconciler:
         policies = self._ctx.state.policies.policies
         results: dict[str, Outcome] = {}
         for pin in await self._ctx.journal.pins.live.in_thread():
-            key = pin["target"]
+            key = pin.target
             if only is not None and key not in only:
                 continue
             if self.owns is not None and not self.owns(key):
@@ -182,7 +183,7 @@ class PinReconciler:
             if self._pinning is None or (target.triton_service is None and not target.triton_endpoints):
                 continue
             async with self._ctx.lock_for(key):
-                with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin["version"]), \
+                with structlog.contextvars.bound_contextvars(target=key, pinned_version=pin.version), \
                         acting(PINS, key):
                     try:
                         outcome = await self._reconcile(pin, policy)
@@ -204,27 +205,27 @@ class PinReconciler:
             self._ctx.metrics.actions.labels(ACTION, result).inc()
         return results
 
-    async def _end(self, pin: Mapping[str, Any], reason: str, policy: LoadedPolicy | None) -> None:
+    async def _end(self, pin: Pin, reason: str, policy: LoadedPolicy | None) -> None:
         """End `pin` in the journal with `reason`; an Event on the policy's target when one can be recorded."""
-        ended = await self._ctx.journal.pins.end.in_thread(pin["target"], reason)
+        ended = await self._ctx.journal.pins.end.in_thread(pin.target, reason)
         if ended is None:
             return
-        log.info("pin ended", target=pin["target"], version=pin["version"], reason=reason)
+        log.info("pin ended", target=pin.target, version=pin.version, reason=reason)
         self._ctx.on_recorded()
         if policy is None or self._ctx.deps.record_event is None:
             return
         try:
             await self._ctx.deps.record_event(policy=policy, reason="PinEnded",
-                                          message=f"pin of {pin['model']} to version {pin['version']} ended: "
+                                          message=f"pin of {pin.model} to version {pin.version} ended: "
                                                   f"{reason}", warning=False)
         except Exception as exc:  # an Event is a courtesy: its failure is recorded, never fatal
             self._ctx.metrics.faults.labels("events").inc()
             log.warning("could not record Kubernetes event", error=str(exc))
 
-    async def _reconcile(self, pin: Mapping[str, Any], policy: LoadedPolicy) -> Outcome:
+    async def _reconcile(self, pin: Pin, policy: LoadedPolicy) -> Outcome:
         pinning = self._pinning
         assert pinning is not None  # reconcile_once skips every pin without one
-        target, version = policy.target, int(pin["version"])
+        target, version = policy.target, int(pin.version)
         params = pinning.pin_params(version)
         try:
             check: PinCheck = pinning.plan_pin(target, params, await pinning.observe(target, params))
@@ -232,10 +233,10 @@ class PinReconciler:
             log.warning("pin check failed", error=str(exc))
             return Outcome.failure(str(exc), retryable=exc.retryable)
         step = check.step
-        forward = rolled_forward(check.ready_versions, pin.get("from_version"))
+        forward = rolled_forward(check.ready_versions, pin.from_version)
         if forward:
             reason = (f"rolled forward: version {max(forward)} is served, newer than version "
-                      f"{pin['from_version']} the pin rolled back from")
+                      f"{pin.from_version} the pin rolled back from")
             await self._end(pin, reason, policy)
             return Outcome.noop(f"pin of {target.model} to version {version} ended: {reason}", ended=reason)
         unreachable = dict(check.unreachable)
@@ -250,8 +251,8 @@ class PinReconciler:
             log.info("pin drift seen; not re-applied (frozen or not leader)", summary=step.summary)
             return Outcome.skipped(f"frozen or not leader: {step.summary}")
         drifted = dict(check.drifted)
-        key = pin["target"]
-        from_version = pin.get("from_version")
+        key = pin.target
+        from_version = pin.from_version
         # The version the pin rolled back from, when a drifted replica serves it again (redeployed).
         bad = int(from_version) if from_version is not None else None
         redeployed = bad if bad is not None and any(bad in vs for vs in drifted.values()) else None
@@ -285,29 +286,29 @@ class PinReconciler:
         self._refused[key] = reason
         log.warning("pin not re-applied: refused", check=check, reason=reason)
 
-    async def _tug_of_war(self, pin: Mapping[str, Any], policy: LoadedPolicy, bad: int,
+    async def _tug_of_war(self, pin: Pin, policy: LoadedPolicy, bad: int,
                           summary: str) -> Outcome | None:
         """A replica serves `bad`, the version the pin rolled back from, again (redeployed). The Outcome
         that settles this pass without a load (the pin ends: an operator cleared the mark; or it is
         held: escalated), else None: re-pin."""
-        key, since = pin["target"], float(pin["at"])
+        key, since = pin.target, float(pin.at)
         if bad not in await self._ctx.journal.bad_versions.known.in_thread(key):
             reason = f"version {bad} the pin rolled back from is served again and no longer marked bad (cleared)"
             await self._end(pin, reason, policy)
-            return Outcome.noop(f"pin of {pin['model']} to version {pin['version']} ended: {reason}", ended=reason)
+            return Outcome.noop(f"pin of {pin.model} to version {pin.version} ended: {reason}", ended=reason)
         waiting = (f"re-pinning waits for an operator: `tailguard bad-versions {key} --clear {bad}` (the version is "
                    f"good) or `tailguard unpin {key}`")
         if await self._ctx.journal.effects.of.in_thread(key, ESCALATED, since):
             await self._journal_refusal(key, "escalated", f"escalated tug of war over version {bad}; {waiting}",
-                                        int(pin["version"]))
+                                        int(pin.version))
             return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
         now = self._clock()
         count = await self._ctx.journal.effects.count.in_thread(key, REPIN, DONE,
                                                              max(since, now - self.repin_window_seconds))
         if count < self.repin_escalate_after:
             return None
-        message = (f"{pin['model']}: version {bad}, rolled back from, was redeployed and re-pinned to version "
-                   f"{pin['version']} {count} time(s) within {self.repin_window_seconds:g}s; escalated: {waiting}")
+        message = (f"{pin.model}: version {bad}, rolled back from, was redeployed and re-pinned to version "
+                   f"{pin.version} {count} time(s) within {self.repin_window_seconds:g}s; escalated: {waiting}")
         await self._ctx.journal.effects.record.in_thread(PINS, key, ESCALATED, DONE, message,
                                                      {"version": bad, "repins": count, "pin_at": since})
         log.warning("pin tug of war escalated", version=bad, repins=count)
@@ -316,17 +317,17 @@ class PinReconciler:
                         "at": iso_utc(now), "version": bad, "repins": count})
         return Outcome.skipped(f"held: {summary}; {waiting}", held=True)
 
-    async def _repinned(self, pin: Mapping[str, Any], policy: LoadedPolicy, bad: int,
+    async def _repinned(self, pin: Pin, policy: LoadedPolicy, bad: int,
                         drifted: Mapping[str, Any]) -> None:
         """Journal and count a re-pin over the redeployed version `bad`; announce the first one per version."""
-        key = pin["target"]
-        earlier = [r for r in await self._ctx.journal.effects.of.in_thread(key, REPIN, float(pin["at"]))
+        key = pin.target
+        earlier = [r for r in await self._ctx.journal.effects.of.in_thread(key, REPIN, float(pin.at))
                    if r["data"].get("version") == bad]
-        message = (f"{pin['model']}: version {bad}, rolled back from and marked bad, was redeployed; re-pinned to "
-                   f"version {pin['version']} on {len(drifted)} replica(s). Past {self.repin_escalate_after} re-pins "
+        message = (f"{pin.model}: version {bad}, rolled back from and marked bad, was redeployed; re-pinned to "
+                   f"version {pin.version} on {len(drifted)} replica(s). Past {self.repin_escalate_after} re-pins "
                    f"within {self.repin_window_seconds:g}s the target escalates")
         await self._ctx.journal.effects.record.in_thread(PINS, key, REPIN, DONE, message,
-                                                     {"version": bad, "pinned": int(pin["version"]),
+                                                     {"version": bad, "pinned": int(pin.version),
                                                       "replicas": sorted(drifted)})
         self._repins.labels(key).inc()
         log.warning("redeployed rolled-back version re-pinned", version=bad, replicas=sorted(drifted))
@@ -355,7 +356,7 @@ def rolled_forward(ready_versions: Iterable[int], from_version: Any) -> list[int
     return sorted({v for v in ready_versions if v > int(from_version)})
 
 
-def _policy_of(pin: Mapping[str, Any], policies: tuple[LoadedPolicy, ...] | list[LoadedPolicy]
+def _policy_of(pin: Pin, policies: tuple[LoadedPolicy, ...] | list[LoadedPolicy]
                ) -> tuple[LoadedPolicy | None, str | None, LoadedPolicy | None]:
     """(the enabled policy a pin belongs to, or None with why the pin must end, and the disabled
     policy it belonged to, for the Event).
@@ -363,7 +364,7 @@ def _policy_of(pin: Mapping[str, Any], policies: tuple[LoadedPolicy, ...] | list
     A pin that names its policy belongs to it (on the same target); an older pin, or one whose policy
     is gone while others still target its target (a rename), belongs to the policies naming its target.
     """
-    key, name = pin["target"], pin.get("policy")
+    key, name = pin.target, pin.policy
     on_target = sorted((p for p in policies if p.target.key == key), key=lambda p: p.name)
     mine = [p for p in on_target if name is None or p.name == name] or on_target  # renamed: carried on
     if not mine:

@@ -64,7 +64,7 @@ class WarmKeeper:
                   for bound in policy.actions if (params := warm_params(bound.params)) is not None]
         if not wanted:
             return {}
-        pinned = {pin["target"] for pin in await self._ctx.journal.pins.live.in_thread()}
+        pinned = {pin.target for pin in await self._ctx.journal.pins.live.in_thread()}
         results: dict[str, Outcome] = {}
         for policy, params in wanted:
             target = policy.target

@@ -71,7 +71,7 @@ async def test_new_leader_keeps_the_old_leaders_cooldown_and_pins(
             assert doc.pins[TARGET]["version"] == 1
             assert len(doc.marks[f"ranker-notify|{TARGET}"]) == 1
             await wait_for(follower.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
-            assert [(p["target"], p["version"]) for p in await follower.journal.pins.live.in_thread()] == [(TARGET, 1)]
+            assert [(p.target, p.version) for p in await follower.journal.pins.live.in_thread()] == [(TARGET, 1)]
             assert (await post_alerts(follower, payload_with(starts_at="2026-11-29T18:05:00Z"))).status == 200
             await follower.drain()
             assert len(sink.received) == 1, "the new leader acted within the old leader's cooldown"
@@ -181,7 +181,7 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).pins, timeout=5)
             (pin,) = await leader.journal.pins.live.in_thread()
             # The follower led before and imported the pin then: it holds it in its own journal.
-            await follower.journal.cluster.merge.in_thread([(TARGET, "ranker", 1, pin["at"])], [], 0)
+            await follower.journal.cluster.merge.in_thread([(TARGET, "ranker", 1, pin.at)], [], 0)
 
             assert await leader.journal.pins.end.in_thread(TARGET, "rolled forward: version 3 is served") is not None
             await leader.journal.freezes.record.in_thread(TARGET, "escalated: did not recover", time.time() + 3600)
@@ -189,7 +189,7 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).ends, timeout=5)
             doc = _stored(kube_emulator)
             assert TARGET not in doc.pins
-            assert doc.ends[TARGET]["at"] == pin["at"]
+            assert doc.ends[TARGET]["at"] == pin.at
             assert doc.bad[(TARGET, 2)]["at"] > 0
             assert [k[0] for k in doc.freezes] == [TARGET]
             assert json.loads(kube_emulator.get("configmaps", NS, NAME)["data"]["state.json"])["version"] == 2
@@ -199,7 +199,7 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             await wait_for(follower.may_act, timeout=LEASE["leaseDurationSeconds"] + 2)
             assert await follower.journal.pins.live.in_thread() == []
             ended = await follower.journal.pins.ended.in_thread(TARGET)
-            assert [(e["at"], e["ended_reason"]) for e in ended] == [(pin["at"], "rolled forward: version 3 is served")]
+            assert [(e.at, e.ended_reason) for e in ended] == [(pin.at, "rolled forward: version 3 is served")]
             assert await follower.journal.bad_versions.known.in_thread(TARGET) == frozenset({2})
             frozen = await follower.journal.freezes.active_on.in_thread(TARGET)
             assert frozen is not None and frozen.reason == "escalated: did not recover"
@@ -234,7 +234,7 @@ async def test_version_1_document_still_imports(tmp_path: Path, kube_emulator: K
         state.leadership_changed(True)
         await wait_for(lambda: state.imported and not state.publish_pending, timeout=5)
         pins = await journal.pins.live.in_thread()
-        assert [(p["target"], p["version"], p["at"]) for p in pins] == [(TARGET, 4, now - 5)]
+        assert [(p.target, p.version, p.at) for p in pins] == [(TARGET, 4, now - 5)]
         assert await journal.decisions.guard_history.in_thread("ranker-notify", TARGET, 3600) == (now - 10, 1)
         assert json.loads(kube_emulator.get("configmaps", NS, NAME)["data"]["state.json"])["version"] == 1
     finally:
@@ -270,7 +270,7 @@ def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path
         stale = [(TARGET, "ranker", 1, doc.pins[TARGET]["at"])]  # an older replica still publishes it
         assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (1, 0, 2)
         assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (0, 0, 0)
-        assert [p["target"] for p in dest.pins.live()] == ["default/other"]
+        assert [p.target for p in dest.pins.live()] == ["default/other"]
         assert dest.bad_versions.known(TARGET) == frozenset() and dest.bad_versions.known("default/other") == {6}
         assert dest.freezes.active_on(TARGET, now) is None and dest.freezes.active_on("default/other", now) is not None
     finally:

@@ -39,7 +39,7 @@ async def test_webhook_rolls_triton_back_to_v1_and_journals_it(tmp_path: Path, t
         phases = [(s.phase, s.status) for s in await svc.journal.decisions.steps.in_thread(decision.id)
                   if s.phase != "recovery"]  # the required verify block's check: irrelevant here
         assert phases == [("intent", "pending"), ("apply", "ok"), ("verify", "ok")]
-        assert (await svc.journal.pins.live.in_thread())[0]["version"] == 1
+        assert (await svc.journal.pins.live.in_thread())[0].version == 1
 
         # Idempotent: rolling back what is already rolled back does nothing.
         assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T17:40:00Z"))).status == 200

@@ -258,7 +258,7 @@ async def test_unpin_via_cli_calls_the_api(tmp_path: Path, svc: Service, capsys:
     assert "unpinned: default/ranker (was pinned to version 1 from 2)" in capsys.readouterr().out.splitlines()
     assert await svc.journal.pins.live.in_thread() == []
     (ended,) = svc.journal.pins.ended("default/ranker")
-    assert ended["ended_reason"] == "v3 is fixed (by alice via api)"
+    assert ended.ended_reason == "v3 is fixed (by alice via api)"
     assert await asyncio.to_thread(main, ["unpin", "default/ranker", *url, "--token-file", str(token_file)]) == 1
     # The daemon runs in this process: its own log lines may share stderr with the CLI's.
     assert "error: 409: no pin on default/ranker" in capsys.readouterr().err.splitlines()

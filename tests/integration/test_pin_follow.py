@@ -92,7 +92,7 @@ async def test_a_replica_added_or_restarted_after_a_rollback_serves_the_pinned_v
             assert (await post_alerts(svc, sample_payload())).status == 200
             await svc.drain()
             assert await _served(first) == ["1"]  # rolled back and pinned
-            assert [p["version"] for p in await svc.journal.pins.live.in_thread()] == [1]
+            assert [p.version for p in await svc.journal.pins.live.in_thread()] == [1]
             await wait_for(lambda: kube_emulator.watchers >= 1, timeout=30)
             passes = svc.pins.passes
 

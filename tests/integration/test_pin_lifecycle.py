@@ -102,9 +102,9 @@ async def test_roll_forward_ends_the_pin_and_previous_skips_the_bad_version(
         assert served_versions(triton) == ["1"]
         (pin,) = await svc.journal.pins.live.in_thread()
         (decision,) = await svc.journal.decisions.all.in_thread()
-        assert (pin["version"], pin["from_version"], pin["decision_id"], pin["policy"]) == (
+        assert (pin.version, pin.from_version, pin.decision_id, pin.policy) == (
             1, 2, decision.id, "ranker-tail")
-        assert pin["signal"] and pin["reason"]
+        assert pin.signal and pin.reason
         assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset({2})
 
         _roll_forward(triton, 3)
@@ -114,7 +114,7 @@ async def test_roll_forward_ends_the_pin_and_previous_skips_the_bad_version(
         assert served_versions(triton) == ["3"]  # not fought
         assert await svc.journal.pins.live.in_thread() == []
         (ended,) = await svc.journal.pins.ended.in_thread(KEY)
-        assert "version 3" in ended["ended_reason"] and ended["from_version"] == 2
+        assert "version 3" in ended.ended_reason and ended.from_version == 2
         assert await svc.pins.reconcile_once() == {}
 
         assert (await post_alerts(svc, payload_with(starts_at="2026-11-29T17:40:00Z"))).status == 200
@@ -124,7 +124,7 @@ async def test_roll_forward_ends_the_pin_and_previous_skips_the_bad_version(
         assert second.plan["steps"][0]["after"]["version"] == 1
         assert served_versions(triton) == ["1"]
         (pin,) = await svc.journal.pins.live.in_thread()
-        assert (pin["version"], pin["from_version"]) == (1, 3)
+        assert (pin.version, pin.from_version) == (1, 3)
         assert await svc.journal.bad_versions.known.in_thread(KEY) == frozenset({2, 3})
 
 
@@ -158,7 +158,7 @@ async def test_disabling_the_policy_and_unpin_end_the_pin(tmp_path: Path, triton
         assert await svc.pins.reconcile_once() == {}
         assert await svc.journal.pins.live.in_thread() == []
         (ended,) = await svc.journal.pins.ended.in_thread(KEY)
-        assert ended["ended_reason"] == "policy ranker-tail disabled"
+        assert ended.ended_reason == "policy ranker-tail disabled"
         assert [e["reason"] for e in events if e["reason"] == "PinEnded"] == ["PinEnded"]
 
         _write_policy(tmp_path, triton.base_url, enabled=True)
@@ -172,7 +172,7 @@ async def test_disabling_the_policy_and_unpin_end_the_pin(tmp_path: Path, triton
         assert await asyncio.to_thread(cli_main, ["unpin", "ranker", "--config", str(config),
                                                   "--reason", "operator"]) == 0
         assert await svc.journal.pins.live.in_thread() == []
-        assert (await svc.journal.pins.ended.in_thread(KEY))[-1]["ended_reason"] == "operator"
+        assert (await svc.journal.pins.ended.in_thread(KEY))[-1].ended_reason == "operator"
         assert await svc.pins.reconcile_once() == {}
         assert await asyncio.to_thread(cli_main, ["unpin", "ranker", "--config", str(config)]) == 1
 

@@ -81,9 +81,9 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         state.frozen = False
         results = await reconciler.reconcile_once()
         assert set(results) == {"serving/ranker"}
-        assert [p["target"] for p in journal.pins.live()] == ["serving/ranker"]
+        assert [p.target for p in journal.pins.live()] == ["serving/ranker"]
         (gone,) = journal.pins.ended()
-        assert gone["target"] == "serving/gone" and gone["ended_reason"] == "no policy targets serving/gone any more"
+        assert gone.target == "serving/gone" and gone.ended_reason == "no policy targets serving/gone any more"
         assert results["serving/ranker"].status.value == "ok", results["serving/ranker"].message
         assert results["serving/ranker"].data["drifted"] == {f"http://127.0.0.1:{port}": [2]}
         assert served_versions(triton) == ["1"]

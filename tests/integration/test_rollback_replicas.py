@@ -111,7 +111,7 @@ async def test_one_replica_down_rolls_back_the_others_pinned_and_the_down_one_wh
         assert verify.message == "ranker serves only version 1 on the 2 replica(s) that answer; 1 down: pinned " \
                                     "when they return"
         (pin,) = await svc.journal.pins.live.in_thread()
-        assert (pin["version"], pin["from_version"]) == (1, 2)
+        assert (pin.version, pin.from_version) == (1, 2)
 
         await c.up()
         results = await svc.pins.reconcile_once()

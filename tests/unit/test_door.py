@@ -269,7 +269,7 @@ async def test_the_recovery_revert_is_refused_under_a_runtime_freeze(tmp_path: P
         assert decision.state == "failed" and "revert failed" in decision.reason
         reverts = [r for r in w.effects() if r["writer"] == REVERT]
         assert reverts and all(r["status"] == "refused" and r["data"]["check"] == "freeze" for r in reverts)
-        assert [p["version"] for p in w.journal.pins.live()] == [1]
+        assert [p.version for p in w.journal.pins.live()] == [1]
         assert all(ld.through_door for ld in w.triton.loads)
     finally:
         w.close()
@@ -311,7 +311,7 @@ async def test_a_redeployed_rolled_back_version_is_re_pinned_announced_once_then
     world.journal.bad_versions.clear(KEY, 2, "v2 fixed in the pipeline")
     ended = (await world.pins.reconcile_once())[KEY]
     assert ended.data["ended"] and world.journal.pins.live() == [] and len(world.triton.loads) == loads
-    assert "no longer marked bad" in world.journal.pins.ended()[0]["ended_reason"]
+    assert "no longer marked bad" in world.journal.pins.ended()[0].ended_reason
 
 
 async def test_an_unpin_answers_an_escalated_tug_of_war_and_a_new_pin_starts_afresh(world: World) -> None:

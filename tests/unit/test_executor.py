@@ -859,7 +859,7 @@ async def test_a_journal_error_mid_decision_is_retried_with_backoff_not_parked(h
     assert decision.state == "succeeded", decision.reason
     applies = [s for s in await h.results(decision.id) if s.phase == "apply"]
     assert [a.data.get("recovered") for a in applies] == [True]  # re-observed after the outage
-    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    assert [p.version for p in await h.journal.pins.live.in_thread()] == [1]
     assert [s["state"] for s in await h.journal.signals.all.in_thread()] == ["processed"]
     assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "journal"}) == 2
 
@@ -1051,7 +1051,7 @@ async def test_revert_follow_up_undoes_the_applied_steps_and_clears_the_pin(h: H
                               then="revert"), query=lambda t: 900.0)
 
     await h.fire(ex)
-    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    assert [p.version for p in await h.journal.pins.live.in_thread()] == [1]
     await ex.wait_recoveries()
 
     assert h.trace_of("revert") == [("revert", C), ("revert", A)]
@@ -1082,7 +1082,7 @@ async def test_unknown_never_reverts_it_escalates_and_says_it_could_not_tell(h: 
     assert h.trace_of("revert") == []
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
-    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    assert [p.version for p in await h.journal.pins.live.in_thread()] == [1]
     (_, (status, message)) = await _recovery_rows(h, decision.id)
     assert status == "unknown"
     assert message.startswith("could not tell whether it recovered: no data in the 8s window")
@@ -1138,7 +1138,7 @@ async def test_one_good_sample_then_an_outage_escalates_and_does_not_revert(h: H
     assert h.trace_of("revert") == []
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded"
-    assert [p["version"] for p in await h.journal.pins.live.in_thread()] == [1]
+    assert [p.version for p in await h.journal.pins.live.in_thread()] == [1]
     (_, (status, message)) = await _recovery_rows(h, decision.id)
     assert status == "unknown" and message.startswith("could not tell whether it recovered")
     assert "escalated: default/ranker frozen until" in message

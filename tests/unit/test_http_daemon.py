@@ -35,7 +35,7 @@ from daemon.http.auth import Credentials, TokenSet
 from daemon.http.setup import BodyLimits, HttpSetup
 from daemon.http.status import StatusInputs
 from daemon.storage.errors import JournalError
-from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, Freeze
+from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadVersionMark, EndedPin, Freeze
 from daemon.workers.approvals import ApprovalOutcome, ApprovalResult
 from daemon.workers.freezes import FreezeError, FreezeView
 from daemon.workers.signal_intake import Recorded, Refusal
@@ -110,8 +110,9 @@ class FakeDaemon:
         self.ingested: list[Signal] = []
         self.freezes: list[Freeze] = []
         self.marks: dict[tuple[str, int], str] = {}
-        self.pins: dict[str, Mapping[str, Any]] = {"default/ranker": {"version": 1, "from_version": 2,
-                                                                      "decision_id": 7}}
+        self.pins: dict[str, EndedPin] = {"default/ranker": EndedPin(
+            "default/ranker", "ranker", 1, NOW - 60, from_version=2, decision_id=7, id=1, ended_at=NOW,
+            ended_reason="done")}
         self.recorded = 0
 
     def credentials(self) -> Credentials:
@@ -180,7 +181,7 @@ class FakeDaemon:
     async def clear_bad_version(self, target: str, version: int, reason: str) -> bool:
         return self.marks.pop((target, version), None) is not None
 
-    async def unpin(self, target: str, reason: str) -> Mapping[str, Any] | None:
+    async def unpin(self, target: str, reason: str) -> EndedPin | None:
         return self.pins.pop(target, None)
 
 

@@ -130,7 +130,7 @@ async def test_a_changed_record_is_published_and_an_unchanged_one_is_not(service
     assert await ops.unpin(KNOWN, "none") is None
     await service.journal.pins.record.in_thread(KNOWN, "ranker", 1, from_version=2)
     ended = await ops.unpin(KNOWN, "done")
-    assert ended is not None and ended["version"] == 1 and service.published == 3
+    assert ended is not None and ended.version == 1 and service.published == 3
 
 
 async def test_readiness_and_scrape_read_the_freezes_first_and_survive_a_journal_failure(

@@ -41,7 +41,7 @@ def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(ope
     assert pruned == {"signals": 1, "decisions": 1, "steps": 1, "evaluations": 1}
     assert sorted(s["dedup_key"] for s in j.signals.all()) == ["pending", "recent"]
     assert [d.signal_id for d in j.decisions.all()] == [recent_id]
-    assert j.pins.live()[0]["version"] == 1
+    assert j.pins.live()[0].version == 1
     assert j.signals.record([_signal("recent")])[1] == 1  # still a duplicate
     j.close()
 
@@ -83,7 +83,7 @@ def test_any_error_inside_a_transaction_rolls_it_back(open_journal: OpenJournal)
         j.write(cancelled)
     assert j.pins.live() == [] and not j._db.in_transaction
     j.pins.record("ns/d", "d", 2)
-    assert [p["target"] for p in j.pins.live()] == ["ns/d"]
+    assert [p.target for p in j.pins.live()] == ["ns/d"]
     j.close()
 
 
@@ -117,18 +117,18 @@ def test_old_schema_journal_opens_migrated_and_keeps_its_pins(tmp_path: Path):
     db.close()
     j = Journal(path)
     (pin,) = j.pins.live()
-    assert (pin["target"], pin["version"], pin["from_version"], pin["policy"], pin["reason"]) == ("ns/m", 1, None, None, "")
+    assert (pin.target, pin.version, pin.from_version, pin.policy, pin.reason) == ("ns/m", 1, None, None, "")
     j.close()
     j = Journal(path)  # the migration runs again and changes nothing
     try:
-        assert [p["version"] for p in j.pins.live()] == [1]
+        assert [p.version for p in j.pins.live()] == [1]
         j.pins.record("ns/m", "m", 1, from_version=2, reason="tail latency", policy="p")
         assert j.bad_versions.known("ns/m") == frozenset({2})
         ended = j.pins.end("ns/m", "operator said so")
-        assert ended is not None and ended["from_version"] == 2
+        assert ended is not None and ended.from_version == 2
         assert j.pins.live() == []
         (hist,) = j.pins.ended("ns/m")
-        assert hist["ended_reason"] == "operator said so" and hist["policy"] == "p"
+        assert hist.ended_reason == "operator said so" and hist.policy == "p"
     finally:
         j.close()
 
@@ -143,12 +143,12 @@ def test_pin_records_why_and_marks_the_version_rolled_back_from_bad(open_journal
         j.pins.record("ns/m", "m", 1, from_version=2, decision_id=d, reason="pin m to version 1", policy="p")
         j.pins.record("ns/m", "m", 1, from_version=2, decision_id=d, reason="again", policy="p")
         (pin,) = j.pins.live()
-        assert (pin["decision_id"], pin["signal"], pin["from_version"]) == (d, "A", 2)
+        assert (pin.decision_id, pin.signal, pin.from_version) == (d, "A", 2)
         (mark,) = j.bad_versions.of("ns/m")
         assert mark.version == 2 and f"decision {d}" in mark.reason and mark.decision_id == d
         j.pins.clear("ns/m", "reverted")
         assert j.pins.live() == [] and j.bad_versions.known("ns/m") == frozenset()
-        assert j.pins.ended()[0]["ended_reason"] == "reverted"
+        assert j.pins.ended()[0].ended_reason == "reverted"
         j.bad_versions.mark("ns/m", 5, "by hand")
         assert j.bad_versions.clear("ns/m", 5, "fixed") == 1 and j.bad_versions.clear("ns/m", 5, "fixed") == 0
         cleared = [m for m in j.bad_versions.of("ns/m", include_cleared=True) if m.version == 5]
@@ -198,7 +198,7 @@ def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay
     assert "pending" in signals and {"k8", "k9", "k10", "k11", "k12"} <= signals  # pending; a kept decision's
     assert "k13" in signals  # processed but recent: common cause counts it
     assert not signals & {f"k{i}" for i in range(8)}
-    assert [p["version"] for p in j.pins.live()] == [1]
+    assert [p.version for p in j.pins.live()] == [1]
     assert j.freezes.active_on("ns/m") is not None and j.bad_versions.known("ns/m") == frozenset({2})
     nothing = {"decisions": 0, "steps": 0, "signals": 0, "effects": 0}
     assert j.prune_to_size(3, keep_after=now - 86400) == nothing

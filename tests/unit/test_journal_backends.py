@@ -144,7 +144,7 @@ def test_freezes_guards_evaluations_and_cluster_state(open_journal: OpenJournal)
     last, count = j.decisions.guard_history("p", "ns/m", window_seconds=3600)
     assert last == mine and count == 2  # the mark equal to our own plan counts once
     assert j.bad_versions.known("ns/x") == frozenset({4})
-    assert [p["version"] for p in j.pins.live()] == [3]
+    assert [p.version for p in j.pins.live()] == [3]
 
     j.evaluations.record_many([("p", 0, "s1", True, "fired"), ("p", 0, "s2", False, "quiet")])
     j.evaluations.record_many([("p", 0, "s1", False, "calm")])

@@ -65,7 +65,7 @@ async def test_a_journal_repository_answers_alike_both_ways(tmp_path: Path):
         journal.pins.record("ns/a", "a", 1)
         await journal.pins.record.in_thread("ns/b", "b", 2, reason="by hand")
         assert journal.pins.live() == await journal.pins.live.in_thread()
-        assert [p["target"] for p in journal.pins.live()] == ["ns/a", "ns/b"]
+        assert [p.target for p in journal.pins.live()] == ["ns/a", "ns/b"]
         assert await journal.prune.in_thread(0.0) == journal.prune(0.0)
     finally:
         journal.close()

@@ -90,8 +90,8 @@ def test_it_takes_new_writes_in_old_tables_and_new(old_journal: Path):
         j.decisions.record_verdict(resumed.decision.id, "recovered", "p99 back under 2s", {})
         assert j.decisions.open_recoveries() == []
         ended = j.pins.end(MAKER.RANKER, "rolled forward")
-        assert ended is not None and ended["version"] == 3 and ended["decision_id"] == 1
-        assert [p["target"] for p in j.pins.live()] == ["prod/imported"]
+        assert ended is not None and ended.version == 3 and ended.decision_id == 1
+        assert [p.target for p in j.pins.live()] == ["prod/imported"]
         effect = j.effects.record("executor", MAKER.RANKER, "triton.load", "intent", "load 5", {"version": 5},
                                   fenced=True)
         assert [e["id"] for e in j.effects.of(MAKER.RANKER)] == [effect]

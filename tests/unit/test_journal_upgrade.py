@@ -114,8 +114,8 @@ def test_an_old_journal_takes_new_writes(old_journal: Path):
         j.signals.mark_processed([6])
         assert j.signals.pending_count() == 3  # 3, 4 and 5 were pending in the old journal
         ended = j.pins.end("prod/ranker", "rolled forward")
-        assert ended is not None and ended["version"] == 2
-        assert [p["target"] for p in j.pins.live()] == ["prod/imported"]
+        assert ended is not None and ended.version == 2
+        assert [p.target for p in j.pins.live()] == ["prod/imported"]
     finally:
         j.close()
     assert sqlite3.connect(old_journal).execute("SELECT MAX(version) FROM schema_migrations").fetchone() == (5,)

@@ -74,9 +74,9 @@ def test_without_a_pinning_action_no_pin_is_reapplied_and_pins_still_end_with_th
         reconciler = PinReconciler(ActContext(journal, ExecutorState(PolicySet(policies.policies)), ActionDeps(),
                                               Metrics(), registry))
         assert asyncio.run(reconciler.reconcile_once()) == {}
-        assert [p["target"] for p in journal.pins.live()] == ["default/ranker"]
+        assert [p.target for p in journal.pins.live()] == ["default/ranker"]
         (gone,) = journal.pins.ended()
-        assert gone["target"] == "default/gone" and gone["ended_reason"] == "policy q removed"
+        assert gone.target == "default/gone" and gone.ended_reason == "policy q removed"
     finally:
         journal.close()
 
@@ -117,13 +117,13 @@ def test_a_pin_outlives_a_rename_and_ends_only_when_no_policy_targets_it():
         results = asyncio.run(reconciler.reconcile_once())
         assert results["default/ranker"].ok, results
         assert _FakeReplicas.loads == [("default/ranker", 1)]
-        assert [(p["target"], p["policy"]) for p in journal.pins.live()] == [("default/ranker", "old")]
+        assert [(p.target, p.policy) for p in journal.pins.live()] == [("default/ranker", "old")]
         assert journal.pins.ended() == []
 
         state.policies = PolicySet(load_policies_text(policy("new", "other"), "p.yaml", registry, {}).policies)
         assert asyncio.run(reconciler.reconcile_once()) == {}
         (ended,) = journal.pins.ended()
-        assert ended["ended_reason"] == "policy old removed"
+        assert ended.ended_reason == "policy old removed"
     finally:
         journal.close()
 

@@ -9,7 +9,7 @@ from core.timestamps import iso_utc
 from daemon.cluster.shard_assignment import shard_of
 from daemon.cluster.shard_view import LeaseSeen, ShardingInputs, shard_rows
 from daemon.http.status import StatusInputs, build_status, render_table
-from daemon.storage.records import Term
+from daemon.storage.records import Pin, Term
 from daemon.workers.freezes import FreezeView
 from policies.loader import PolicySet
 
@@ -62,8 +62,7 @@ def test_every_target_is_listed_under_exactly_its_shard() -> None:
 
 
 def _status(sharding: ShardingInputs | None) -> dict[str, Any]:
-    pins = [{"target": t, "model": t.split("/")[1], "version": 1, "from_version": 2, "at": NOW - 60}
-            for t in TARGETS[:6]]
+    pins = [Pin(t, t.split("/")[1], 1, NOW - 60, from_version=2) for t in TARGETS[:6]]
     return build_status(StatusInputs(now=NOW, replica="tailguard-a", leader=True, acting=True, policies=PolicySet(),
                                       policies_loaded=True, last_reload_at=None, last_reload_error=None,
                                       freezes=FreezeView(config=False), pins=pins, sharding=sharding))

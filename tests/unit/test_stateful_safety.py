@@ -532,7 +532,7 @@ def pin_held_off(machine: SafetyMachine) -> None:
     """The path was taken: ranker is pinned to version 1, and replica 0, back on version 2, was not
     re-pinned (the door refused it)."""
     (pin,) = machine.world.observer.pins.live()
-    assert (pin["target"], pin["version"]) == (target_key("ranker"), 1)
+    assert (pin.target, pin.version) == (target_key("ranker"), 1)
     assert machine.world.triton.replicas[replica_url("ranker", 0)].ready == [2]
 
 

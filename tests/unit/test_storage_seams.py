@@ -72,7 +72,7 @@ def test_joined_runs_inside_the_caller_s_transaction_or_in_its_own(tmp_path: Pat
         assert j.pins.live() == []
         commits = j.commits
         j.joined(insert)  # no transaction in progress: one of its own, committed
-        assert [p["target"] for p in j.pins.live()] == ["ns/a"] and j.commits == commits + 1
+        assert [p.target for p in j.pins.live()] == ["ns/a"] and j.commits == commits + 1
 
         # Another thread's transaction in progress is not this thread's: it waits for its own.
         inside, release, order = threading.Event(), threading.Event(), []

@@ -89,10 +89,10 @@ class JournalBackend:
         with settings_journal(self._config) as journal:
             ended = journal.pins.end(key, reason)
             if ended is None:
-                pinned = sorted(p["target"] for p in journal.pins.live())
+                pinned = sorted(p.target for p in journal.pins.live())
                 raise CommandFailed(f"no pin on {key} (pinned now: {', '.join(pinned) or 'none'})")
-        return Unpinned(target=key, version=ended["version"], from_version=ended["from_version"],
-                        decision=ended["decision_id"])
+        return Unpinned(target=key, version=ended.version, from_version=ended.from_version,
+                        decision=ended.decision_id)
 
     def bad_versions(self, target: str) -> list[BadVersion]:
         key = target_key(target)
