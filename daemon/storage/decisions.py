@@ -10,7 +10,7 @@ from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
-from daemon.storage.records import RECOVERY, Decision, OpenRecovery, StepRow
+from daemon.storage.records import RECOVERY, Decision, OpenRecovery, RecoveryRow, StepRow
 
 
 class Decisions:
@@ -140,9 +140,8 @@ class Decisions:
             " AND (s.status = 'pending' OR (d.state = ? AND " + self._core.sql.json_text("s.data", "follow_up")
             + " = 'revert' AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
             (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
-        return [OpenRecovery(decision_from_row(r), {"id": r["row_id"], "status": r["row_status"],
-                                                    "message": r["row_message"], "data": json.loads(r["row_data"]),
-                                                    "at": r["row_at"]}) for r in rows]
+        return [OpenRecovery(decision_from_row(r), RecoveryRow(r["row_id"], r["row_status"], r["row_message"],
+                                                               json.loads(r["row_data"]), r["row_at"])) for r in rows]
 
     @blocking
     def latest(self) -> list[dict[str, Any]]:

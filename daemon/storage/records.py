@@ -67,12 +67,24 @@ class StepRow:
 
 
 @dataclass(frozen=True)
+class RecoveryRow:
+    """A decision's last recovery row (phase RECOVERY): `status` pending while its check is in
+    flight, else the verdict (recovered, not_recovered, unknown)."""
+
+    id: int
+    status: str
+    message: str
+    data: dict[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
 class OpenRecovery:
     """A decision whose recovery is not settled: its check is in flight (`row` is the pending row),
     or its verdict asked for a revert that has not finished (`row` is the verdict)."""
 
     decision: Decision
-    row: dict[str, Any]
+    row: RecoveryRow
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from core.timestamps import iso_utc
 from core.decision import DecisionState
 from daemon.common.lifecycle import Spawn, plain_spawn
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
+from daemon.storage.records import RecoveryRow
 from daemon.workers.decision_events import verdict_event
 from daemon.workers.backlog import JOURNAL_RETRY_MAX_SECONDS
 from daemon.workers.context import ActContext
@@ -77,18 +78,18 @@ class RecoveryWatches:
             decision, row = opened.decision, opened.row
             if decision.id in self._recoveries:
                 continue
-            if row["status"] == "pending":
-                check = RecoveryCheck.from_dict(row["data"]["check"])
+            if row.status == "pending":
+                check = RecoveryCheck.from_dict(row.data["check"])
                 work = self._watch(decision.id, decision.policy, decision.target, check,
-                                   float(row["data"]["acted_at"]), resumed=True)
-            elif row["status"] == Recovery.UNKNOWN or not row["data"].get("complete_evidence"):
+                                   float(row.data["acted_at"]), resumed=True)
+            elif row.status == Recovery.UNKNOWN or not row.data.get("complete_evidence"):
                 # An older version judged "not recovered" on whatever it had: not proof enough to revert.
                 work = self._escalate_unknown(decision.id, decision.policy, decision.target, row)
             else:
-                verdict = RecoveryVerdict(Recovery(row["status"]), row["message"])
+                verdict = RecoveryVerdict(Recovery(row.status), row.message)
                 work = self._revert_unrecovered(decision.id, decision.policy, verdict)
             log.info("resuming recovery after restart", decision=decision.id, policy=decision.policy,
-                     recovery=row["status"])
+                     recovery=row.status)
             self._spawn(decision.id, work)
             started += 1
         return started
@@ -182,14 +183,14 @@ class RecoveryWatches:
                 await self._ctx.sleep(delay)
 
     async def _escalate_unknown(self, decision_id: int, policy_name: str, target: str,
-                                row: dict[str, Any]) -> None:
+                                row: RecoveryRow) -> None:
         """An unknown verdict left waiting for its revert (journaled by a version that reverted on
         unknown): escalate it instead, as a new verdict row with the freeze, so it is settled."""
         with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
             until = self._ctx.clock() + self.escalation_freeze_seconds
-            reason = could_not_tell(str(row["message"]), "revert")
+            reason = could_not_tell(str(row.message), "revert")
             freeze = (target, f"policy {policy_name}, decision {decision_id}: unknown: {reason}", until)
-            data = {**row["data"], "verdict": Recovery.UNKNOWN.value, "follow_up": "escalate", "frozen_until": until,
+            data = {**row.data, "verdict": Recovery.UNKNOWN.value, "follow_up": "escalate", "frozen_until": until,
                     "escalated_instead_of": "revert"}
             message = f"{reason}; escalated: {target} frozen until {iso_utc(until)}"
             await self._retrying("the recovery verdict", lambda: self._ctx.journal.decisions.record_verdict.in_thread(

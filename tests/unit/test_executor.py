@@ -1247,7 +1247,7 @@ async def test_revert_left_by_a_replica_that_may_not_act_is_resumed(h: Harness):
     (decision,) = await h.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and h.trace_of("revert") == []
     (opened,) = await h.journal.decisions.open_recoveries.in_thread()
-    assert opened.row["status"] == "not_recovered"
+    assert opened.row.status == "not_recovered"
 
     second = h.executor(policy, query=lambda t: 900.0)
     assert await second.resume_verifications() == 1

@@ -101,7 +101,7 @@ def test_decisions_approvals_and_recoveries(open_journal: OpenJournal):
     assert [r.decision.id for r in j.decisions.open_recoveries()] == [d1]
     j.decisions.record_verdict(d1, "not_recovered", "still slow", {"follow_up": "revert"})
     (open_,) = j.decisions.open_recoveries()
-    assert open_.row["status"] == "not_recovered" and open_.row["data"] == {"follow_up": "revert"}
+    assert open_.row.status == "not_recovered" and open_.row.data == {"follow_up": "revert"}
     j.decisions.record_verdict(d1, "recovered", "fine", {"follow_up": "none"})
     assert j.decisions.open_recoveries() == []
 
