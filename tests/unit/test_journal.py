@@ -32,9 +32,9 @@ def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(ope
     j.pins.record("ns/m", "m", 1)
     j.evaluations.record("p", 0, "series", False, "ok")
     long_ago = time.time() - 40 * 86400
-    j._db.execute("UPDATE signals SET received_at=? WHERE id IN (?, ?)", (long_ago, old_id, pending_id))
-    j._db.execute("UPDATE decisions SET at=? WHERE signal_id=?", (long_ago, old_id))
-    j._db.execute("UPDATE evaluations SET at=?", (long_ago,))
+    j.write(lambda db: db.execute("UPDATE signals SET received_at=? WHERE id IN (?, ?)", (long_ago, old_id, pending_id)))
+    j.write(lambda db: db.execute("UPDATE decisions SET at=? WHERE signal_id=?", (long_ago, old_id)))
+    j.write(lambda db: db.execute("UPDATE evaluations SET at=?", (long_ago,)))
 
     pruned = j.prune(time.time() - 30 * 86400)
 
@@ -181,10 +181,10 @@ def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay
     j.decisions.record_verdict(reverting, "not_recovered", "did not hold", {"follow_up": "revert"})
     guarded = j.decisions.record(ids[12], "p", "ns/m2", "succeeded", "", {}, executed=True)  # recent
     j.signals.mark_processed(ids[:14])
-    j._db.execute("UPDATE signals SET received_at=? WHERE dedup_key != 'pending' AND dedup_key != 'k12'"
-                  " AND dedup_key != 'k13'", (old,))
-    j._db.execute("UPDATE signals SET received_at=? WHERE dedup_key = 'pending'", (old - 1,))
-    j._db.execute("UPDATE decisions SET at=? WHERE id != ?", (old, guarded))
+    j.write(lambda db: db.execute("UPDATE signals SET received_at=? WHERE dedup_key != 'pending' AND dedup_key != 'k12'"
+                                  " AND dedup_key != 'k13'", (old,)))
+    j.write(lambda db: db.execute("UPDATE signals SET received_at=? WHERE dedup_key = 'pending'", (old - 1,)))
+    j.write(lambda db: db.execute("UPDATE decisions SET at=? WHERE id != ?", (old, guarded)))
     j.pins.record("ns/m", "m", 1)
     j.freezes.record("ns/m", "escalated", now + 3600)
     j.bad_versions.mark("ns/m", 2, "rolled back")
@@ -221,7 +221,7 @@ def test_prune_to_size_bounds_the_doors_effects_and_keeps_what_the_pins_and_writ
     j.effects.record("pins", "ns/m", "pin.escalated", "done", "escalated", {"version": 2})
     j.effects.record("pins", "ns/m", "pin.repin", "done", "re-pinned", {"version": 2})  # live pin below
     j.effects.record("pins", "ns/gone", "pin.repin", "done", "re-pinned", {"version": 2})  # its pin ended
-    j._db.execute("UPDATE effects SET at=?", (old,))
+    j.write(lambda db: db.execute("UPDATE effects SET at=?", (old,)))
     in_flight = j.effects.record("executor", "ns/m", "triton.load", "intent", "load now", {})  # no result yet
     j.pins.record("ns/m", "m", 1)
 
@@ -232,11 +232,11 @@ def test_prune_to_size_bounds_the_doors_effects_and_keeps_what_the_pins_and_writ
     assert kept == [("pin.escalated", "done", "ns/m"), ("pin.repin", "done", "ns/m"), ("triton.load", "intent", "ns/m")]
     assert j.effects.of()[-1]["id"] == in_flight
 
-    j._db.execute("DELETE FROM effects")
+    j.write(lambda db: db.execute("DELETE FROM effects"))
     for i in range(5):
         intent = j.effects.record("executor", "ns/m", "triton.load", "intent", f"load {i}", {})
         j.effects.record("executor", "ns/m", "triton.load", "done", f"load {i}", {"intent": intent})
-    j._db.execute("UPDATE effects SET at=?", (old,))
+    j.write(lambda db: db.execute("UPDATE effects SET at=?", (old,)))
     assert j.prune_to_size(4, keep_after=now - 86400)["effects"] == 6  # the oldest first: whole pairs here
     rows = j.effects.of()
     assert [r["message"] for r in rows] == ["load 3"] * 2 + ["load 4"] * 2
@@ -255,7 +255,7 @@ async def test_the_pruner_bounds_the_journal_in_size_each_round(tmp_path: Path):
     for sid in ids:
         j.decisions.record(sid, "p", "ns/m", "blocked", "flood", {}, executed=False)
     j.signals.mark_processed(ids)
-    j._db.execute("UPDATE signals SET received_at = received_at - 7200")
+    j.write(lambda db: db.execute("UPDATE signals SET received_at = received_at - 7200"))
     settings = JournalSettings.model_validate({"maxHistoryRows": 1000})
     pruner = JournalPruner(j, Metrics(), settings, time.time, guarded_seconds=lambda: 3600.0)
 

@@ -59,7 +59,7 @@ def test_postgres_migrates_an_empty_database_once(empty_postgres_dsn: str):
 
 def test_a_journal_from_a_newer_release_is_refused(journal_store: Path | str):
     j = Journal(journal_store)
-    j._db.execute("INSERT INTO schema_migrations(version, description, applied_at) VALUES (999, 'future', 0)")
+    j.write(lambda db: db.execute("INSERT INTO schema_migrations(version, description, applied_at) VALUES (999, 'future', 0)"))
     j.close()
     with pytest.raises(JournalError, match="schema version 999 is newer"):
         Journal(journal_store)
