@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from core.timestamps import iso_utc
 from daemon.cluster.shard_assignment import shard_of
 from daemon.cluster.shard_view import ShardingInputs, sharding_document
-from daemon.storage.records import Approval, Pin
+from daemon.storage.records import Approval, LatestDecision, Pin
 from daemon.workers.approvals import approval_view
 from daemon.workers.freezes import FreezeView, freeze_as_dict
 from policies.governance import policy_warnings
@@ -36,7 +36,7 @@ class StatusInputs:
     last_reload_at: float | None
     last_reload_error: str | None
     freezes: FreezeView
-    latest: Sequence[Mapping[str, Any]] = ()  # Decisions.latest
+    latest: Sequence[LatestDecision] = ()
     guards: Mapping[tuple[str, str], tuple[float | None, int]] = field(default_factory=dict)  # guard_history
     pins: Sequence[Pin] = ()
     approvals: Sequence[Approval] = ()  # pending
@@ -50,11 +50,11 @@ class StatusInputs:
 def build_status(i: StatusInputs) -> dict[str, Any]:
     """The status document: replica and leadership, policies, freezes, and per target its last
     signal and decision, each policy's cooldown left and actions in its rate window, pin and freeze."""
-    latest = {(d["policy"], d["target"]): d for d in i.latest}
+    latest = {(d.policy, d.target): d for d in i.latest}
     pins = {p.target: p for p in i.pins}
     waiting = {(a.policy, a.target): a for a in i.approvals}
     keys = ({p.target.key for p in i.policies.policies} | set(pins) | set(i.freezes.targets)
-            | {d["target"] for d in i.latest})
+            | {d.target for d in i.latest})
     targets = []
     shards = sharding_document(i.sharding, keys, i.now) if i.sharding is not None else None
     for key in sorted(keys):
@@ -81,13 +81,13 @@ def build_status(i: StatusInputs) -> dict[str, Any]:
                              for index, price in policy_prices(p, _seen_traffic(i.detectors, p.name))],
             })
         own = [d for (_, t), d in latest.items() if t == key]
-        newest = max(own, key=lambda d: d["id"]) if own else None
+        newest = max(own, key=lambda d: d.id) if own else None
         pin = pins.get(key)
         freeze = i.freezes.targets.get(key)
         targets.append({
             "target": key,
-            "lastSignal": {"name": newest["signal_name"], "source": newest["signal_source"],
-                           "at": _iso_or_none(newest["signal_at"])} if newest else None,
+            "lastSignal": {"name": newest.signal_name, "source": newest.signal_source,
+                           "at": _iso_or_none(newest.signal_at)} if newest else None,
             "lastDecision": _decision(newest) if newest else None,
             "pin": {"model": pin.model, "version": pin.version, "fromVersion": pin.from_version,
                     "at": _iso_or_none(pin.at), "decision": pin.decision_id, "reason": pin.reason or ""}
@@ -132,8 +132,8 @@ def _seen_traffic(detectors: Mapping[tuple[str, int], Mapping[str, Any]], policy
     return out
 
 
-def _decision(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {"id": d["id"], "policy": d["policy"], "state": d["state"], "reason": d["reason"], "at": _iso_or_none(d["at"])}
+def _decision(d: LatestDecision) -> dict[str, Any]:
+    return {"id": d.id, "policy": d.policy, "state": d.state, "reason": d.reason, "at": _iso_or_none(d.at)}
 
 
 def _short(text: str, limit: int) -> str:

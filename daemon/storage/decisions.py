@@ -10,7 +10,7 @@ from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
-from daemon.storage.records import RECOVERY, Decision, OpenRecovery, RecoveryRow, StepRow
+from daemon.storage.records import RECOVERY, Decision, LatestDecision, OpenRecovery, RecoveryRow, StepRow
 
 
 class Decisions:
@@ -144,7 +144,7 @@ class Decisions:
                                                                json.loads(r["row_data"]), r["row_at"])) for r in rows]
 
     @blocking
-    def latest(self) -> list[dict[str, Any]]:
+    def latest(self) -> list[LatestDecision]:
         """The latest decision of every (policy, target), with the signal it answered (operator status)."""
         expired = self._core.sql.json_text("d.plan", EXPIRED_KEY)
         rows = self._core.read(
@@ -154,7 +154,8 @@ class Decisions:
             " s.source AS signal_source, s.received_at AS signal_at FROM decisions d"
             " JOIN signals s ON s.id = d.signal_id"
             " WHERE d.id IN (SELECT MAX(id) FROM decisions GROUP BY policy, target) ORDER BY d.target, d.policy")
-        return [dict(r) for r in rows]
+        return [LatestDecision(r["id"], r["policy"], r["target"], r["at"], r["state"], r["reason"], r["signal_name"],
+                               r["signal_source"], r["signal_at"]) for r in rows]
 
     # ---- executed plans (guards), local and imported (guard_marks) -------------------------------
 

@@ -50,6 +50,21 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class LatestDecision:
+    """The latest decision of one (policy, target), with the signal it answered (operator status)."""
+
+    id: int
+    policy: str
+    target: str
+    at: float
+    state: str  # as DecisionState's values, `expired` included
+    reason: str
+    signal_name: str
+    signal_source: str
+    signal_at: float
+
+
+@dataclass(frozen=True)
 class StepRow:
     """One row of a decision's steps: an action's phase (plan, apply, verify, revert ...) and how
     it went, or a recovery row (phase RECOVERY: pending, then the verdict)."""

@@ -884,7 +884,7 @@ async def test_a_decision_resumed_after_its_signal_grew_too_old_ends_expired(h: 
     assert decision.plan["expired"]["in_doubt"] == [0] and decision.executed
     with closing(sqlite3.connect(h.journal_path)) as db:  # what a version that knows no `expired` reads
         assert [state for (state,) in db.execute("SELECT state FROM decisions")] == ["failed"]
-    assert [row["state"] for row in await h.journal.decisions.latest.in_thread()] == ["expired"]
+    assert [row.state for row in await h.journal.decisions.latest.in_thread()] == ["expired"]
     assert [(e["event"], e["state"]) for e in h.events] == [("failed", "expired")]
     assert h.metrics.registry.get_sample_value("tailguard_decisions_total",
                                                {"policy": "remediate", "state": "expired"}) == 1

@@ -116,7 +116,7 @@ def test_decisions_approvals_and_recoveries(open_journal: OpenJournal):
     assert [x.status for x in j.approvals.all()] == ["approved", "expired"]
     expired = j.decisions.get(b.decision_id)
     assert expired is not None and f"approval {b.id} expired" in expired.reason
-    latest = {(d["policy"], d["target"]): d["state"] for d in j.decisions.latest()}
+    latest = {(d.policy, d.target): d.state for d in j.decisions.latest()}
     assert latest == {("p", "ns/m"): "succeeded", ("q", "ns/n"): "executing", ("q", "ns/o"): "blocked"}
 
 
