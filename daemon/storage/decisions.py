@@ -10,7 +10,8 @@ from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
-from daemon.storage.records import RECOVERY, Decision, LatestDecision, OpenRecovery, RecoveryRow, StepRow
+from daemon.storage.records import (RECOVERY, Decision, ExecutedMark, GuardHistory, LatestDecision, OpenRecovery,
+                                    RecoveryRow, StepRow)
 
 
 class Decisions:
@@ -161,7 +162,7 @@ class Decisions:
 
     @blocking
     def guard_history(self, policy: str, target: str, window_seconds: float,
-                      now: float | None = None) -> tuple[float | None, int]:
+                      now: float | None = None) -> GuardHistory:
         """(time of the last executed plan, executed plans within the window)."""
         now = self._core.clock() if now is None else now
         # UNION (not UNION ALL): a mark this journal exported and imported back is one plan.
@@ -172,16 +173,16 @@ class Decisions:
             (now - window_seconds, policy, target, policy, target),
         )
         last = rows[0]["last"]
-        return (None if last is None else float(last)), int(rows[0]["n"] or 0)
+        return GuardHistory(None if last is None else float(last), int(rows[0]["n"] or 0))
 
     @blocking
-    def executed_marks(self, since: float) -> list[tuple[str, str, float]]:
+    def executed_marks(self, since: float) -> list[ExecutedMark]:
         """(policy, target, at) of every executed plan after `since`, local or imported."""
         rows = self._core.read(
             "SELECT policy, target, at FROM decisions WHERE executed=1 AND at > ?"
             " UNION SELECT policy, target, at FROM guard_marks WHERE at > ? ORDER BY policy, target, at",
             (since, since))
-        return [(r["policy"], r["target"], float(r["at"])) for r in rows]
+        return [ExecutedMark(r["policy"], r["target"], float(r["at"])) for r in rows]
 
 
 def _insert_step(db: Backend, decision_id: int, idx: int, action: str, phase: str, status: str,

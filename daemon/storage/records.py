@@ -49,6 +49,21 @@ class Decision:
     executed: bool
 
 
+class GuardHistory(NamedTuple):
+    """What the guards count of one (policy, target): its executed plans, local or imported."""
+
+    last: float | None  # when the last one was executed (None: never)
+    executed: int  # how many within the window asked for
+
+
+class ExecutedMark(NamedTuple):
+    """An executed plan of `policy` on `target` at `at`, local or imported (guard_marks)."""
+
+    policy: str
+    target: str
+    at: float
+
+
 @dataclass(frozen=True)
 class LatestDecision:
     """The latest decision of one (policy, target), with the signal it answered (operator status)."""
