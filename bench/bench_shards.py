@@ -14,8 +14,9 @@ shards, assigned by bounded-load rendezvous; the busiest replica polls its model
 queries narrowed to them (one model's query per policy, as `$model` scopes it). Its steady and first
 cycles' CPU (process_time, best of 2) against one leader polling all 10,000 in the same run.
 Part 3 (`--fleet-wide`, a few CPU-minutes): the cost of a fleet-wide query that cannot be narrowed (it
-names no $model, so every replica leading one of its policies fetches and parses it whole; only
-routing, detection and journaling split). bench/bench_poll_cycle.py with one query shared by the
+names no $model and is no plain selector, so every replica leading one of its policies fetches and
+parses it whole; only routing, detection and journaling split; a plain selector is narrowed to the
+led models, daemon/cluster/query_narrowing.py: the `narrowed` row). bench/bench_poll_cycle.py with one query shared by the
 MODELS policies: one leader loading all of them; a replica of four leading a quarter of them (`--led`)
 on the whole answer; and the same quarter narrowed (an answer of its models' series only).
 What this does not measure: the Lease traffic (one list and about shards/replicas writes per retry

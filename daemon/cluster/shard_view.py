@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from core.promql import render_query
 from core.timestamps import iso_utc
+from daemon.cluster.query_narrowing import narrowable
 from daemon.cluster.shard_assignment import shard_of
 from daemon.storage.records import Term
 from policies.loader import LoadedPolicy, PolicySet
@@ -99,15 +100,16 @@ def sharding_document(i: ShardingInputs, targets: Iterable[str], now: float) -> 
 
 
 def fleet_wide_triggers(policy: LoadedPolicy) -> list[tuple[int, str]]:
-    """The Prometheus detector triggers of `policy` (index, query) whose query does not name its
-    target ($model, $namespace): fetched whole by every replica leading a policy that shares it, where
-    a query naming the target is narrowed to it by its own label matcher. PromQL has no hash
-    function, so a fleet-wide query cannot be cut to a replica's shards by the daemon."""
+    """The Prometheus detector queries of `policy` (trigger index, query) that are fetched whole by
+    every replica leading a policy that shares them: they name no target ($model, $namespace: then
+    their own label matcher narrows them) and are not a plain selector the poller narrows to the
+    led models (daemon/cluster/query_narrowing.py). PromQL has no hash function to cut them by shard."""
     values = {"model": policy.target.model, "namespace": policy.target.namespace}
     out = []
     for bound in policy.detectors:
         for query in (bound.trigger.query, bound.trigger.companion_query):
-            if query and bound.trigger.source == "prometheus" and render_query(query, values) == query:
+            if (query and bound.trigger.source == "prometheus" and render_query(query, values) == query
+                    and not narrowable(query, bound.trigger.model_label)):
                 out.append((bound.index, query))
     return out
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import structlog
 
+from daemon.cluster.query_narrowing import narrow_selector
 from daemon.cluster.shard_view import ShardingInputs, fleet_wide_queries, fleet_wide_triggers
 from daemon.cluster.shards import ShardManager
 from daemon.common.config import Settings
@@ -27,7 +28,7 @@ from daemon.storage.journal import Journal
 from daemon.workers.door import Door
 from daemon.workers.executor import Executor
 from daemon.workers.pins import PinReconciler
-from daemon.workers.poller import Poller
+from daemon.workers.poller import Poller, QueryGroup
 from policies.loader import LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.sharding")
@@ -67,6 +68,7 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
     pins.owns = manager.owns
     if poller is not None:
         poller.follows = _follows(manager)
+        poller.narrow = narrow_group
     supervisor.start("leader-election", manager, joined=True)
     return manager
 
@@ -82,11 +84,26 @@ def _follows(manager: ShardManager) -> Callable[[LoadedPolicy], bool]:
         for index, query in fleet_wide_triggers(policy) if led else ():
             if query not in said:
                 said.add(query)
-                log.warning("a fleet-wide query cannot be narrowed to this replica's shards (it names no $model):"
-                            " fetched and parsed whole here, detection split", query=query, policy=policy.name,
-                            trigger=index)
+                log.warning("a fleet-wide query cannot be narrowed to this replica's shards (it names no $model"
+                            " and is no plain selector): fetched and parsed whole here, detection split",
+                            query=query, policy=policy.name, trigger=index)
         return led
     return follows
+
+
+def narrow_group(group: QueryGroup) -> None:
+    """A Prometheus group whose query names no target (shared by the led policies of several models)
+    asks only for the series of the models led here, where its selector allows (query and companion
+    each); the poller routes each series to its policy by the same label, so the watches see the same
+    series as on the whole answer. A group with a query naming its target is narrowed already."""
+    labels = {w.bound.trigger.model_label for w in group.watches}
+    if group.source != "prometheus" or len(labels) != 1 or any(w.scoped for w in group.watches):
+        return
+    (label,) = labels
+    models = [w.policy.target.model for w in group.watches]
+    group.query = narrow_selector(group.query, label, models) or group.query
+    if group.companion:
+        group.companion = narrow_selector(group.companion, label, models) or group.companion
 
 
 async def sharding_status(manager: ShardManager, journal: Journal, policies: PolicySet) -> ShardingInputs:

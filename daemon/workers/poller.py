@@ -156,6 +156,7 @@ class Poller:
         self.spawn: Spawn = plain_spawn
         # With sharding on: whether this replica watches a policy (it leads its target's shard); None: all.
         self.follows: Callable[[LoadedPolicy], bool] | None = None
+        self.narrow: Callable[[QueryGroup], None] = lambda group: None  # and narrows its queries to those
 
     def sync(self, policies: PolicySet) -> None:
         """Follow a policy reload; detectors whose trigger did not change keep their state."""
@@ -193,6 +194,8 @@ class Poller:
         for old_key, g in old_groups.items():
             if old_key not in groups:
                 _remove(self._metrics.query_up, g.id, g.source)
+        for g in groups.values():
+            self.narrow(g)
         self.groups = groups
         self._health()
 
@@ -522,14 +525,11 @@ def detection_signal(watch: Watch, series: Series, d: Detection, now: float) -> 
     labels = dict(series.labels)
     labels.setdefault("model", watch.policy.target.model)
     return Signal(
-        source=SignalSource.DETECTOR,
-        name=d.detector,
-        labels=labels,
+        source=SignalSource.DETECTOR, name=d.detector, labels=labels,
         observed_at=datetime.fromtimestamp(now, timezone.utc),
         dedup_key=f"detector:{watch.policy.name}:{watch.bound.index}:"
                   f"{stable_key(series_key(series.labels), round(episode, 3))}",
-        value=d.value,
-        policy=watch.policy.name,
+        value=d.value, policy=watch.policy.name,
         details={"reason": d.reason, "baseline": d.baseline, "score": d.score, "threshold": d.threshold,
                  "episode_start": d.episode_start, "query": watch.bound.trigger.query,
                  "evidence": [list(p) for p in d.evidence][-20:],
