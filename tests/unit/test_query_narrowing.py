@@ -136,3 +136,41 @@ def test_only_what_cannot_be_narrowed_counts_as_fleet_wide() -> None:
                                        ("c", "max by (model) (lab_latency)")).policies
     assert fleet_wide_triggers(plain) == [] and fleet_wide_triggers(scoped) == []
     assert fleet_wide_triggers(whole) == [(0, "max by (model) (lab_latency)")]
+
+
+def test_start_sharding_hooks_the_pollers_filter_and_narrowing(tmp_path: Path) -> None:
+    """The service's wiring: the poller follows the shards led and narrows its groups (not only when a
+    test sets the hooks by hand)."""
+    from types import SimpleNamespace
+
+    from daemon.common.config import LeaderElectionSettings, ShardingSettings
+    from daemon.wiring.sharding import start_sharding
+
+    class Started:
+        def __init__(self) -> None:
+            self.started: list[str] = []
+
+        def start(self, name: str, component: Any, **kw: Any) -> None:
+            self.started.append(name)
+
+    class Stub:
+        owns: Any = None
+
+    settings = SimpleNamespace(sharding=ShardingSettings(shards=4),  # what start_sharding reads
+                               leader_election=LeaderElectionSettings.model_validate({"enabled": True}))
+    journal = Journal(tmp_path / "j.db")
+    try:
+        poller = Poller(_Prometheus([]), journal, Metrics(), detector_registry(), None, None)  # type: ignore[arg-type]
+        supervisor = Started()
+        manager = start_sharding(object(), settings, "tailguard-a", journal, Metrics(), object(), Stub(),  # type: ignore[arg-type]
+                                 poller, Stub(), supervisor, lambda led: None, lambda: 0.0)  # type: ignore[arg-type]
+        assert supervisor.started == ["leader-election"] and poller.narrow is narrow_group
+        assert poller.follows is not None
+        poller.sync(_policies(("a", "lab_latency"), ("b", "lab_latency")))
+        assert poller.groups == {}  # nothing led yet: nothing watched
+        manager._led = frozenset(range(4))  # every shard led, within its renew deadline
+        manager._renewed = dict.fromkeys(range(4), float("inf"))
+        poller.sync(_policies(("a", "lab_latency"), ("b", "lab_latency")))
+        assert [g.query for g in poller.groups.values()] == ['lab_latency{model=~"a|b"}']
+    finally:
+        journal.close()
