@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     jm.set_defaults(handler=journal_commands.migrate)
 
     st = sub.add_parser("status", help="the leader's state: policies, targets (last signal and decision, "
-                                       "cooldown, actions, pin, freeze), approvals, stale queries")
+                                       "cooldown, actions, pin, freeze), approvals, stale queries; sharded, "
+                                       "every shard with the replica leading it, asked of any replica")
     _api_arguments(st)
     st.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
     st.set_defaults(handler=operator_verbs.status)
