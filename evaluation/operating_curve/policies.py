@@ -11,7 +11,9 @@ Page's statistic of each member from the deploy on (the live `page` on the live 
 evidence, the live design's increments) is never below the statistic a cycle recomputes over its
 lookback, which starts later from zero. Only where it reaches `SCREEN` of the member's lowest
 derived threshold at the traffic seen is the live detector polled, at every poll interval, in time
-order. The start test fires on the first crossing of the version's life and says when in every
+order; on counters, under both readings the live detector may use (latency mass, and slow requests
+counted per step with the count design), since a screen on mass alone misses where counts cross
+(0.2% at 600 ms weighs little as mass). The start test fires on the first crossing of the version's life and says when in every
 later cycle of its horizon: it is read from the live detector once, at the horizon's end. Alert
 webhooks (policy_alerts.py) are ruled in time order with the bank's candidate polls; the first
 rollback ends the version.
@@ -24,7 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from detectors._slow_counts import FALSE_COUNT_SHARE, slow_counts, windows
 from detectors.sequential.bank import page
+from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import mass_evidence
 from detectors.sequential.thresholds import STORE, rounded_traffic
 from evaluation.operating_curve.arrivals import BULK_MS, Fault
@@ -79,7 +83,17 @@ def simulate(traffic: Traffic, fault: Fault, rows: int, seconds: int, rng: np.ra
     return [Row(pre, req[r], slow[r], None if lat is None else lat[r]) for r in range(rows)]
 
 
-def screen_levels(model: PolicyModel, traffic: Traffic) -> NDArray[np.float64]:
+@dataclass(frozen=True)
+class Screen:
+    """Each member's screen level, per design the live detector may read with: the test's own
+    (counts on a histogram, latency mass on counters) and, on counters, the count design's (slow
+    requests counted per step, what the live detector reads where steps are short enough)."""
+
+    levels: NDArray[np.float64]
+    count_levels: NDArray[np.float64] | None = None
+
+
+def screen_levels(model: PolicyModel, traffic: Traffic) -> Screen:
     """Each member's lowest derived threshold over the traffic cells the trace can show (derived now,
     so the live detector finds them derived too, as a daemon does after its first minute)."""
     test = model.params.test()
@@ -91,13 +105,19 @@ def screen_levels(model: PolicyModel, traffic: Traffic) -> NDArray[np.float64]:
     while x < high:
         cells.add(rounded_traffic(x))
         x *= 1.05
-    table = np.array([STORE.derive_now(test.design, promise, c) for c in sorted(cells) if c > 0])
-    return np.asarray(table.min(axis=0) * SCREEN)
+
+    def lowest(design: BankDesign) -> NDArray[np.float64]:
+        table = np.array([STORE.derive_now(design, promise, c) for c in sorted(cells) if c > 0])
+        return np.asarray(table.min(axis=0) * SCREEN)
+
+    counted = model.params.count_design()
+    return Screen(lowest(test.design), None if counted is None else lowest(counted))
 
 
-def candidates(model: PolicyModel, row: Row, levels: NDArray[np.float64], begin: float) -> NDArray[np.float64]:
+def candidates(model: PolicyModel, row: Row, screen: Screen, begin: float) -> NDArray[np.float64]:
     """The poll times (s from the deploy, from `begin` on) where some member's statistic since
-    `begin` reaches its screen level."""
+    `begin` reaches its screen level. On counters, under either reading the live detector may use
+    (latency mass, or slow requests counted per step): a poll wherever one of them could cross."""
     step = model.interval
     first = math.ceil(max(begin, 0.0) / step) * step
     grid = np.arange(first, row.requests.size - row.pre - 1 + 1e-9, step)
@@ -107,22 +127,29 @@ def candidates(model: PolicyModel, row: Row, levels: NDArray[np.float64], begin:
     req_c, slow_c, lat_c = row.cumulative()
     d_req = np.diff(req_c[idx])[None, :]
     test = model.params.test()
+    readings: list[tuple[BankDesign, NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]] = []
     if lat_c is None:
-        units = np.diff(slow_c[idx])[None, :]
-        requests = d_req
+        readings.append((test.design, screen.levels, np.diff(slow_c[idx])[None, :], d_req))
     else:
+        d_lat = np.diff(lat_c[idx])[None, :]
         window = max(1, int(round(test.bulk_window_seconds / step)))
-        ev = mass_evidence(np.diff(lat_c[idx])[None, :], d_req, test.line, window, test.bulk_slack)
-        units, requests = np.nan_to_num(ev.units), np.nan_to_num(ev.requests)
-    over = np.zeros(units.shape[1], dtype=bool)
-    for k, (jump, drain) in enumerate(zip(test.design.jumps, test.design.drains)):
-        s, _ = page(units * jump - requests * drain)
-        over |= s[0] >= levels[k]
+        ev = mass_evidence(d_lat, d_req, test.line, window, test.bulk_slack)
+        readings.append((test.design, screen.levels, np.nan_to_num(ev.units), np.nan_to_num(ev.requests)))
+        counted = model.params.count_design()
+        if counted is not None and screen.count_levels is not None:
+            c = slow_counts(d_lat, d_req, test.line, counted.null / (1.0 + FALSE_COUNT_SHARE),
+                            *windows(step, test.bulk_window_seconds), test.bulk_slack)
+            readings.append((counted, screen.count_levels, np.nan_to_num(c.units), np.nan_to_num(c.requests)))
+    over = np.zeros(grid.size - 1, dtype=bool)
+    for design, levels, units, requests in readings:
+        for k, (jump, drain) in enumerate(zip(design.jumps, design.drains)):
+            s, _ = page(units * jump - requests * drain)
+            over |= s[0] >= levels[k]
     found: NDArray[np.float64] = grid[1:][over]
     return found
 
 
-def run_row(setup: Setup, row: Row, levels: NDArray[np.float64], outcome: Outcome, index: int,
+def run_row(setup: Setup, row: Row, levels: Screen, outcome: Outcome, index: int,
             restart_at: float | None = None) -> None:
     """One deploy through the policy: the first rollback's time and cause into `outcome`."""
     model, step = setup.model, setup.model.interval

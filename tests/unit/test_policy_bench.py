@@ -139,3 +139,19 @@ def test_screen_finds_what_every_cycle_finds(models: dict[str, PolicyModel]) -> 
                 break
             t += model.interval
         assert screened.at[i] == min(brute, fire)
+
+
+def test_on_counters_the_screen_polls_where_counted_steps_cross(models: dict[str, PolicyModel]) -> None:
+    """A breach of light slow requests (0.2% at 600 ms) weighs little as latency mass; the live
+    detector counts it per step. A screen on mass alone polled too little (24% of mid-life rows
+    rolled back within 10 minutes, against 100% polled by counts): it must poll where counts cross."""
+    from evaluation.operating_curve.policies import Screen
+    model = models["ranker.yaml"]
+    screen = screen_levels(model, Traffic(40.0))
+    assert screen.count_levels is not None
+    rows = simulate(Traffic(40.0), Fault(0.002, 600), 8, 600, np.random.default_rng(5), True,
+                    onset=0.0, before=Fault(0.0005, 900))
+    mass_only = Screen(screen.levels)
+    found = [candidates(model, row, screen, 0.0) for row in rows]
+    assert all(set(candidates(model, row, mass_only, 0.0).tolist()) <= set(f.tolist()) for row, f in zip(rows, found))
+    assert sum(f.size > 0 for f in found) >= 6
