@@ -16,6 +16,8 @@ sys.path.insert(0, str(ROOT))  # run as a script: the project's packages first
 
 from daemon.http.intake import alert_signals, parse_payload  # noqa: E402
 from daemon.storage.journal import Journal  # noqa: E402
+from daemon.storage.records import StepRecord  # noqa: E402
+from daemon.storage.step_kinds import StepPhase, StepStatus  # noqa: E402
 
 N = 2000
 print("command: .venv/bin/python bench/bench_journal_rows.py")
@@ -33,8 +35,9 @@ for i in range(N):
     sigs = alert_signals(parse_payload(p))
     ((sid, _), *_), _ = j.signals.record(sigs[:1])
     d = j.decisions.record(sid, "ranker-tail", "serving/ranker", "succeeded", "2 step(s) applied and verified", plan, executed=True)
-    for k, phase in enumerate(("intent", "apply", "verify", "intent", "apply", "verify")):
-        j.decisions.record_step(d, k // 3, "triton.rollback", phase, "ok", "loaded v1; v2 unloaded", {"pin": True, "versions": [1]}, 0.2)
+    for k, phase in enumerate((StepPhase.INTENT, StepPhase.APPLY, StepPhase.VERIFY) * 2):
+        j.decisions.record_step(StepRecord(d, k // 3, "triton.rollback", phase, StepStatus.OK,
+                                           "loaded v1; v2 unloaded", {"pin": True, "versions": [1]}, 0.2))
 j.close()
 size = (tmp / "j.db").stat().st_size
 print(f"{N} signals + {N} decisions + {6*N} steps: {size/1e6:.1f} MB, {size/N:.0f} bytes per decision with its signal and steps")

@@ -11,7 +11,8 @@ from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
 from daemon.storage.records import (RECOVERY, Decision, ExecutedMark, GuardHistory, LatestDecision, OpenRecovery,
-                                    RecoveryRow, StepRow)
+                                    RecoveryRow, StepRecord, StepRow)
+from daemon.storage.step_kinds import UNSETTLED_VERDICTS, StepPhase, StepStatus
 
 
 class Decisions:
@@ -66,19 +67,17 @@ class Decisions:
             else:
                 db.execute("UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id))
             if recovery is not None:
-                _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, "pending", recovery[0], recovery[1], None,
+                _insert_step(db, _recovery_row(decision_id, StepStatus.PENDING, recovery[0], recovery[1]),
                              self._core.clock())
 
         self._core.fenced_write(run)
 
     @blocking
-    def record_step(self, decision_id: int, idx: int, action: str, phase: str, status: str,
-                    message: str, data: dict[str, Any], duration_seconds: float | None) -> None:
-        self._core.fenced_write(lambda db: _insert_step(db, decision_id, idx, action, phase, status, message, data,
-                                                        duration_seconds, self._core.clock()))
+    def record_step(self, step: StepRecord) -> None:
+        self._core.fenced_write(lambda db: _insert_step(db, step, self._core.clock()))
 
     @blocking
-    def record_verdict(self, decision_id: int, status: str, message: str, data: dict[str, Any],
+    def record_verdict(self, decision_id: int, status: StepStatus, message: str, data: dict[str, Any],
                        freeze: tuple[str, str, float] | None = None) -> int | None:
         """The recovery verdict (a recovery row with `status`), and with `freeze` (target, reason,
         until) the target's freeze that escalates it, in one transaction. Returns the freeze's id."""
@@ -86,7 +85,7 @@ class Decisions:
             checked(target=freeze[0], reason=freeze[1])
 
         def run(db: Backend) -> int | None:
-            _insert_step(db, decision_id, -1, RECOVERY, RECOVERY, status, message, data, None, self._core.clock())
+            _insert_step(db, _recovery_row(decision_id, status, message, data), self._core.clock())
             if freeze is None:
                 return None
             return insert_freeze(db, freeze[0], freeze[1], freeze[2], decision_id, at=self._core.clock())
@@ -126,8 +125,9 @@ class Decisions:
     def steps(self, decision_id: int) -> list[StepRow]:
         """The decision's step rows, their data decoded, in order."""
         rows = self._core.read("SELECT * FROM steps WHERE decision_id=? ORDER BY id", (decision_id,))
-        return [StepRow(r["id"], r["decision_id"], r["idx"], r["action"], r["phase"], r["status"], r["message"],
-                        json.loads(r["data"]), r["at"], r["duration_seconds"]) for r in rows]
+        return [StepRow(r["id"], r["decision_id"], r["idx"], r["action"], StepPhase(r["phase"]),
+                        StepStatus(r["status"]), r["message"], json.loads(r["data"]), r["at"], r["duration_seconds"])
+                for r in rows]
 
     @blocking
     def open_recoveries(self) -> list[OpenRecovery]:
@@ -138,11 +138,13 @@ class Decisions:
             "SELECT d.*, s.id AS row_id, s.status AS row_status, s.message AS row_message, s.data AS row_data,"
             " s.at AS row_at FROM decisions d JOIN steps s ON s.decision_id = d.id"
             " WHERE s.phase = ? AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id AND phase = ?)"
-            " AND (s.status = 'pending' OR (d.state = ? AND " + self._core.sql.json_text("s.data", "follow_up")
-            + " = 'revert' AND s.status IN ('not_recovered', 'unknown'))) ORDER BY d.id",
-            (RECOVERY, RECOVERY, DecisionState.SUCCEEDED.value))
-        return [OpenRecovery(decision_from_row(r), RecoveryRow(r["row_id"], r["row_status"], r["row_message"],
-                                                               json.loads(r["row_data"]), r["row_at"])) for r in rows]
+            " AND (s.status = ? OR (d.state = ? AND " + self._core.sql.json_text("s.data", "follow_up")
+            + " = 'revert' AND s.status IN (?, ?))) ORDER BY d.id",
+            (StepPhase.RECOVERY.value, StepPhase.RECOVERY.value, StepStatus.PENDING.value,
+             DecisionState.SUCCEEDED.value, *(v.value for v in UNSETTLED_VERDICTS)))
+        return [OpenRecovery(decision_from_row(r), RecoveryRow(r["row_id"], StepStatus(r["row_status"]),
+                                                               r["row_message"], json.loads(r["row_data"]), r["row_at"]))
+                for r in rows]
 
     @blocking
     def latest(self) -> list[LatestDecision]:
@@ -185,14 +187,20 @@ class Decisions:
         return [ExecutedMark(r["policy"], r["target"], float(r["at"])) for r in rows]
 
 
-def _insert_step(db: Backend, decision_id: int, idx: int, action: str, phase: str, status: str,
-                 message: str, data: dict[str, Any], duration_seconds: float | None, at: float) -> None:
-    checked(action=action, phase=phase, status=status, message=message)
+def _recovery_row(decision_id: int, status: StepStatus, message: str, data: dict[str, Any]) -> StepRecord:
+    """A recovery row of the decision: its check in flight (pending), or the verdict."""
+    return StepRecord(decision_id, -1, RECOVERY, StepPhase.RECOVERY, status, message, data)
+
+
+def _insert_step(db: Backend, step: StepRecord, at: float) -> None:
+    # Stored as the enums' plain values: the rows are byte for byte what earlier releases wrote.
+    phase, status = StepPhase(step.phase).value, StepStatus(step.status).value
+    checked(action=step.action, phase=phase, status=status, message=step.message)
     db.execute(
         "INSERT INTO steps(decision_id, idx, action, phase, status, message, data, at, duration_seconds)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (decision_id, idx, action, phase, status, message, json.dumps(data, default=str),
-         at, duration_seconds))
+        (step.decision_id, step.idx, step.action, phase, status, step.message, json.dumps(step.data, default=str),
+         at, step.duration_seconds))
 
 
 def decision_from_row(r: Row) -> Decision:

@@ -15,14 +15,17 @@ this never touches.
 from __future__ import annotations
 
 from daemon.storage.backend import Backend
+from daemon.storage.step_kinds import UNSETTLED_VERDICTS, StepPhase, StepStatus
 
+_VERDICTS = ", ".join(f"'{v.value}'" for v in UNSETTLED_VERDICTS)
 UNSETTLED = (
     "SELECT id FROM decisions WHERE state = 'executing'"
     " UNION SELECT decision_id FROM approvals WHERE status = 'pending'"
     " UNION SELECT d.id FROM decisions d JOIN steps s ON s.decision_id = d.id"
-    " WHERE s.phase = 'recovery' AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id"
-    " AND phase = 'recovery') AND (s.status = 'pending' OR (d.state = 'succeeded' AND {follow_up} = 'revert'"
-    " AND s.status IN ('not_recovered', 'unknown')))"
+    f" WHERE s.phase = '{StepPhase.RECOVERY.value}' AND s.id = (SELECT MAX(id) FROM steps WHERE decision_id = d.id"
+    f" AND phase = '{StepPhase.RECOVERY.value}') AND (s.status = '{StepStatus.PENDING.value}'"
+    " OR (d.state = 'succeeded' AND {follow_up} = 'revert'"
+    f" AND s.status IN ({_VERDICTS})))"
 )
 
 

@@ -7,11 +7,12 @@ from typing import Any, Callable, NamedTuple
 
 from core.decision import DecisionState
 from core.signal import Signal
+from daemon.storage.step_kinds import StepPhase, StepStatus
 
 DAEMON_SCOPE = "*"  # the freezes row `target` of a freeze on the whole daemon (every target)
 FOREVER = 253402300799.0  # 9999-12-31T23:59:59Z: the `until` of a freeze that lasts until lifted
 
-RECOVERY = "recovery"  # the phase (and action) of a decision's recovery rows: pending, then the verdict
+RECOVERY = "recovery"  # the action of a decision's recovery rows (phase StepPhase.RECOVERY: pending, then the verdict)
 
 
 
@@ -80,16 +81,30 @@ class LatestDecision:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """What `Decisions.record_step` journals: one step row of a decision (the journal stamps `at`)."""
+
+    decision_id: int
+    idx: int  # the action's index in the plan (-1: the decision's recovery)
+    action: str
+    phase: StepPhase
+    status: StepStatus
+    message: str
+    data: dict[str, Any]
+    duration_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class StepRow:
-    """One row of a decision's steps: an action's phase (plan, apply, verify, revert ...) and how
+    """One row of a decision's steps: an action's phase (intent, apply, verify, revert) and how
     it went, or a recovery row (phase RECOVERY: pending, then the verdict)."""
 
     id: int
     decision_id: int
     idx: int  # the action's index in the plan (-1: the decision's recovery)
     action: str
-    phase: str
-    status: str
+    phase: StepPhase
+    status: StepStatus
     message: str
     data: dict[str, Any]
     at: float
@@ -102,7 +117,7 @@ class RecoveryRow:
     flight, else the verdict (recovered, not_recovered, unknown)."""
 
     id: int
-    status: str
+    status: StepStatus
     message: str
     data: dict[str, Any]
     at: float

@@ -31,7 +31,8 @@ from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
 from daemon.common.lifecycle import Spawn
-from daemon.storage.records import RECOVERY, Decision
+from daemon.storage.records import RECOVERY, Decision, StepRecord
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.decision_events import decision_event
 from daemon.workers.approvals import ApprovalGate, ApprovalResult, BaseUrl
 from daemon.workers.blast_guard import BlastGuard
@@ -360,8 +361,9 @@ class Executor:
         if check is not None:
             self._watches.start(decision_id, policy.name, policy.target.key, check, acted_at)
         elif acted and recovery.skipped is not None:
-            await self._ctx.journal.decisions.record_step.in_thread(
-                decision_id, -1, RECOVERY, RECOVERY, "skipped", recovery.skipped, {"signal": signal.dedup_key}, None)
+            await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                decision_id, -1, RECOVERY, StepPhase.RECOVERY, StepStatus.SKIPPED, recovery.skipped,
+                {"signal": signal.dedup_key}))
 
     def _recovery_plan(self, policy: LoadedPolicy, signal: Signal) -> RecoveryPlan:
         """How the decision's recovery will be judged, made before it acts (and journaled with it)."""

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping, TypeGuard
 
 from actions.base import Action, Step
 from core.outcome import Outcome, OutcomeStatus
-from daemon.storage.records import RECOVERY, StepRow
+from daemon.storage.records import StepRow
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from policies.loader import LoadedPolicy, PolicyLoadError, policy_document, restore_policy
 from policies.planning import Plan, RecoveryCheck
 
@@ -24,7 +25,8 @@ from policies.planning import Plan, RecoveryCheck
 # applies per step. Actions retry nothing themselves except write conflicts, inside their
 # compare-and-swap, and an exhausted conflict comes back not retryable.
 MAX_APPLY_ATTEMPTS = 3
-INTENT = "intent"  # the step row phase journaled before each apply call
+_LANDED = (StepStatus.OK, StepStatus.NOOP)  # an apply (or revert) row whose change is in place
+INTENT = StepPhase.INTENT  # the step row phase journaled before each apply call
 
 
 @dataclass
@@ -39,7 +41,7 @@ class StepProgress:
 
     @property
     def landed(self) -> bool:
-        return self.result is not None and self.result.status in (OutcomeStatus.OK, OutcomeStatus.NOOP)
+        return self.result is not None and self.result.status in _LANDED
 
     def final(self) -> Outcome | None:
         """The step's final Outcome when the journal already has it (nothing to call), else None."""
@@ -56,22 +58,22 @@ def step_progress(rows: Iterable[StepRow]) -> dict[int, StepProgress]:
     """Each step's progress (by index) from a decision's step rows, oldest first."""
     progress: dict[int, StepProgress] = {}
     for row in rows:
-        if row.phase == RECOVERY:
+        if row.phase == StepPhase.RECOVERY:
             continue  # about the decision as a whole, not one step
         step = progress.setdefault(int(row.idx), StepProgress())
-        if row.phase == INTENT:
+        if row.phase == StepPhase.INTENT:
             step.attempt, step.in_doubt, step.result, step.verify = int(row.data["attempt"]), True, None, None
-        elif row.phase == "apply":
+        elif row.phase == StepPhase.APPLY:
             step.attempt, step.in_doubt, step.result = int(row.data.get("attempt", step.attempt)), False, row
-        elif row.phase == "verify":
+        elif row.phase == StepPhase.VERIFY:
             step.verify = row
-        elif row.phase == "revert":
-            step.reverted = row.status in (OutcomeStatus.OK, OutcomeStatus.NOOP)
+        elif row.phase == StepPhase.REVERT:
+            step.reverted = row.status in _LANDED
     return progress
 
 
 def journaled_outcome(row: StepRow) -> Outcome:
-    return Outcome(OutcomeStatus(row.status), row.message, data=row.data)
+    return Outcome(OutcomeStatus(row.status.value), row.message, data=row.data)
 
 
 def journaled_plan(plan: Mapping[str, Any]) -> Plan:

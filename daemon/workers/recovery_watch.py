@@ -32,6 +32,7 @@ from core.decision import DecisionState
 from daemon.common.lifecycle import Spawn, plain_spawn
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
 from daemon.storage.records import RecoveryRow
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.decision_events import verdict_event
 from daemon.workers.backlog import JOURNAL_RETRY_MAX_SECONDS
 from daemon.workers.context import ActContext
@@ -78,15 +79,15 @@ class RecoveryWatches:
             decision, row = opened.decision, opened.row
             if decision.id in self._recoveries:
                 continue
-            if row.status == "pending":
+            if row.status == StepStatus.PENDING:
                 check = RecoveryCheck.from_dict(row.data["check"])
                 work = self._watch(decision.id, decision.policy, decision.target, check,
                                    float(row.data["acted_at"]), resumed=True)
-            elif row.status == Recovery.UNKNOWN or not row.data.get("complete_evidence"):
+            elif row.status == StepStatus.UNKNOWN or not row.data.get("complete_evidence"):
                 # An older version judged "not recovered" on whatever it had: not proof enough to revert.
                 work = self._escalate_unknown(decision.id, decision.policy, decision.target, row)
             else:
-                verdict = RecoveryVerdict(Recovery(row.status), row.message)
+                verdict = RecoveryVerdict(Recovery(row.status.value), row.message)
                 work = self._revert_unrecovered(decision.id, decision.policy, verdict)
             log.info("resuming recovery after restart", decision=decision.id, policy=decision.policy,
                      recovery=row.status)
@@ -146,7 +147,7 @@ class RecoveryWatches:
             elif follow_up is not None:
                 message += f"; onNotRecovered: {follow_up}"
             await self._retrying("the recovery verdict", lambda: self._ctx.journal.decisions.record_verdict.in_thread(
-                decision_id, verdict.state.value, message, data, freeze))
+                decision_id, StepStatus(verdict.state.value), message, data, freeze))
             if freeze is not None:
                 self._ctx.on_recorded()  # a freeze is shared state: a new leader must see it
             log.info("recovery verdict", verdict=verdict.state, reason=verdict.reason, follow_up=follow_up,
@@ -194,7 +195,7 @@ class RecoveryWatches:
                     "escalated_instead_of": "revert"}
             message = f"{reason}; escalated: {target} frozen until {iso_utc(until)}"
             await self._retrying("the recovery verdict", lambda: self._ctx.journal.decisions.record_verdict.in_thread(
-                decision_id, Recovery.UNKNOWN.value, message, data, freeze))
+                decision_id, StepStatus.UNKNOWN, message, data, freeze))
             self._ctx.on_recorded()
             log.warning("unknown recovery escalated instead of reverted", reason=reason)
             await self._verdict_event(policy_name, Recovery.UNKNOWN.value, message)
@@ -241,7 +242,7 @@ class RecoveryWatches:
                        for idx, step in enumerate(plan.steps)
                        if not step.noop and idx in progress and progress[idx].landed]
             not_reverted = await self._steps.revert(decision_id, policy, applied, progress)
-            pinned = {int(r.idx) for r in rows if r.phase == "verify" and r.data.get("pin")}
+            pinned = {int(r.idx) for r in rows if r.phase == StepPhase.VERIFY and r.data.get("pin")}
             if pinned and not pinned & set(not_reverted):
                 await self._ctx.journal.pins.clear.in_thread(
                     decision.target, f"reverted: decision {decision_id} did not recover ({verdict.state.value})")

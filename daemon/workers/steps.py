@@ -35,9 +35,11 @@ import structlog
 from actions.base import Action, Preconditions, Step
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
+from daemon.storage.records import StepRecord
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, REVERT, acting
-from daemon.workers.progress import INTENT, MAX_APPLY_ATTEMPTS, StepProgress
+from daemon.workers.progress import MAX_APPLY_ATTEMPTS, StepProgress
 from policies.loader import LoadedPolicy
 from policies.planning import Plan
 
@@ -81,8 +83,9 @@ class StepRunner:
             done = progress.get(idx)
             if planned.noop:
                 if done is None:
-                    await self._ctx.journal.decisions.record_step.in_thread(
-                        decision_id, idx, bound.kind, "apply", "noop", planned.summary, planned.as_dict(), 0.0)
+                    await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                        decision_id, idx, bound.kind, StepPhase.APPLY, StepStatus.NOOP, planned.summary,
+                        planned.as_dict(), 0.0))
                 continue
             step = replace(planned, effect_key=effect_key(decision_id, idx))
             final = done.final() if done is not None else None
@@ -155,11 +158,11 @@ class StepRunner:
             check = await self._call(action.verify(step, policy.target, params), kind, "verify")
             if check.status is OutcomeStatus.OK:
                 applied = verified = check
-                await self._ctx.journal.decisions.record_step.in_thread(
-                    decision_id, idx, kind, "apply", OutcomeStatus.OK.value,
+                await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                    decision_id, idx, kind, StepPhase.APPLY, StepStatus.OK,
                     f"recovered after restart: attempt {done.attempt} had landed ({check.message})",
                     {"step": step.as_dict(), "attempt": done.attempt, "effect_key": step.effect_key,
-                     "recovered": True}, time.monotonic() - started)
+                     "recovered": True}, time.monotonic() - started))
             else:
                 log.info("step in doubt after restart is not in place; applying it", action=kind, idx=idx,
                          observed=check.message)
@@ -170,9 +173,9 @@ class StepRunner:
         while landed:
             outcome = verified or await self._call(action.verify(step, policy.target, params), kind, "verify")
             verified = None
-            await self._ctx.journal.decisions.record_step.in_thread(
-                decision_id, idx, kind, "verify", outcome.status.value, outcome.message, dict(outcome.data),
-                time.monotonic() - started)
+            await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                decision_id, idx, kind, StepPhase.VERIFY, StepStatus(outcome.status.value), outcome.message,
+                dict(outcome.data), time.monotonic() - started))
             if outcome.ok or not outcome.data.get(REAPPLY) or last >= MAX_APPLY_ATTEMPTS:
                 break
             # Verify found a part of the target the apply could not settle (a replica back on the old
@@ -206,17 +209,18 @@ class StepRunner:
         attempt = first
         for attempt in range(first, last + 1):
             attempted = {"step": step.as_dict(), "attempt": attempt, "effect_key": step.effect_key}
-            await self._ctx.journal.decisions.record_step.in_thread(
-                decision_id, idx, kind, INTENT, "pending", f"attempt {attempt}: {step.summary}", attempted, None)
+            await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                decision_id, idx, kind, StepPhase.INTENT, StepStatus.PENDING, f"attempt {attempt}: {step.summary}",
+                attempted))
             with acting(EXECUTOR, policy.target.key, decision_id):
                 outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
             delay = _retry_delay(attempt, outcome)
             if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
                 outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
                                                   f"more than {MAX_RETRY_DELAY_SECONDS:g}s", False, outcome.data)
-            await self._ctx.journal.decisions.record_step.in_thread(
-                decision_id, idx, kind, "apply", outcome.status.value, outcome.message,
-                {**attempted, "retryable": outcome.retryable, **dict(outcome.data)}, time.monotonic() - started)
+            await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                decision_id, idx, kind, StepPhase.APPLY, StepStatus(outcome.status.value), outcome.message,
+                {**attempted, "retryable": outcome.retryable, **dict(outcome.data)}, time.monotonic() - started))
             if outcome.ok or not outcome.retryable or attempt == last:
                 break
             await self._ctx.sleep(delay)
@@ -254,8 +258,9 @@ class StepRunner:
             with acting(REVERT, policy.target.key, decision_id):
                 outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
                                            bound.kind, "revert")
-            await self._ctx.journal.decisions.record_step.in_thread(
-                decision_id, idx, bound.kind, "revert", outcome.status.value, outcome.message, dict(outcome.data), None)
+            await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
+                decision_id, idx, bound.kind, StepPhase.REVERT, StepStatus(outcome.status.value), outcome.message,
+                dict(outcome.data)))
             self._ctx.metrics.actions.labels(bound.kind, "reverted" if outcome.ok else "revert_failed").inc()
             if not outcome.ok:
                 failed.append(idx)

@@ -26,7 +26,8 @@ from daemon.common.config import BlastRadiusSettings, Settings
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
 from daemon.storage.errors import JournalError
-from daemon.storage.records import StepRow
+from daemon.storage.records import StepRecord, StepRow
+from daemon.storage.step_kinds import StepPhase
 from daemon.workers.approvals import ApprovalOutcome
 from daemon.workers.backlog import Backlog
 from daemon.workers.context import ActContext
@@ -810,8 +811,8 @@ def _apply_result(times: int) -> Callable[..., bool]:
     """Fails the journaling of an apply's result (phase apply) `times` times: the call landed, its record did not."""
     left = [times]
 
-    def failing(decision_id: int, idx: int, kind: str, phase: str, *rest: Any) -> bool:
-        if phase == "apply" and left[0] > 0:
+    def failing(step: StepRecord) -> bool:
+        if step.phase == StepPhase.APPLY and left[0] > 0:
             left[0] -= 1
             return True
         return False

@@ -12,6 +12,8 @@ from core.signal import Signal, SignalSource
 from daemon.storage.backend import Backend
 from daemon.storage.errors import JournalError, JournalValueError
 from daemon.storage.journal import Journal
+from daemon.storage.records import StepRecord
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from tests.support.journal_backends import OpenJournal
 
 
@@ -27,7 +29,7 @@ def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(ope
         [_signal("old"), _signal("recent"), _signal("pending")])[0]
     for sid in (old_id, recent_id):
         d = j.decisions.record(sid, "p", "ns/m", "succeeded", "", {}, executed=True)
-        j.decisions.record_step(d, 0, "notify", "apply", "ok", "", {}, 0.1)
+        j.decisions.record_step(StepRecord(d, 0, "notify", StepPhase.APPLY, StepStatus.OK, "", {}, 0.1))
         j.signals.mark_processed([sid])
     j.pins.record("ns/m", "m", 1)
     j.evaluations.record("p", 0, "series", False, "ok")
@@ -170,15 +172,15 @@ def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay
     for i in range(8):  # settled, old: blocked floods and old executed plans
         d = j.decisions.record(ids[i], "p", "ns/m", "blocked" if i % 2 else "succeeded", "", {},
                                executed=i % 2 == 0)
-        j.decisions.record_step(d, 0, "notify", "apply", "ok", "", {}, 0.1)
+        j.decisions.record_step(StepRecord(d, 0, "notify", StepPhase.APPLY, StepStatus.OK, "", {}, 0.1))
         settled.append(d)
     executing = j.decisions.record(ids[8], "p", "ns/m", "executing", "", {}, executed=True)
     awaiting = j.approvals.request(ids[9], "p", "ns/m", {"steps": []}, deadline=now + 3600).decision_id
     watching = j.decisions.record(ids[10], "p", "ns/m", "succeeded", "", {}, executed=True)
-    j.decisions.record_step(watching, -1, "verify", "recovery", "pending", "checking", {}, None)
+    j.decisions.record_step(StepRecord(watching, -1, "verify", StepPhase.RECOVERY, StepStatus.PENDING, "checking", {}))
     reverting = j.decisions.record(ids[11], "p", "ns/m", "succeeded", "", {}, executed=True)
-    j.decisions.record_step(reverting, -1, "verify", "recovery", "pending", "checking", {}, None)
-    j.decisions.record_verdict(reverting, "not_recovered", "did not hold", {"follow_up": "revert"})
+    j.decisions.record_step(StepRecord(reverting, -1, "verify", StepPhase.RECOVERY, StepStatus.PENDING, "checking", {}))
+    j.decisions.record_verdict(reverting, StepStatus.NOT_RECOVERED, "did not hold", {"follow_up": "revert"})
     guarded = j.decisions.record(ids[12], "p", "ns/m2", "succeeded", "", {}, executed=True)  # recent
     j.signals.mark_processed(ids[:14])
     j.write(lambda db: db.execute("UPDATE signals SET received_at=? WHERE dedup_key != 'pending' AND dedup_key != 'k12'"

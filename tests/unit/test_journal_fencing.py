@@ -10,6 +10,8 @@ import pytest
 from core.signal import Signal, SignalSource
 from daemon.storage.errors import JournalError, JournalFenced
 from daemon.storage.journal import Journal
+from daemon.storage.records import StepRecord
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from tests.support.journal_backends import OpenJournal
 
 
@@ -40,7 +42,7 @@ def test_a_replaced_leader_cannot_claim_decide_or_step(open_journal: OpenJournal
     b.terms.take("tailguard-b")
 
     with pytest.raises(JournalFenced, match="term 1 of tailguard-a was replaced by term 2"):
-        a.decisions.record_step(decision, 0, "notify", "intent", "pending", "", {}, None)
+        a.decisions.record_step(StepRecord(decision, 0, "notify", StepPhase.INTENT, StepStatus.PENDING, "", {}))
     with pytest.raises(JournalFenced):
         a.decisions.record(sid, "p", "ns/m", "succeeded", "", {}, executed=True)
     with pytest.raises(JournalFenced):

@@ -13,7 +13,8 @@ from core.decision import DecisionState
 from core.signal import Signal, SignalSource
 from daemon.common.config import ConfigError, JournalSettings, journal_store
 from daemon.storage.journal import Journal
-from daemon.storage.records import FOREVER
+from daemon.storage.records import FOREVER, StepRecord
+from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.wiring.cli import main
 
 
@@ -27,7 +28,8 @@ def _fill(path: Path) -> None:
     try:
         (s1, _), (s2, _), _ = j.signals.record([_signal("a"), _signal("b"), _signal("pending")])[0]
         d1 = j.decisions.record(s1, "p", "ns/m", DecisionState.SUCCEEDED, "rolled back", {"steps": [1]}, executed=True)
-        j.decisions.record_step(d1, 0, "triton.rollback", "apply", "ok", "loaded 1", {"version": 1}, 0.5)
+        j.decisions.record_step(StepRecord(d1, 0, "triton.rollback", StepPhase.APPLY, StepStatus.OK, "loaded 1",
+                                           {"version": 1}, 0.5))
         j.signals.mark_processed([s1, s2])
         j.approvals.request(s2, "q", "ns/n", {"steps": []}, deadline=time.time() + 600)
         j.evaluations.record("p", 0, "series", True, "fired")
