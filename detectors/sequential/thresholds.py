@@ -169,8 +169,9 @@ class ThresholdStore:
             self._done[key] = _thresholds(*key)
         return self._done[key]
 
-    def wait(self, timeout: float = 60.0) -> bool:
-        """Wait until the queue is derived (tests); whether it was within `timeout`."""
+    def wait(self, timeout: float = 300.0) -> bool:
+        """Wait until the queue is derived (tests; a shared 2-core machine under load has taken over
+        60 s); whether it was within `timeout`."""
         worker = self._worker
         if worker is not None:
             worker.join(timeout)
