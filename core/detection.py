@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 
 class Side(str, Enum):
@@ -118,6 +118,10 @@ class Detection:
     `status` says why the detector did or did not decide: OK (the default) on a verdict, fired or
     not; any other value when nothing was decided (no data, stale, too little history ...), the
     `reason` saying it in words.
+    `blind_near_line` is set where the evidence could not show a slow request just above the line
+    this cycle (tail_excess on counters whose bulk's noise raised what a lone request must pass past
+    BLIND_FACTOR x the line): a cycle of only such rows is no sight of the target for the governed
+    alert rule (policies.governance), so its backstop can act on a breach the count cannot see.
     """
 
     detector: str
@@ -133,3 +137,11 @@ class Detection:
     recovery_line: RecoveryLine | None = None
     budget: BudgetEvidence | None = None
     status: DetectorStatus = DetectorStatus.OK
+    blind_near_line: bool = False
+
+
+def sees_target(detections: Sequence[Detection]) -> bool:
+    """Whether a cycle's verdicts are sight of the target for the governed alert rule: False only
+    where some row is `blind_near_line` and no row decided with sight (every row blind or not OK)."""
+    blind = [d.blind_near_line for d in detections]
+    return not (any(blind) and all(b or d.status is not DetectorStatus.OK for b, d in zip(blind, detections)))

@@ -88,3 +88,21 @@ def with_statuses(out: list[Detection], status: NDArray[np.int8]) -> list[Detect
     for row in np.flatnonzero(status != DetectorStatus.OK).tolist():
         out[row] = replace(out[row], status=DetectorStatus(int(status[row])))
     return out
+
+
+BLIND_FACTOR = 1.5
+"""Counting that needs a lone slow request above this many times the line to count it (its bulk's
+noise raised the bar, detectors/_slow_counts.py) cannot see a breach of 1.5x the line: such a row
+is `blind_near_line`."""
+
+
+def with_blindness(out: list[Detection], counts_above: NDArray[np.float64] | None, line: float) -> list[Detection]:
+    """`out` with `blind_near_line` set on the rows whose count needed a lone slow request above
+    BLIND_FACTOR x `line` at their last step (inf: no step could count), in place."""
+    if counts_above is None:
+        return out
+    with np.errstate(invalid="ignore"):
+        blind = np.flatnonzero(counts_above > BLIND_FACTOR * line)
+    for row in blind.tolist():
+        out[row] = replace(out[row], blind_near_line=True)
+    return out

@@ -27,7 +27,7 @@ from core.detection import Detection, DetectorStatus
 from core.query import Series
 from detectors._slow_counts import counting_design
 from detectors.base import DetectorParams, Offload
-from detectors.grid_detector import paired_grid, with_statuses
+from detectors.grid_detector import paired_grid, with_blindness, with_statuses
 from detectors.histogram_shape import unit_problem
 from detectors.sequential.design import DEFAULT_SIZES, MEMBER_RATE_SHARE, BankDesign
 from detectors.sequential.thresholds import STORE, Promise
@@ -284,6 +284,9 @@ class TailExcessDetector:
             counters = settle(book, frame, grid, counters, n)
         batch = self.evaluate(grid, counters[:n], counters[n:], now)
         out = with_statuses(batch_detections(batch, self.kind, labels, self.params.version_label), batch.status)
+        counting = batch.counting
+        out = with_blindness(out, counting.counts_above if counting is not None and counting.counted else None,
+                             self.params.line)
         if book is None or frame is None:
             if self._starts is None:
                 return out

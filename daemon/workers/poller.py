@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import structlog
 
 from core.collector import collector_paused
-from core.detection import BudgetEvidence, Detection, DetectorStatus
+from core.detection import BudgetEvidence, Detection, DetectorStatus, sees_target
 from core.promql import render_query
 from core.query import Series, series_key
 from core.signal import Signal, SignalSource, TriggerRef, stable_key
@@ -69,8 +69,8 @@ class Latest:
     series: tuple[Mapping[str, str], ...]  # every series' labels, in the answer's order
     budget_rows: tuple[tuple[Any, ...], ...]  # (index in `series`, *BudgetEvidence's fields) where there is one
     telling: tuple[Mapping[str, str], Detection] | None  # fired first, then the highest score
-    # The last cycle that judged fresh data of the target (None: none since the daemon started): the
-    # governed alert rule's liveness evidence (policies.governance).
+    # The last cycle that judged fresh data of the target with sight (core.detection.sees_target; None:
+    # none since the daemon started): the governed alert rule's liveness evidence (policies.governance).
     fresh_at: float | None = None
 
     @classmethod
@@ -353,7 +353,7 @@ class Poller:
             detections = self._detect_all(watch, mine, pairs, now)
             labels = [s.labels for s in mine]
             before = watch.latest.fresh_at if watch.latest is not None else None
-            watch.latest = Latest.of(now, horizon, labels, detections, now if has_data else before)
+            watch.latest = Latest.of(now, horizon, labels, detections, now if has_data and sees_target(detections) else before)
             watch.keys.next_cycle()
             watch.gauges.next_cycle()
             keys = list(watch.keys.many(labels))  # once per series: the journal row and the log
