@@ -45,11 +45,26 @@ def is_warm_set(served: list[int], version: int, known_bad: frozenset[int] = fro
     return len(served) == 2 and served[1] == version and served[0] < version and served[0] not in known_bad
 
 
+def pin_in_force(rep: Mapping[str, Any], model: str) -> list[int] | None:
+    """The versions a replica read shows pinned: its config's `specific` policy, except that a
+    replica serving one version that policy names is pinned to that version alone.
+
+    Triton reports the config a version was loaded with; a later load that keeps the version loaded
+    (the warm switch `[P, N]` -> `[P]`, a re-pin) updates it in place without rewriting that report:
+    after the switch P reports `[P, N]` while the override in force is `[P]` (a plain reload keeps P
+    alone: tests/integration/test_warm_switch.py). No load changes the report, so read literally the
+    pin would look drifted for ever (a load every pass) and a second rollback would not see it."""
+    served, pinned = ready_versions(rep["index"], model), pinned_versions(rep["config"])
+    if pinned is not None and len(served) == 1 and served[0] in pinned:
+        return served
+    return pinned
+
+
 def in_place(rep: Mapping[str, Any], model: str, version: int, warm_ok: bool,
              known_bad: frozenset[int] = frozenset()) -> bool:
-    """Whether a replica read (index and config) serves `version` pinned: alone, or (`warm_ok`) with
-    a warm version beside it and its config pinned to exactly those two."""
-    served, pinned = ready_versions(rep["index"], model), pinned_versions(rep["config"])
+    """Whether a replica read (index and config) serves `version` pinned (`pin_in_force`): alone, or
+    (`warm_ok`) with a warm version beside it and its config pinned to exactly those two."""
+    served, pinned = ready_versions(rep["index"], model), pin_in_force(rep, model)
     if served == [version] and pinned == [version]:
         return True
     return warm_ok and is_warm_set(served, version, known_bad) and pinned == served

@@ -27,8 +27,8 @@ from tritonclient.http.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from actions._triton_release import switch_sequence
-from actions._triton_versions import (in_place, is_warm_set, listed_versions, pinned_config, pinned_versions,
-                                      ready_versions)
+from actions._triton_versions import (in_place, is_warm_set, listed_versions, pin_in_force, pinned_config,
+                                      pinned_versions, ready_versions)
 from actions.base import ActionDeps, ActionParams, Effect, PinCheck, Refused, Replicas, Step
 from core.outcome import ActionError, Declined, Outcome, PermanentError
 from core.signal import Signal, SignalSource
@@ -126,7 +126,7 @@ def plan_rollback(
         )
     served = sorted({v for r in replicas.values() for v in ready_versions(r["index"], target.model)})
     listed = sorted({v for r in replicas.values() for v in listed_versions(r["index"], target.model)})
-    pins = {tuple(pinned_versions(r["config"]) or ()) for r in replicas.values()}
+    pins = {tuple(pin_in_force(r, target.model) or ()) for r in replicas.values()}  # the switch's report lags
     pinned = list(next(iter(pins))) if len(pins) == 1 and next(iter(pins)) else None
     refusal = attribution_refusal(params, served, signal_labels)
     if refusal is not None:
