@@ -93,6 +93,6 @@ async def test_the_journal_going_away_mid_decision_is_retried_and_the_landed_loa
     assert await asyncio.to_thread(served_versions, triton_server, "ranker") == ["1"]
     applies = [r for r in rows if r.phase == "apply"]
     assert [a.data.get("recovered") for a in applies] == [True], applies
-    assert [(p["version"], p["from_version"]) for p in pins] == [(1, 2)]
+    assert [(p.version, p.from_version) for p in pins] == [(1, 2)]
     assert [s["state"] for s in signals] == ["processed"]
     assert faults is not None and faults >= 1

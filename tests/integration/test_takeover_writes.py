@@ -155,7 +155,7 @@ guards: {{cooldown: 0s}}
         assert term is not None and term.holder == new.name  # the old leader's writes are fenced by term
         assert proxy.count(LOAD) == 1  # the new leader's, after its fence; none from the resumed one
         assert await asyncio.to_thread(served_versions, triton_server, "ranker") == ["1"]
-        assert [(p["version"], p["from_version"]) for p in pins] == [(1, 2)]
+        assert [(p.version, p.from_version) for p in pins] == [(1, 2)]
         # The resumed leader's load was stopped at the door (daemon/workers/door.py): by its leadership,
         # its fenced intent (the journal's term moved on) or the write fence (its Lease clock), never sent.
         assert '"event": "write refused"' in old.log() or "Triton write not sent" in old.log()
