@@ -7,6 +7,7 @@ takes about as long as the slowest one; each is stopped by its PID if it oversta
 """
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,18 @@ def test_tail_is_the_real_incident_rolled_back_by_the_example_policy(runs: dict[
     assert facts["ttr_seconds"] > 0 and "time to remediate" in run["log"]
 
 
-async def test_backtest_over_the_demos_recorded_run_shows_its_rollback(
+async def test_backtest_over_the_demos_recorded_run_replays_both_triggers(
         runs: dict[str, dict[str, Any]], tmp_path: Path, prometheus_factory: Any) -> None:
     """The demo keeps its Prometheus data in its output folder; backtesting the example policy over
-    it replays the detector trigger (through Prometheus' copy of Triton's counters) and the alert
-    trigger (from ALERTS), and plans the rollback the demo made."""
+    it replays the detector trigger (through Prometheus' copy of Triton's counters, 1 s scrapes) and
+    the alert trigger (from ALERTS, governed: notify-only while the detector sees the target).
+
+    Whether the replay plans the rollback too is not certain: live, the start test read Triton's
+    /metrics and crossed in v2's last seconds before the rollback cut its series; Prometheus' copy
+    falls a little apart from those reads, and its crossing may need a sample the rollback never let
+    Triton export (seen in CI: the replay's crossing 8 s past the live one). The plan a replay does
+    make is the rollback, inside the run; tests/integration/test_backtest_example.py asserts the
+    plan on history long enough to hold it."""
     run = runs["tail"]
     data = Path(run["png"]).parent / "tail-work" / "prom" / "data"
     prom = await prometheus_factory(scrape_targets={}, data_dir=data)
@@ -102,9 +110,18 @@ async def test_backtest_over_the_demos_recorded_run_shows_its_rollback(
     result = await backtest(settings, load_policies(pol, action_registry(), detector_registry()),
                             detector_registry(), deploy - 20.0, acted + 5.0)
     lines = text_lines(result)
-    assert result.plans, lines
-    assert result.plans[0].decision.actions.startswith("triton.rollback(to=previous"), lines
-    assert deploy <= result.plans[0].at <= acted + 5.0, lines
+    print("\n".join(lines))
+    assert result.evaluations > 30, lines
+    alerts = [f for f in result.fired if f.signal.name == "TritonTailLatencyHigh"]
+    first_plan = min((plan.at for plan in result.plans), default=math.inf)
+    for alert in alerts:  # governed: the detector judged fresh data of ranker throughout
+        why = "cooldown" if alert.at >= first_plan else "notify only"
+        assert alert.decision.outcome == "blocked" and why in alert.decision.reason, lines
+    for plan in result.plans:
+        assert plan.signal.name == "tail_excess", lines
+        assert plan.decision.actions.startswith("triton.rollback(to=previous"), lines
+        assert deploy <= plan.at <= acted + 5.0, lines
+    assert alerts or result.plans, lines  # the alert fired in every demo run, or the detector planned
     notes = "\n".join(result.notes)
     assert "one step per scrape interval" in notes, notes
 
