@@ -94,6 +94,12 @@ def counting_design(budget: float, null_share: float, sizes: tuple[float, ...]) 
     return BankDesign.for_budget(budget, null_share * (1.0 + FALSE_COUNT_SHARE), sizes, 1.0)
 
 
+def stated_null(design: BankDesign) -> float:
+    """The share above the line a count design (`counting_design`) states its promise at, before
+    its null was raised by FALSE_COUNT_SHARE: what `slow_counts` sizes its false counts against."""
+    return design.null / (1.0 + FALSE_COUNT_SHARE)
+
+
 def merge_probability(per_step: float) -> float:
     """P(N >= 2 | N >= 1) for N Poisson with mean `per_step`: how often a step with a request above
     the line holds more than one."""

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from core.detection import BudgetEvidence, Detection
 from detectors._counter_steps import counter_steps
-from detectors._slow_counts import FALSE_COUNT_SHARE, batch_counting_problem, slow_counts, windows
+from detectors._slow_counts import batch_counting_problem, slow_counts, stated_null, windows
 from detectors.base import DetectorStatus
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.bank import NONE, BankRun, Scored, run_bank, scored_steps
@@ -237,7 +237,7 @@ def front_end(test: Test, grid: NDArray[np.float64], primary: NDArray[np.float64
         bulk_cols = max(1, int(round(test.bulk_window_seconds / step)))
         counting, design = _counting(test, d_total, step), test.design
         if counting.counted and test.count_design is not None:
-            null = test.count_design.null / (1.0 + FALSE_COUNT_SHARE)
+            null = stated_null(test.count_design)
             counts = slow_counts(d_primary, d_total, test.line, null, *windows(step, test.bulk_window_seconds),
                                  test.bulk_slack)
             ev, allowance, design = counts, counts.allowance, test.count_design

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors._counter_steps import counter_steps
-from detectors._slow_counts import FALSE_COUNT_SHARE, batch_counting_problem, slow_counts, windows
+from detectors._slow_counts import batch_counting_problem, slow_counts, stated_null, windows
 from detectors.sequential.design import BankDesign
 from detectors.tail_excess_batch import Test, front_end, step_seconds
 
@@ -72,7 +72,7 @@ def start_evidence(test: Test, grid: NDArray[np.float64], primary: NDArray[np.fl
     if design is None or why_not:
         nothing = np.full(latency.shape, np.nan)
         return StartEvidence(grid, nothing, nothing, resets, design or test.design, f"no start test: {why_not}")
-    null = design.null / (1.0 + FALSE_COUNT_SHARE)
+    null = stated_null(design)
     units, scored_requests, known_from = start_counts(latency, requests, test.line, null,
                                                       windows(step, test.bulk_window_seconds), test.bulk_slack)
     return StartEvidence(grid, units, scored_requests, resets, design, known_from=known_from)

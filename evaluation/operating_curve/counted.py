@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors._slow_counts import FALSE_COUNT_SHARE, counting_problem, slow_counts, windows
+from detectors._slow_counts import counting_problem, slow_counts, stated_null, windows
 from detectors.sequential.evidence import POOL_REQUESTS
 from detectors.tail_excess import TailExcessParams
 from evaluation.operating_curve.arrivals import Steps
@@ -65,7 +65,7 @@ class CountedRun(TailguardRun):
         if self.history is not None:
             lat, req = np.hstack([self.history[0], lat]), np.hstack([self.history[1], req])
         carried = 0 if self.history is None else self.history[0].shape[1]
-        null = spec.design.null / (1.0 + FALSE_COUNT_SHARE)
+        null = stated_null(spec.design)
         ev = slow_counts(lat, req, spec.line_ms, null, bulk, window, merge, spec.bulk_slack)
         # The sub-line window, the bulk window before its first step, and the pool before that.
         keep = window + bulk + int(min(np.ceil(POOL_REQUESTS / max(per_step, 1e-3)), window))

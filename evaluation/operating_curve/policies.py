@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from detectors._slow_counts import FALSE_COUNT_SHARE, slow_counts, windows
+from detectors._slow_counts import slow_counts, stated_null, windows
 from detectors.sequential.bank import page
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import mass_evidence
@@ -137,7 +137,7 @@ def candidates(model: PolicyModel, row: Row, screen: Screen, begin: float) -> ND
         readings.append((test.design, screen.levels, np.nan_to_num(ev.units), np.nan_to_num(ev.requests)))
         counted = model.params.count_design()
         if counted is not None and screen.count_levels is not None:
-            c = slow_counts(d_lat, d_req, test.line, counted.null / (1.0 + FALSE_COUNT_SHARE),
+            c = slow_counts(d_lat, d_req, test.line, stated_null(counted),
                             *windows(step, test.bulk_window_seconds), test.bulk_slack)
             readings.append((counted, screen.count_levels, np.nan_to_num(c.units), np.nan_to_num(c.requests)))
     over = np.zeros(grid.size - 1, dtype=bool)

@@ -32,6 +32,7 @@ from detectors.tail_excess import TailExcessParams
 from detectors.tail_excess_start_evidence import start_evidence
 from detectors.tail_excess_start import START_GRID
 from evaluation.operating_curve.arrivals import Fault, Steps, poisson_chunk
+from evaluation.operating_curve.step_limit import step_rates
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def step_limit_first(null: float, alternative: float, alpha: float, horizon_seco
     a slow request's size says nothing (two slow requests in a step read as one slow one twice the
     size), the true rates known, its bound the least reached with probability `alpha` over the
     horizon (exact: the count of steps that hold one, one recursion)."""
-    p0, p1 = -math.expm1(-null * requests_per_step), -math.expm1(-alternative * requests_per_step)
+    p0, p1 = step_rates(null, alternative, requests_per_step)
     hit, miss = math.log(p1 / p0), math.log((1.0 - p1) / (1.0 - p0))
     horizon_steps = max(1, int(math.ceil(horizon_seconds / step)))
     t = np.arange(1, horizon_steps + 1, dtype=np.float64)
