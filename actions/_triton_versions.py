@@ -62,9 +62,16 @@ def pin_in_force(rep: Mapping[str, Any], model: str) -> list[int] | None:
 
 def in_place(rep: Mapping[str, Any], model: str, version: int, warm_ok: bool,
              known_bad: frozenset[int] = frozenset()) -> bool:
-    """Whether a replica read (index and config) serves `version` pinned (`pin_in_force`): alone, or
-    (`warm_ok`) with a warm version beside it and its config pinned to exactly those two."""
+    """Whether a replica read (index and config) serves `version` pinned: alone (its report pinned to
+    it, `pin_in_force`, or a `latest`/`all` policy), or (`warm_ok`) with a warm version beside it and
+    its config pinned to exactly those two.
+
+    Alone under `latest`/`all` (a pod that started while the repository's newest was `version`): the
+    `specific [version]` load is a config update of the loaded version that leaves the report as it
+    is (measured on 2.51), so read literally the pin reconciler loaded it every pass. Only here,
+    where `version` is the pin asked for: without one (`pin_in_force`, the rollback's "already
+    pinned") such a replica is a deploy, not a rollback made."""
     served, pinned = ready_versions(rep["index"], model), pin_in_force(rep, model)
-    if served == [version] and pinned == [version]:
+    if served == [version] and pinned in ([version], None):
         return True
     return warm_ok and is_warm_set(served, version, known_bad) and pinned == served

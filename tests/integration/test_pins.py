@@ -134,3 +134,40 @@ async def test_a_daemon_frozen_through_the_runtime_freeze_does_not_re_pin_a_rede
         assert [(r["writer"], r["data"]["check"]) for r in refused] == [("pins", "freeze")]
     finally:
         journal.close()
+
+
+async def test_a_pod_serving_the_pinned_version_under_its_repository_latest_policy_is_not_reloaded_every_pass(
+        tmp_path: Path, triton_factory: Any) -> None:
+    """A pod that started while the repository held v1 as its newest (v2, rolled back from, taken out
+    of it) serves v1 under Triton's default `latest` policy; v2 is put back in the folder later (not
+    loaded: explicit control). A `specific [1]` load of the loaded v1 (its folder unchanged) is a
+    config update that leaves the reported `latest` as it is, so a pin check reading that policy
+    literally loaded v1 again on every pass. v1 alone is the pin in force: no pass loads anything."""
+    import shutil
+
+    from daemon.workers.door import Door
+    from lab.triton import write_model_repository
+
+    spare = write_model_repository(tmp_path / "spare", "ranker", slow_fraction_by_version={2: 0.0}, precompile=True)
+    triton = await triton_factory(name="ranker", slow_fraction_by_version={1: 0.0}, precompile=True)
+    assert await asyncio.to_thread(served_versions, triton) == ["1"]
+    shutil.move(str(spare / "2"), str(triton.model_repository / "ranker" / "2"))
+    policy = POLICY.replace("triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}",
+                            f"triton: {{endpoints: ['{triton.base_url}']}}")
+    journal = Journal(tmp_path / "journal.db")
+    policies = load_policies_text(policy, "p.yaml", action_registry(), detector_registry())
+    state = ExecutorState(PolicySet(policies.policies))
+    metrics = Metrics()
+    deps = ActionDeps()
+    deps.actuator = Door(journal, state, deps, lambda: True, metrics)
+    reconciler = PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
+    try:
+        journal.pins.record("serving/ranker", "ranker", 1, from_version=2, policy="ranker-tail")
+        for _ in range(3):
+            held = (await reconciler.reconcile_once())["serving/ranker"]
+            assert held.status.value == "noop", held.message
+        assert journal.effects.of("serving/ranker") == [], "a pass loaded v1 again: the pin looked drifted"
+        assert await asyncio.to_thread(served_versions, triton) == ["1"]
+        assert [p.version for p in journal.pins.live()] == [1]
+    finally:
+        journal.close()
