@@ -66,6 +66,7 @@ from bench.bench_ttr import (  # noqa: E402
     served_versions,
 )
 from daemon.common.logs import configure_logging  # noqa: E402
+from daemon.storage.records import EvaluationRow  # noqa: E402
 from daemon.wiring.registries import action_registry, detector_registry  # noqa: E402
 from daemon.wiring.service import Service  # noqa: E402
 from lab.load import RequestSample, run_load  # noqa: E402
@@ -278,9 +279,9 @@ def max_gauge(service: Service, policy: str) -> tuple[float, str]:
 SCORED_KINDS = frozenset({"no excess", "excess, CUSUM below the line", "fired"})
 
 
-def newest_scored(rows: list[dict[str, Any]]) -> float | None:
+def newest_scored(rows: list[EvaluationRow]) -> float | None:
     """Wall-clock time of the newest verdict that ran the test (not stale, no data, too little history)."""
-    times = [float(r["at"]) for r in rows if verdict_kind(str(r["reason"])) in SCORED_KINDS]
+    times = [r.at for r in rows if verdict_kind(r.reason) in SCORED_KINDS]
     return max(times) if times else None
 
 
@@ -296,8 +297,8 @@ async def sampler(service: Service, clock: Clock, end: float, result: CaseResult
         now = time.time()
         rows = await service.journal.evaluations.all.in_thread(POLICY)
         for row in rows:
-            if float(row["at"]) >= now - 2 * SAMPLE_SECONDS:  # a row not rewritten lately: a series gone, or '*'
-                kinds[verdict_kind(str(row["reason"]))] += 1
+            if row.at >= now - 2 * SAMPLE_SECONDS:  # a row not rewritten lately: a series gone, or '*'
+                kinds[verdict_kind(row.reason)] += 1
         if now >= clock.t0_unix:
             shadow = newest_scored(await service.journal.evaluations.all.in_thread(SHADOW_POLICY))
             mine = newest_scored(rows)
@@ -325,12 +326,12 @@ async def collect(service: Service, result: CaseResult, clock: Clock) -> None:
     """The journal's signals and decisions and the verdict counters, per policy."""
     signals = await service.journal.signals.all.in_thread()
     for s in signals:
-        policy = s["payload"].get("policy")
+        policy = s.payload.get("policy")
         if policy == POLICY:
             result.signals += 1
-            result.signal_rows.append({"at_s": round(float(s["received_at"]) - clock.t0_unix, 1),
-                                       "name": s.get("name"), "labels": s["payload"].get("labels"),
-                                       "reason": s["payload"].get("reason")})
+            result.signal_rows.append({"at_s": round(s.received_at - clock.t0_unix, 1),
+                                       "name": s.name, "labels": s.payload.get("labels"),
+                                       "reason": s.payload.get("reason")})
         elif policy == SHADOW_POLICY:
             result.shadow_signals += 1
     for d in await service.journal.decisions.all.in_thread(POLICY):

@@ -304,6 +304,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
     from daemon.common.metrics import Metrics
     from daemon.sources.prometheus import PrometheusClient
     from daemon.storage.journal import Journal
+    from daemon.storage.records import Verdict
     from daemon.wiring.registries import action_registry, detector_registry
     from daemon.workers.poller import Poller, pair_companions
     from detectors._grid import align, align_pointwise
@@ -410,8 +411,8 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
                 d.setdefault("pairing", 0.0)  # the poller pairs companions before prepare and detection
                 d["rest"] = d["cycle"] - d["ranges"] - d["pairing"] - d["detect_all"] - d["journal"] - d["emit"]
         verdicts = journal.evaluations.all()
-        fired = sum(v["fired"] for v in verdicts)
-        unpaired = sum(v["reason"].startswith("no request count") for v in verdicts)
+        fired = sum(v.fired for v in verdicts)
+        unpaired = sum(v.reason.startswith("no request count") for v in verdicts)
 
         # The same stages once more, standalone on the same answers, for the detail table.
         start, end = NOW - group.lookback, NOW
@@ -442,7 +443,7 @@ async def measure(n_series: int, policies: int, repeats: int, work: Path, cache:
             return [det.evaluate(g, v[:len(m)], v[len(m):], NOW) for (g, v), m in zip(grids, mine)]
 
         batches = evaluate()
-        rows = [(w.policy.name, w.bound.index, series_key(s.labels), bool(b.fired[i]), "reason " * 12)
+        rows = [Verdict(w.policy.name, w.bound.index, series_key(s.labels), bool(b.fired[i]), "reason " * 12)
                 for w, m, b in zip(group.watches, mine, batches) for i, s in enumerate(m)]
         detail = [
             Row("json.loads of both bodies (baseline)", *best_of(repeats, lambda: [json.loads(b) for b in raw.values()])),

@@ -338,13 +338,13 @@ async def _collect_journal(result: RunResult, service: Service) -> None:
     """tailguard's first signal and decision for the policy, in seconds after T0."""
     t0_unix = result.t0_unix
     signals = [s for s in await service.journal.signals.all.in_thread()
-               if s["payload"].get("policy") == "ranker-tail" or s.get("policy") == "ranker-tail"]
+               if s.payload.get("policy") == "ranker-tail" or s.policy == "ranker-tail"]
     if signals:
         first = signals[0]
-        result.tailguard_signal_s = float(first["received_at"]) - t0_unix
-        labels = first["payload"].get("labels", {})
-        details = first["payload"].get("details", {})
-        result.tailguard_attribution = {"source": first.get("source"), "version": labels.get("version"),
+        result.tailguard_signal_s = first.received_at - t0_unix
+        labels = first.payload.get("labels", {})
+        details = first.payload.get("details", {})
+        result.tailguard_attribution = {"source": first.source, "version": labels.get("version"),
                                         **{k: details[k] for k in ("episode_start", "series_first_seen")
                                            if k in details}}
     decisions = await service.journal.decisions.all.in_thread("ranker-tail")

@@ -22,7 +22,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
-from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, Pin, PinEnd, SharedState
+from daemon.storage.records import BadClear, BadMark, ExecutedMark, FreezeMark, Lift, Pin, PinEnd, SharedState
 from daemon.common.lifecycle import wait_or_stop
 from daemon.common.metrics import Metrics
 from policies.loader import PolicySet
@@ -318,20 +318,19 @@ class ClusterState:
         epoch = self._epoch
         current, _ = await self._read()
         since, _ = self._since_and_cap()
-        pins = [(t, p["model"], p["version"], p["at"]) for t, p in current.pins.items()]
-        marks = [(policy, target, at) for key, times in current.marks.items()
+        pins = [Pin(t, p["model"], p["version"], p["at"]) for t, p in current.pins.items()]
+        marks = [ExecutedMark(policy, target, at) for key, times in current.marks.items()
                  for policy, target in [key.split("|", 1)] for at in times]
         try:
-            changed, added, other = await self._journal.cluster.merge.in_thread(pins, marks, since, current.shared(),
-                                                                                self._clock())
+            counts = await self._journal.cluster.merge.in_thread(pins, marks, since, current.shared(), self._clock())
         except JournalError as exc:
             raise ClusterStateError(str(exc)) from exc
         if epoch != self._epoch:
             return  # leadership changed meanwhile; the loop decides again
         self._import_wanted = False
         self._set_imported(True)
-        log.info("cluster state imported", pins_changed=changed, marks_added=added, shared_changed=other,
-                 configmap=f"{self.namespace}/{self.name}")
+        log.info("cluster state imported", pins_changed=counts.pins, marks_added=counts.marks,
+                 shared_changed=counts.other, configmap=f"{self.namespace}/{self.name}")
         self.request_publish()  # share what only this journal knew (e.g. a publish that had failed)
 
     # ---- publish --------------------------------------------------------------------------------

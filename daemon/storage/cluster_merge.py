@@ -9,7 +9,8 @@ from daemon.storage.blocking import blocking
 from daemon.storage.backend import Backend
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_ended, pin_from_row
-from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd, SharedState
+from daemon.storage.records import (BadClear, BadMark, ExecutedMark, FreezeMark, Lift, MergeCounts, Pin, PinEnd,
+                                    SharedState)
 
 
 class ClusterMerge:
@@ -57,15 +58,16 @@ class ClusterMerge:
                            lifts=tuple(lift for lift in lifts.values() if lift.at > since or lift.until > now))
 
     @blocking
-    def merge(self, pins: Iterable[tuple[str, str, int, float]], marks: Iterable[tuple[str, str, float]],
-              since: float, shared: SharedState | None = None, now: float | None = None) -> tuple[int, int, int]:
+    def merge(self, pins: Iterable[Pin], marks: Iterable[ExecutedMark], since: float,
+              shared: SharedState | None = None, now: float | None = None) -> MergeCounts:
         """Import what another leader recorded, in one transaction. Idempotent: importing the same
         state again changes nothing.
 
         Args:
-            pins: (target, model, version, at); the newer `at` wins over a local pin, and a known end
-                (shared or in pin_history) with the same or a newer pin `at` wins over the pin.
-            marks: (policy, target, at) of executed plans, counted by guard_history from now on.
+            pins: live pins (their target, model, version and `at` are imported); the newer `at` wins
+                over a local pin, and a known end (shared or in pin_history) with the same or a newer
+                pin `at` wins over the pin.
+            marks: executed plans, counted by guard_history from now on.
             since: imported marks at or before this are dropped (they can no longer block anything).
             shared: pin ends (a live local pin they cover moves to pin_history), bad-version marks
                 and clears (a clear covers the marks of its version made at or before it), freezes
@@ -73,15 +75,16 @@ class ClusterMerge:
             now: freezes that ended by then are not imported.
 
         Returns:
-            (pins inserted, replaced or ended; marks added; bad-version, freeze rows added or updated).
+            How many pins were inserted, replaced or ended; marks added; bad-version, freeze rows
+            added or updated.
         """
         pin_rows, mark_rows = list(pins), list(marks)
         extra = shared or SharedState()
         now = self._core.clock() if now is None else now
-        for target, model, _, _ in pin_rows:
-            checked(target=target, model=model)
-        for policy, target, _ in mark_rows:
-            checked(policy=policy, target=target)
+        for pin in pin_rows:
+            checked(target=pin.target, model=pin.model)
+        for executed in mark_rows:
+            checked(policy=executed.policy, target=executed.target)
         for texts in (extra.pin_ends, extra.bad_marks, extra.bad_clears, extra.freezes, extra.lifts):
             for entry in texts:
                 checked(target=entry.target, reason=entry.reason)
@@ -96,27 +99,27 @@ class ClusterMerge:
         for lift in extra.lifts:
             lifted_at[lift.target] = max(float(lift.at), lifted_at.get(lift.target, float("-inf")))
 
-        def run(db: Backend) -> tuple[int, int, int]:
+        def run(db: Backend) -> MergeCounts:
             changed = added = other = 0
             for end in extra.pin_ends:
                 row = db.execute("SELECT * FROM pins WHERE target=? AND at<=?", (end.target, float(end.at))).fetchone()
                 if row is not None:
                     insert_ended(db, pin_from_row(row), float(end.ended_at), end.reason)
                     changed += db.execute("DELETE FROM pins WHERE target=?", (end.target,)).rowcount
-            for target, model, version, at in pin_rows:
-                if float(at) <= ended_at.get(target, float("-inf")) or db.execute(
-                        "SELECT 1 FROM pin_history WHERE target=? AND at>=?", (target, float(at))).fetchone():
+            for pin in pin_rows:
+                if float(pin.at) <= ended_at.get(pin.target, float("-inf")) or db.execute(
+                        "SELECT 1 FROM pin_history WHERE target=? AND at>=?", (pin.target, float(pin.at))).fetchone():
                     continue  # that pin (or a newer one) is known to have ended
                 changed += db.execute(
                     "INSERT INTO pins(target, model, version, at) VALUES (?,?,?,?)"
                     " ON CONFLICT(target) DO UPDATE SET model=excluded.model, version=excluded.version,"
                     " at=excluded.at WHERE excluded.at > pins.at",
-                    (target, model, int(version), float(at))).rowcount
-            for policy, target, at in mark_rows:
-                if at > since:
+                    (pin.target, pin.model, int(pin.version), float(pin.at))).rowcount
+            for executed in mark_rows:
+                if executed.at > since:
                     added += db.execute(
                         "INSERT INTO guard_marks(policy, target, at) VALUES (?,?,?) ON CONFLICT DO NOTHING",
-                        (policy, target, float(at))).rowcount
+                        (executed.policy, executed.target, float(executed.at))).rowcount
             db.execute("DELETE FROM guard_marks WHERE at <= ?", (since,))
             for clear in extra.bad_clears:
                 other += db.execute(
@@ -143,6 +146,6 @@ class ClusterMerge:
                               (freeze.target, float(freeze.at), float(freeze.at))).fetchone() is None:
                     other += db.execute("INSERT INTO freezes(target, reason, at, until) VALUES (?,?,?,?)",
                                         (freeze.target, freeze.reason, float(freeze.at), float(freeze.until))).rowcount
-            return changed, added, other
+            return MergeCounts(changed, added, other)
 
         return self._core.write(run)

@@ -2,10 +2,11 @@
 with its reason)."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
+from daemon.storage.records import EvaluationRow, Verdict
 
 
 class Evaluations:
@@ -25,10 +26,11 @@ class Evaluations:
             (policy, trigger_index, series, self._core.clock(), int(fired), reason)))
 
     @blocking
-    def record_many(self, rows: Sequence[tuple[str, int, str, bool, str]]) -> None:
-        """Many verdicts (policy, trigger index, series, fired, reason) in one transaction:
-        a poll cycle over thousands of series must not pay one fsync per series."""
-        for p, _, k, _, r in rows:
+    def record_many(self, verdicts: Sequence[Verdict]) -> None:
+        """Many verdicts in one transaction: a poll cycle over thousands of series must not pay one
+        fsync per series."""
+        for v in verdicts:
+            p, k, r = v.policy, v.series, v.reason
             # ASCII text is always storable: checked (which names the field) only where some is not.
             if not (isinstance(p, str) and isinstance(k, str) and isinstance(r, str)
                     and p.isascii() and k.isascii() and r.isascii()):
@@ -38,12 +40,13 @@ class Evaluations:
             "INSERT INTO evaluations(policy, trigger_index, series, at, fired, reason) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(policy, trigger_index, series) DO UPDATE SET at=excluded.at,"
             " fired=excluded.fired, reason=excluded.reason",
-            [(p, i, k, now, int(f), r) for p, i, k, f, r in rows]))
+            [(v.policy, v.trigger_index, v.series, now, int(v.fired), v.reason) for v in verdicts]))
 
     @blocking
-    def all(self, policy: str | None = None) -> list[dict[str, Any]]:
+    def all(self, policy: str | None = None) -> list[EvaluationRow]:
         """The latest verdicts (of one policy when given), by policy and series."""
-        if policy is None:
-            return [dict(r) for r in self._core.read("SELECT * FROM evaluations ORDER BY policy, series")]
-        return [dict(r) for r in self._core.read("SELECT * FROM evaluations WHERE policy=? ORDER BY series",
-                                                 (policy,))]
+        columns = "SELECT policy, trigger_index, series, at, fired, reason FROM evaluations"
+        rows = (self._core.read(columns + " ORDER BY policy, series") if policy is None
+                else self._core.read(columns + " WHERE policy=? ORDER BY series", (policy,)))
+        return [EvaluationRow(r["policy"], int(r["trigger_index"]), r["series"], float(r["at"]), bool(r["fired"]),
+                              r["reason"]) for r in rows]

@@ -276,3 +276,55 @@ class SharedState:
     bad_clears: tuple[BadClear, ...] = ()
     freezes: tuple[FreezeMark, ...] = ()  # in force
     lifts: tuple[Lift, ...] = ()
+
+
+# ---- the signals and evaluations tables' rows, and what the cluster merge changed -----------------
+
+
+@dataclass(frozen=True)
+class SignalRow:
+    """One signals row as journaled (Signals.all), its payload decoded: every column, where
+    StoredSignal carries what the workers act on."""
+
+    id: int
+    dedup_key: str
+    source: str
+    name: str
+    policy: str | None
+    received_at: float
+    payload: dict[str, Any]
+    state: str  # pending | processed
+    processed_at: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A detector's verdict on one series, to journal (Evaluations.record_many; the journal stamps `at`)."""
+
+    policy: str
+    trigger_index: int
+    series: str
+    fired: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """The latest verdict on one series of a policy's trigger (Evaluations.all)."""
+
+    policy: str
+    trigger_index: int
+    series: str
+    at: float
+    fired: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """What ClusterMerge.merge changed: pins inserted, replaced or ended; guard marks added;
+    bad-version and freeze rows added or updated."""
+
+    pins: int
+    marks: int
+    other: int

@@ -14,7 +14,7 @@ from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload, journal_error
 from daemon.storage.errors import JournalBackpressure, JournalError, JournalValueError
 from daemon.storage.group_commit import GroupCommit
-from daemon.storage.records import OnCommit, SignalsRecorded, StoredSignal
+from daemon.storage.records import OnCommit, SignalRow, SignalsRecorded, StoredSignal
 
 DEFAULT_MAX_PENDING = 100_000
 INSERT_CHUNK = 1_000  # rows per INSERT statement (6 parameters each, under SQLite's 32,766)
@@ -219,10 +219,13 @@ class Signals:
     # ---- reads --------------------------------------------------------------------------------
 
     @blocking
-    def all(self) -> list[dict[str, Any]]:
+    def all(self) -> list[SignalRow]:
         """Every signal row, its payload decoded, in id order."""
-        rows = self._core.read("SELECT * FROM signals ORDER BY id")
-        return [dict(r) | {"payload": decode_payload(r["payload"])} for r in rows]
+        rows = self._core.read("SELECT id, dedup_key, source, name, policy, received_at, payload, state, processed_at"
+                               " FROM signals ORDER BY id")
+        return [SignalRow(int(r["id"]), r["dedup_key"], r["source"], r["name"], r["policy"], float(r["received_at"]),
+                          decode_payload(r["payload"]), r["state"],
+                          None if r["processed_at"] is None else float(r["processed_at"])) for r in rows]
 
     @blocking
     def since(self, since: float) -> list[StoredSignal]:

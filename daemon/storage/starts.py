@@ -4,7 +4,7 @@ them back, so a start test resumes from the same start and is never started a se
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping
 
 from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
@@ -18,10 +18,12 @@ class Starts:
         self._core = core
 
     @blocking
-    def record(self, target: str, trigger: str, starts: Sequence[tuple[str, float]]) -> int:
-        """Journal (version, unix seconds) starts; a start already journaled for that version is
-        kept (the first seen wins: one start per version). How many were added."""
-        for version, at in starts:
+    def record(self, target: str, trigger: str, starts: Mapping[str, float]) -> int:
+        """Journal versions' starts (version -> unix seconds); a start already journaled for that
+        version is kept (the first seen wins: one start per version). How many were added.
+
+        A mapping of scalars, not rows, as `of` returns: the table holds one start per version."""
+        for version, at in starts.items():
             checked(target=target, trigger=trigger, version=version)
             if not math.isfinite(at):
                 raise ValueError(f"start of version {version!r} is not a time: {at!r}")
@@ -29,7 +31,7 @@ class Starts:
 
         def run(db: Backend) -> int:
             added = 0
-            for version, at in starts:
+            for version, at in starts.items():
                 added += db.execute(
                     "INSERT INTO version_starts(target, trigger_key, version, started_at, at) VALUES (?,?,?,?,?)"
                     " ON CONFLICT(target, trigger_key, version) DO NOTHING",
@@ -39,7 +41,7 @@ class Starts:
         return self._core.write(run)
 
     @blocking
-    def of(self, target: str, trigger: str) -> dict[str, float]:
+    def of(self, target: str, trigger: str) -> Mapping[str, float]:
         """The journaled starts of one trigger on `target`: version -> unix seconds."""
         return {str(r["version"]): float(r["started_at"]) for r in self._core.read(
             "SELECT version, started_at FROM version_starts WHERE target=? AND trigger_key=?", (target, trigger))}

@@ -20,6 +20,7 @@ from core.query import Series, series_key
 from core.signal import Signal, SignalSource, TriggerRef, stable_key
 from daemon.storage.errors import JournalError
 from daemon.storage.journal import Journal
+from daemon.storage.records import Verdict
 from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
 from daemon.sources.prometheus import PrometheusClient, RangeResult
@@ -324,15 +325,14 @@ class Poller:
 
     async def _evaluate(self, watch: Watch, result: RangeResult, companions: RangeResult | None,
                         now: float) -> None:
-        policy, trigger = watch.policy, watch.bound.trigger
+        policy, trigger, index = watch.policy, watch.bound.trigger, watch.bound.index
         mine = routed(watch, result.series)
         horizon = staleness_horizon(watch)
         has_data = bool(mine) and fresh(mine, now, horizon)
         self._mark_data(watch, has_data, now)
         if not mine:
-            await self._journal.evaluations.record_many.in_thread([(
-                policy.name, watch.bound.index, "*", False,
-                f"no data for model {policy.target.model!r}: {_short(trigger.query)}")])
+            reason = f"no data for model {policy.target.model!r}: {_short(trigger.query)}"
+            await self._journal.evaluations.record_many.in_thread([Verdict(policy.name, index, "*", False, reason)])
             return
         if isinstance(watch.detector, ReadsCluster) and self._cluster is not None:
             await watch.detector.observe_cluster(self._cluster)
@@ -366,7 +366,7 @@ class Poller:
                 for key, detection in zip(keys, detections):
                     log.debug("evaluated", policy=policy.name, series=key, fired=detection.fired,
                               value=detection.value, baseline=detection.baseline, reason=detection.reason)
-            rows = [(policy.name, watch.bound.index, key, d.fired, d.reason) for key, d in zip(keys, detections)]
+            rows = [Verdict(policy.name, index, key, d.fired, d.reason) for key, d in zip(keys, detections)]
             fired = [(series, d) for series, d in zip(mine, detections) if d.fired]
             del detections
         # Signals first: acting is what matters, and an evaluation journaled as fired then always
@@ -398,7 +398,7 @@ class Poller:
         if not found:
             return
         try:
-            await self._journal.starts.record.in_thread(watch.policy.target.key, watch.fingerprint, found)
+            await self._journal.starts.record.in_thread(watch.policy.target.key, watch.fingerprint, dict(found))
         except (JournalError, ValueError) as exc:  # the test runs on; a restart gives these versions none
             self._metrics.faults.labels("poller").inc()
             log.warning("version starts not journaled: a restart will not resume their start tests",

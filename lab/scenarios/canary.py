@@ -192,8 +192,7 @@ class CanaryScenario(Scenario):
             self.journal = {"applied": len(applied), "decisions": [
                 {"policy": d.policy, "state": str(d.state), "executed": d.executed, "reason": d.reason}
                 for d in decisions], "detector_signals": sorted(
-                {str(sig.get("payload", {}).get("name")) for sig in signals
-                 if sig.get("payload", {}).get("source") == "detector"})}
+                {str(sig.payload.get("name")) for sig in signals if sig.payload.get("source") == "detector"})}
             run.say(f"{watch:.0f}s of canary: {len(applied)} change(s) applied; the weights stay {weights}")
             for d in decisions:
                 run.say(f"journal: {d.policy}: {d.reason[:200]}")
@@ -217,10 +216,10 @@ class CanaryScenario(Scenario):
         """The judge's verdict as its own marker: when the signal landed, and what it said."""
         signals = await run.service.journal.signals.all.in_thread()
         for signal in signals:
-            payload = signal.get("payload", {})
+            payload = signal.payload
             if payload.get("name") == "tail_canary":
                 reason = str(payload.get("details", {}).get("reason", ""))
-                run.markers.append(Marker(float(signal["received_at"]), "verdict: " + reason.split(";")[0][:120],
+                run.markers.append(Marker(signal.received_at, "verdict: " + reason.split(";")[0][:120],
                                           "verdict"))
                 run.say(f"VERDICT: {reason[:200]}")
                 return

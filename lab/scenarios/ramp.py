@@ -234,8 +234,8 @@ class RampScenario(Scenario):
         Leak(mean, 0.0, now).write(self.knob)  # the leak stops growing: what the run says stays true
         self.at_decision = {"decided": decided, "mean_ms": round(mean, 1),
                             "clients_p999_ms": round(highest, 1), "seconds_after_start": round(now - leak.t0, 1)}
-        fired = [s["payload"] for s in await run.service.journal.signals.all.in_thread()
-                 if s["payload"].get("name") == "forecast_breach"]
+        fired = [s.payload for s in await run.service.journal.signals.all.in_thread()
+                 if s.payload.get("name") == "forecast_breach"]
         if fired:
             self.forecast = dict(fired[0].get("details") or {})
             self.at_decision["probability"] = self.forecast.get("probability")

@@ -210,7 +210,7 @@ async def _report(run: Run, scenario: Scenario, out_dir: Path, ended_at: float) 
     journal = run.service.journal
     decisions = await journal.decisions.all.in_thread()
     steps = {d.id: [asdict(s) for s in await journal.decisions.steps.in_thread(d.id)] for d in decisions}
-    signals = await journal.signals.all.in_thread()
+    signals = [asdict(s) for s in await journal.signals.all.in_thread()]
     markers = sorted(run.markers + journal_markers(signals, [s for rows in steps.values() for s in rows]),
                      key=lambda m: m.t)
     start, end = scenario.report_window(run, ended_at)

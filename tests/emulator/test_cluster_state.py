@@ -16,6 +16,7 @@ from kubernetes_asyncio.client import ApiClient
 from core.signal import Signal, SignalSource
 from daemon.cluster.cluster_state import ClusterState, journal_document, merge_documents, parse_document
 from daemon.storage.journal import Journal
+from daemon.storage.records import ExecutedMark, MergeCounts, Pin
 from daemon.common.metrics import Metrics
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
@@ -149,7 +150,7 @@ def test_reimported_own_marks_count_once(tmp_path: Path) -> None:
         (signal_id, _), = journal.signals.record([signal])[0]
         journal.decisions.record(signal_id, "p", TARGET, "succeeded", "", {}, executed=True)
         own = journal.decisions.executed_marks(0)
-        journal.cluster.merge([], [*own, ("p", TARGET, own[0][2] - 60)], since=0)
+        journal.cluster.merge([], [*own, ExecutedMark("p", TARGET, own[0].at - 60)], since=0)
         last, count = journal.decisions.guard_history("p", TARGET, 3600)
         assert (last, count) == (own[0][2], 2)
     finally:
@@ -181,7 +182,7 @@ async def test_new_leader_drops_an_ended_pin_and_keeps_bad_versions_and_freezes(
             await wait_for(lambda: TARGET in _stored_or_empty(kube_emulator).pins, timeout=5)
             (pin,) = await leader.journal.pins.live.in_thread()
             # The follower led before and imported the pin then: it holds it in its own journal.
-            await follower.journal.cluster.merge.in_thread([(TARGET, "ranker", 1, pin.at)], [], 0)
+            await follower.journal.cluster.merge.in_thread([Pin(TARGET, "ranker", 1, pin.at)], [], 0)
 
             assert await leader.journal.pins.end.in_thread(TARGET, "rolled forward: version 3 is served") is not None
             await leader.journal.freezes.record.in_thread(TARGET, "escalated: did not recover", time.time() + 3600)
@@ -255,9 +256,9 @@ def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path
         source.freezes.record("default/other", "escalated too", now + 3600)
         doc = journal_document(source.pins.live(), [], source.cluster.shared_state(now - 3600, now))
         assert parse_document(doc.render()) == doc
-        pins = [(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
-        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == (2, 0, 4)
-        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == (0, 0, 0)
+        pins = [Pin(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
+        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == MergeCounts(pins=2, marks=0, other=4)
+        assert dest.cluster.merge(pins, [], 0, doc.shared(), now) == MergeCounts(pins=0, marks=0, other=0)
         assert dest.bad_versions.known(TARGET) == {3} and dest.freezes.active_on(TARGET, now) is not None
 
         source.pins.end(TARGET, "unpinned")
@@ -267,9 +268,9 @@ def test_shared_state_import_is_idempotent_and_carries_clears_and_lifts(tmp_path
         merged = merge_documents(doc, later, now - 3600, 3, now=now)  # the stale pin meets its end
         assert set(merged.pins) == {"default/other"} and (TARGET, 3) not in merged.bad
         assert [k[0] for k in merged.freezes] == ["default/other"]
-        stale = [(TARGET, "ranker", 1, doc.pins[TARGET]["at"])]  # an older replica still publishes it
-        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (1, 0, 2)
-        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == (0, 0, 0)
+        stale = [Pin(TARGET, "ranker", 1, doc.pins[TARGET]["at"])]  # an older replica still publishes it
+        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == MergeCounts(pins=1, marks=0, other=2)
+        assert dest.cluster.merge(stale, [], 0, merged.shared(), now) == MergeCounts(pins=0, marks=0, other=0)
         assert [p.target for p in dest.pins.live()] == ["default/other"]
         assert dest.bad_versions.known(TARGET) == frozenset() and dest.bad_versions.known("default/other") == {6}
         assert dest.freezes.active_on(TARGET, now) is None and dest.freezes.active_on("default/other", now) is not None

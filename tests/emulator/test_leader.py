@@ -189,14 +189,14 @@ async def test_workers_take_no_signal_while_leadership_is_lost(
             for n in range(2):
                 svc.supervisor.spawn(f"worker-again-{n}", svc.backlog.work())
             await asyncio.sleep(0.5)
-            assert [s["state"] for s in await svc.journal.signals.all.in_thread()] == ["pending"] * 3
+            assert [s.state for s in await svc.journal.signals.all.in_thread()] == ["pending"] * 3
             assert await svc.journal.decisions.all.in_thread() == [] and sink.received == []
 
             svc.kube.configuration.host = host
             await wait_for(svc.may_act, timeout=5)
             await svc.drain()
             assert len(sink.received) == 3
-            assert [s["state"] for s in await svc.journal.signals.all.in_thread()] == ["processed"] * 3
+            assert [s.state for s in await svc.journal.signals.all.in_thread()] == ["processed"] * 3
             decisions = await svc.journal.decisions.all.in_thread()
             assert sorted(d.signal_id for d in decisions) == [1, 2, 3]
             assert {d.state for d in decisions} == {"succeeded"}

@@ -58,7 +58,7 @@ def _stop_workers(svc: Service) -> None:
 
 async def _journaled(svc: Service) -> tuple[list[str], list[tuple[str, str]]]:
     """(state of each signal, (state, reason) of each decision) in this replica's journal."""
-    signals = [s["state"] for s in await svc.journal.signals.all.in_thread()]
+    signals = [s.state for s in await svc.journal.signals.all.in_thread()]
     return signals, [(d.state.value, d.reason) for d in await svc.journal.decisions.all.in_thread()]
 
 

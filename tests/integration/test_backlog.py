@@ -77,8 +77,8 @@ def _count_processing(svc: Service) -> collections.Counter[int]:
 
 async def _check_all_processed_once(svc: Service, calls: collections.Counter[int], sink: NotifySink) -> None:
     signals = await svc.journal.signals.all.in_thread()
-    assert [s["id"] for s in signals if s["state"] != "processed"] == []
-    matching = {s["id"] for s in signals if s["payload"]["labels"]["model"] == "ranker"}
+    assert [s.id for s in signals if s.state != "processed"] == []
+    matching = {s.id for s in signals if s.payload["labels"]["model"] == "ranker"}
     assert set(calls) == matching and set(calls.values()) == {1}  # only matching ones, each once
     decisions = await svc.journal.decisions.all.in_thread()
     assert sorted(d.signal_id for d in decisions) == sorted(matching)

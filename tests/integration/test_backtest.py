@@ -227,10 +227,10 @@ async def _live_action_time(tmp_path: Path, prom_url: str, triton: str, notify: 
                 break
             mark = time.time()
             now[0] += INTERVAL
-            await wait_for(lambda: any(e["at"] > mark for e in svc.journal.evaluations.all()), timeout=30)
+            await wait_for(lambda: any(e.at > mark for e in svc.journal.evaluations.all()), timeout=30)
         await svc.drain()
         decisions = await svc.journal.decisions.all.in_thread()
         (signal,) = await svc.journal.signals.all.in_thread()
     (decision,) = decisions
     assert decision.state == "succeeded", decision.reason
-    return Signal.from_summary(signal["payload"]).observed_at.timestamp()
+    return Signal.from_summary(signal.payload).observed_at.timestamp()

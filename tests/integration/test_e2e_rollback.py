@@ -31,7 +31,7 @@ async def test_webhook_rolls_triton_back_to_v1_and_journals_it(tmp_path: Path, t
         await svc.drain()
         assert served_versions(triton_server) == ["1"]
         (signal,) = await svc.journal.signals.all.in_thread()
-        assert signal["payload"]["labels"]["model"] == "ranker"
+        assert signal.payload["labels"]["model"] == "ranker"
         (decision,) = await svc.journal.decisions.all.in_thread()
         assert decision.state == "succeeded", decision.reason
         (step,) = decision.plan["steps"]

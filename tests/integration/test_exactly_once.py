@@ -166,7 +166,7 @@ def read_journal(path: Path) -> Journaled:
     try:
         (decision,) = journal.decisions.all()
         steps = [s for s in journal.decisions.steps(decision.id) if s.phase != "recovery"]
-        return Journaled(decision, steps, [s["state"] for s in journal.signals.all()],
+        return Journaled(decision, steps, [s.state for s in journal.signals.all()],
                          [(p.model, int(p.version)) for p in journal.pins.live()])
     finally:
         journal.close()

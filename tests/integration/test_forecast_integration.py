@@ -98,16 +98,16 @@ async def test_holt_forecast_rolls_back_before_the_breach(tmp_path: Path, promet
         await svc.drain()
         decisions = await svc.journal.decisions.all.in_thread()
         signals = await svc.journal.signals.all.in_thread()
-        evaluations = {e["policy"]: e for e in await svc.journal.evaluations.all.in_thread()}
+        evaluations = {e.policy: e for e in await svc.journal.evaluations.all.in_thread()}
     (decision,) = decisions
     assert decision.policy == "ranker-forecast" and decision.state == "succeeded", decision.reason
     (signal,) = signals
-    details = signal["payload"]["details"]
+    details = signal.payload["details"]
     assert details["lead_seconds"] >= 300 - 60, details  # at least ~5 minutes ahead
     assert details["probability"] >= details["min_probability"], details
-    assert details["predicted_crossing_time"] > signal["payload"]["details"].get("episode_start", 0)
+    assert details["predicted_crossing_time"] > signal.payload["details"].get("episode_start", 0)
     assert served_versions(triton_server) == ["1"]
-    assert not evaluations["scorer-forecast"]["fired"]
+    assert not evaluations["scorer-forecast"].fired
 
 
 async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometheus_factory):
@@ -128,8 +128,8 @@ async def test_prophet_forecast_through_the_process_pool(tmp_path: Path, prometh
             await wait_for(lambda: len(sink.received) == 1, timeout=120)
             await svc.drain()
             (signal,) = await svc.journal.signals.all.in_thread()
-        details = signal["payload"]["details"]
-        assert signal["payload"]["name"] == "forecast_breach"
+        details = signal.payload["details"]
+        assert signal.payload["name"] == "forecast_breach"
         assert details["lead_seconds"] > 0
         assert sink.received[0]["signal"]["labels"]["model"] == "ranker"
 
@@ -195,15 +195,15 @@ async def test_a_load_nearing_capacity_is_forecast_through_the_request_rate(tmp_
         async with Service(settings, action_registry(), detector_registry(),
                            clock=_clock_from(now0)) as svc:
             await wait_for(lambda: len(sink.received) == 1, timeout=60)
-            await wait_for(lambda: {e["policy"] for e in svc.journal.evaluations.all()} >= {"ranker-knee",
+            await wait_for(lambda: {e.policy for e in svc.journal.evaluations.all()} >= {"ranker-knee",
                                                                                             "scorer-knee"},
                            timeout=30)
             await svc.drain()
             (signal,) = await svc.journal.signals.all.in_thread()
-            evaluations = {e["policy"]: e for e in await svc.journal.evaluations.all.in_thread()}
-    details = signal["payload"]["details"]
-    assert signal["policy"] == "ranker-knee"
+            evaluations = {e.policy: e for e in await svc.journal.evaluations.all.in_thread()}
+    details = signal.payload["details"]
+    assert signal.policy == "ranker-knee"
     assert details["knee"]["used"] is True and 150.0 < details["knee"]["capacity_rate"] < 250.0, details["knee"]
     assert details["lead_seconds"] >= 180, details
     assert sink.received[0]["signal"]["labels"]["model"] == "ranker"
-    assert not evaluations["scorer-knee"]["fired"]
+    assert not evaluations["scorer-knee"].fired

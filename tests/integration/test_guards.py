@@ -106,5 +106,5 @@ async def test_pending_signal_is_processed_after_restart(tmp_path: Path):
         async with Service(settings, action_registry(), detector_registry()) as svc2:
             await svc2.drain()
             (sig,) = await svc2.journal.signals.all.in_thread()
-        assert sig["state"] == "processed"
+        assert sig.state == "processed"
         assert len(sink.received) == 1

@@ -228,7 +228,7 @@ def _assert_each_alert_acted_on_once(sink: Sink, dsn: str, first: Replica, secon
         term = journal.terms.current()
     finally:
         journal.close()
-    assert len(signals) == len(EXPECTED) and {s["state"] for s in signals} == {"processed"}
+    assert len(signals) == len(EXPECTED) and {s.state for s in signals} == {"processed"}
     assert len({d.signal_id for d in decisions}) == len(decisions) == len(EXPECTED)
     assert {d.state for d in decisions} == {"succeeded"}, collections.Counter(d.state for d in decisions)
     by_holder = {r["holder"]: (int(r["term"]), int(r["n"])) for r in claims}

@@ -118,12 +118,12 @@ async def assert_quiet_and_looking(svc: Service, version: str, since: dict[str, 
     decisions = await svc.journal.decisions.all.in_thread()
     assert decisions == [], [(d.policy, d.reason) for d in decisions]
     signals = await svc.journal.signals.all.in_thread()
-    assert signals == [], [s["payload"] for s in signals]
+    assert signals == [], [s.payload for s in signals]
     for policy, before in since.items():
         rows = [e for e in await svc.journal.evaluations.all.in_thread(policy)
-                if series_version(e["series"]) == version]
+                if series_version(e.series) == version]
         assert rows, await svc.journal.evaluations.all.in_thread(policy)
-        assert time.time() - float(rows[0]["at"]) < 5.0 and rows[0]["reason"].startswith(SCORED), rows
+        assert time.time() - float(rows[0].at) < 5.0 and rows[0].reason.startswith(SCORED), rows
         assert verdicts(svc, policy, fired=True) == 0.0
         assert verdicts(svc, policy, fired=False) - before > 5, (policy, verdicts(svc, policy, fired=False), before)
 
@@ -179,7 +179,7 @@ async def test_triton_restart_takes_no_action_and_a_defect_after_it_still_rolls_
             await asyncio.gather(load, return_exceptions=True)
         assert decision.executed, decision.reason
         assert await served_within(triton, ["1"], timeout_s=20.0), served_versions(triton, "ranker")
-        fired = [s["payload"] for s in await svc.journal.signals.all.in_thread() if s["payload"].get("policy") == POLICY]
+        fired = [s.payload for s in await svc.journal.signals.all.in_thread() if s.payload.get("policy") == POLICY]
         assert fired and fired[0]["labels"]["version"] == "2", fired[:1]
         # The series' history spans the restart (one reset, read as increase() does) and still fires.
         assert fired[0]["details"]["counter_resets"] == 1, fired[0]["details"]

@@ -94,5 +94,5 @@ async def test_the_journal_going_away_mid_decision_is_retried_and_the_landed_loa
     applies = [r for r in rows if r.phase == "apply"]
     assert [a.data.get("recovered") for a in applies] == [True], applies
     assert [(p.version, p.from_version) for p in pins] == [(1, 2)]
-    assert [s["state"] for s in signals] == ["processed"]
+    assert [s.state for s in signals] == ["processed"]
     assert faults is not None and faults >= 1

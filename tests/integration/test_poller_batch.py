@@ -78,7 +78,7 @@ async def test_batch_path_on_real_prometheus_flags_only_the_jumping_series(tmp_p
             # the vectorized path ran: no fallback to per-series was recorded as a fault
             assert svc.metrics.registry.get_sample_value("tailguard_faults_total",
                                                          {"component": "detector"}) is None
-    fired = [e["series"] for e in evaluations if e["fired"]]
+    fired = [e.series for e in evaluations if e.fired]
     assert len(fired) == 1 and f'"pod":"{JUMPING}"' in fired[0]
     assert sink.received[0]["signal"]["labels"]["pod"] == JUMPING
 

@@ -152,7 +152,7 @@ async def test_shadow_detector_beside_live_one(tmp_path: Path, prometheus_factor
     assert by_trigger["live"].state == "succeeded" and by_trigger["live"].executed
     shadow = by_trigger[1]
     assert not shadow.executed and shadow.reason.startswith("shadow trigger 1 (detector threshold)")
-    assert any(s["payload"]["details"].get("shadow") for s in signals)
+    assert any(s.payload["details"].get("shadow") for s in signals)
     capsys.readouterr()  # the daemon's own log lines
     assert main(["journal", str(settings.journal.path)]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from daemon.http.status import build_status
+from daemon.storage.records import SignalRow
 from daemon.wiring.registries import action_registry, detector_registry
 from daemon.wiring.service import Service
 from lab.load import run_load
@@ -90,16 +91,16 @@ async def _play(svc: Service, routed: dict[str, str | None]) -> None:
     deadline = asyncio.get_running_loop().time() + LOAD_SECONDS - BASELINE_SECONDS - 5
     while not await svc.journal.decisions.all.in_thread():
         assert asyncio.get_running_loop().time() < deadline, \
-            [e["reason"] for e in await svc.journal.evaluations.all.in_thread()][-4:]
+            [e.reason for e in await svc.journal.evaluations.all.in_thread()][-4:]
         await asyncio.sleep(0.5)
     routed["version"] = None  # after the rollback, whatever Triton serves
     await svc.drain()
 
 
-def _check(triton: Any, status: dict[str, Any], decisions: list[Any], signals: list[dict[str, Any]]) -> None:
+def _check(triton: Any, status: dict[str, Any], decisions: list[Any], signals: list[SignalRow]) -> None:
     assert decisions[0].state == "succeeded", decisions[0].reason
     assert served_versions(triton, "ranker") == ["1"]
-    (signal,) = [s["payload"] for s in signals][:1]
+    (signal,) = [s.payload for s in signals][:1]
     details = signal["details"]
     assert signal["labels"]["version"] == "2" and details["version"] == "2"
     assert details["evidence"] == "histogram" and details["assumed"]["false_alarm_days"] == 30

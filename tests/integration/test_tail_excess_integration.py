@@ -75,7 +75,7 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
         deadline = deployed + LOAD_SECONDS - BASELINE_SECONDS - 5
         while not await rolled_back():
             assert clock() < deadline, \
-                [e for e in await svc.journal.evaluations.all.in_thread() if e["policy"] == "ranker-tail"][-5:]
+                [e for e in await svc.journal.evaluations.all.in_thread() if e.policy == "ranker-tail"][-5:]
             await asyncio.sleep(0.5)
         await stop_load_after(load, deployed, HEALTHY_WATCH_SECONDS)
         await svc.drain()
@@ -87,9 +87,9 @@ async def test_counters_flag_a_bad_deploy_and_leave_a_healthy_deploy_alone(
     assert decisions[0].state == "succeeded", decisions[0].reason
     assert served_versions(bad, "ranker") == ["1"]
     assert served_versions(good, "scorer") == ["2"]
-    fired = [s["payload"] for s in signals if s["payload"].get("policy") == "ranker-tail"]
+    fired = [s.payload for s in signals if s.payload.get("policy") == "ranker-tail"]
     assert fired and fired[0]["labels"]["version"] == "2", fired[:1]
     # The start test's episode begins at v2's first request: at or after its series' first sample.
     assert fired[0]["details"]["episode_start"] >= fired[0]["details"]["series_first_seen"]
-    scorer = [e for e in evaluations if e["policy"] == "scorer-tail"]
-    assert scorer and not any(e["fired"] for e in scorer), [e for e in scorer if e["fired"]][:3]
+    scorer = [e for e in evaluations if e.policy == "scorer-tail"]
+    assert scorer and not any(e.fired for e in scorer), [e for e in scorer if e.fired][:3]

@@ -73,5 +73,5 @@ async def test_poller_flags_bad_deploy_and_rolls_back_healthy_one_untouched(
     assert decision.plan["steps"][0]["after"]["version"] == 1
     assert served_versions(bad, "ranker") == ["1"]
     assert served_versions(good, "scorer") == ["2"]
-    scorer = [e for e in evaluations if e["policy"] == "scorer-tail"]
-    assert scorer and not any(e["fired"] for e in scorer), scorer
+    scorer = [e for e in evaluations if e.policy == "scorer-tail"]
+    assert scorer and not any(e.fired for e in scorer), scorer

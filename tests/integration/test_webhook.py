@@ -34,7 +34,7 @@ async def test_sample_payload_is_journaled_then_acted_on(service: Service, sink:
     await wait_for(lambda: len(sink.received) == 1)
     await service.drain()
     (sig,) = await service.journal.signals.all.in_thread()
-    assert sig["state"] == "processed" and sig["name"] == "TritonTailLatencyHigh"
+    assert sig.state == "processed" and sig.name == "TritonTailLatencyHigh"
     (decision,) = await service.journal.decisions.all.in_thread()
     assert decision.state == "succeeded" and decision.policy == "ranker-notify"
     assert sink.received[0]["signal"]["labels"]["model"] == "ranker"

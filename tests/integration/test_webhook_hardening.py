@@ -186,7 +186,7 @@ async def test_firing_alert_with_zero_ends_at_is_accepted_and_ends_at_is_never_c
     assert (await post_alerts(service, _json(sample_payload())))[0] == 200
     body = _with_alert(endsAt="9999-12-31T23:59:59-01:00", startsAt="2026-11-29T18:00:00")
     assert await post_alerts(service, _json(body)) == (200, {"accepted": 1, "duplicates": 0})
-    keys = sorted(s["dedup_key"] for s in await service.journal.signals.all.in_thread())
+    keys = sorted(s.dedup_key for s in await service.journal.signals.all.in_thread())
     assert keys[0].endswith(":2026-11-29T17:26:08.551000+00:00:firing")
     assert keys[1].endswith(":2026-11-29T18:00:00+00:00:firing")
 
@@ -499,7 +499,7 @@ def _after_the_storm(ts: ThreadedService, json_logs: Callable[[], list[dict[str,
     status, body = ts.send(_request(fresh))
     assert (status, json.loads(body)) == (200, {"accepted": 1, "duplicates": 0})
     journaled = ts.run(ts.svc.journal.signals.all.in_thread())
-    assert any(s["dedup_key"] == "alert:feedfacecafebeef:2030-01-01T00:00:00+00:00:firing" for s in journaled)
+    assert any(s.dedup_key == "alert:feedfacecafebeef:2030-01-01T00:00:00+00:00:firing" for s in journaled)
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from daemon.cluster.cluster_state import journal_document, parse_document
 from daemon.storage.journal import Journal
-from daemon.storage.records import BadClear, BadMark, FreezeMark, Lift, PinEnd
+from daemon.storage.records import BadClear, BadMark, ExecutedMark, FreezeMark, Lift, Pin, PinEnd
 
 # Every section: pins, guard marks, a pin end, bad-version marks in force and a clear, freezes in
 # force (one on the whole daemon, until lifted) and a lift.
@@ -38,8 +38,8 @@ NOW = 3000.0
 
 def _import(journal: Journal, text: str) -> None:
     doc = parse_document(text)
-    pins = [(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
-    marks = [(policy, target, at) for key, times in doc.marks.items()
+    pins = [Pin(t, p["model"], p["version"], p["at"]) for t, p in doc.pins.items()]
+    marks = [ExecutedMark(policy, target, at) for key, times in doc.marks.items()
              for policy, target in [key.split("|", 1)] for at in times]
     journal.cluster.merge(pins, marks, 0.0, doc.shared(), NOW)
 

@@ -326,7 +326,7 @@ async def test_failed_step_reverts_the_applied_steps_in_reverse_order(h: Harness
         (1, "revert", "ok"), (0, "revert", "ok"),
     ]
     (signal,) = await h.journal.signals.all.in_thread()
-    assert signal["state"] == "processed"
+    assert signal.state == "processed"
 
 
 async def test_failed_step_with_default_on_failure_stops_without_revert(h: Harness):
@@ -458,7 +458,7 @@ async def test_apply_raising_becomes_a_failed_outcome_and_the_worker_goes_on(h: 
     assert after.state == "succeeded"
     assert h.trace_of("apply", "verify")[-2:] == [("apply", B), ("verify", B)]
     (signal,) = await h.journal.signals.all.in_thread()
-    assert signal["state"] == "processed"
+    assert signal.state == "processed"
     assert not ex.lock_for(f"default/{MODEL}").locked()
 
 
@@ -547,7 +547,7 @@ async def test_planning_raising_becomes_a_failed_decision(h: Harness, phase: str
     assert plan.blocked == decision.reason
     assert await h.steps(decision.id) == []
     (signal,) = await h.journal.signals.all.in_thread()
-    assert signal["state"] == "processed"
+    assert signal.state == "processed"
 
 
 async def test_an_action_declining_is_a_blocked_decision_not_a_failure(h: Harness):
@@ -629,7 +629,7 @@ async def test_resumed_step_in_doubt_whose_change_landed_is_recorded_not_applied
     assert rows[1].message.startswith("recovered after restart: attempt 1 had landed")
     assert rows[1].data["recovered"] and rows[1].data["effect_key"] == f"{decision.id}/0"
     (signal,) = await h.journal.signals.all.in_thread()
-    assert signal["state"] == "processed"
+    assert signal.state == "processed"
 
 
 async def test_resumed_step_in_doubt_whose_change_did_not_land_is_applied_once(h: Harness):
@@ -861,7 +861,7 @@ async def test_a_journal_error_mid_decision_is_retried_with_backoff_not_parked(h
     applies = [s for s in await h.results(decision.id) if s.phase == "apply"]
     assert [a.data.get("recovered") for a in applies] == [True]  # re-observed after the outage
     assert [p.version for p in await h.journal.pins.live.in_thread()] == [1]
-    assert [s["state"] for s in await h.journal.signals.all.in_thread()] == ["processed"]
+    assert [s.state for s in await h.journal.signals.all.in_thread()] == ["processed"]
     assert h.metrics.registry.get_sample_value("tailguard_faults_total", {"component": "journal"}) == 2
 
 
@@ -1351,7 +1351,7 @@ async def test_a_burst_taken_four_at_a_time_while_the_clock_runs_acts_on_none(h:
     assert all(d.reason.startswith("common cause suspected: 20 targets") for d in decisions), decisions[0].reason
     assert [e["event"] for e in h.events] == ["escalated"]
     assert timer.now >= h.now + 57 + 60  # the last arrival's span passed: the clock ran through the burst
-    arrivals = sorted(s["received_at"] for s in await h.journal.signals.all.in_thread())
+    arrivals = sorted(s.received_at for s in await h.journal.signals.all.in_thread())
     assert arrivals[-1] - arrivals[0] == pytest.approx(57)
 
 

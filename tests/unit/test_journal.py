@@ -12,7 +12,7 @@ from core.signal import Signal, SignalSource
 from daemon.storage.backend import Backend
 from daemon.storage.errors import JournalError, JournalValueError
 from daemon.storage.journal import Journal
-from daemon.storage.records import StepRecord
+from daemon.storage.records import Pin, StepRecord
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from tests.support.journal_backends import OpenJournal
 
@@ -41,7 +41,7 @@ def test_prune_drops_old_processed_history_and_keeps_pending_recent_and_pins(ope
     pruned = j.prune(time.time() - 30 * 86400)
 
     assert pruned == {"signals": 1, "decisions": 1, "steps": 1, "evaluations": 1}
-    assert sorted(s["dedup_key"] for s in j.signals.all()) == ["pending", "recent"]
+    assert sorted(s.dedup_key for s in j.signals.all()) == ["pending", "recent"]
     assert [d.signal_id for d in j.decisions.all()] == [recent_id]
     assert j.pins.live()[0].version == 1
     assert j.signals.record([_signal("recent")])[1] == 1  # still a duplicate
@@ -64,7 +64,7 @@ def test_unstorable_text_fails_alone_names_the_field_and_the_next_write_works(op
     j.decisions.record(sid, "p", "ns/m", "succeeded", "fine", {}, executed=True)
     labels = Signal(SignalSource.ALERT, "A", {"model": "\ud800"}, datetime.now(timezone.utc), "escaped")
     assert len(j.signals.record([labels])[0]) == 1  # the payload is JSON with escapes: storable
-    assert j.signals.all()[-1]["payload"]["labels"]["model"] == "\ud800"
+    assert j.signals.all()[-1].payload["labels"]["model"] == "\ud800"
     j.close()
 
 
@@ -72,9 +72,9 @@ def test_any_error_inside_a_transaction_rolls_it_back(open_journal: OpenJournal)
     """Not only sqlite3 errors: whatever a transaction raises rolls it back (JournalError for an
     Exception, the exception itself for cancellation), and nothing of it is half-written."""
     j = open_journal()
-    pins: list[tuple[str, str, object, float]] = [("ns/a", "a", 1, 1.0), ("ns/b", "b", "not a version", 1.0)]
+    pins = [Pin("ns/a", "a", 1, 1.0), Pin("ns/b", "b", "not a version", 1.0)]  # type: ignore[arg-type]
     with pytest.raises(JournalError, match="ValueError"):
-        j.cluster.merge(pins, [], since=0)  # type: ignore[arg-type]
+        j.cluster.merge(pins, [], since=0)
     assert j.pins.live() == []
 
     def cancelled(db: Backend) -> None:
@@ -196,7 +196,7 @@ def test_prune_to_size_drops_the_oldest_settled_history_and_keeps_what_must_stay
     kept = {d.id for d in j.decisions.all()}
     assert kept == {executing, awaiting, watching, reverting, guarded}  # 5 > 3: all that cannot go stay
     assert pruned["decisions"] == 8 and pruned["steps"] == 8
-    signals = {s["dedup_key"] for s in j.signals.all()}
+    signals = {s.dedup_key for s in j.signals.all()}
     assert "pending" in signals and {"k8", "k9", "k10", "k11", "k12"} <= signals  # pending; a kept decision's
     assert "k13" in signals  # processed but recent: common cause counts it
     assert not signals & {f"k{i}" for i in range(8)}

@@ -14,7 +14,8 @@ from core.signal import Signal, SignalSource
 from daemon.storage import postgres_backend, sqlite_backend
 from daemon.storage.errors import JournalError, JournalValueError
 from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE, FOREVER, BadMark, SharedState
+from daemon.storage.records import (DAEMON_SCOPE, FOREVER, BadMark, ExecutedMark, MergeCounts, Pin, SharedState,
+                                    Verdict)
 from tests.support.journal_backends import OpenJournal
 
 
@@ -137,17 +138,18 @@ def test_freezes_guards_evaluations_and_cluster_state(open_journal: OpenJournal)
     mine = j.decisions.executed_marks(0)[0][2]
     now = time.time()
     bad = BadMark(target="ns/x", version=4, reason="slow", at=now)
-    assert j.cluster.merge([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10), ("p", "ns/m", mine)], since=0,
-                           shared=SharedState(bad_marks=(bad,))) == (1, 2, 1)
-    assert j.cluster.merge([("ns/x", "x", 3, now)], [("p", "ns/m", now - 10)], since=0,
-                           shared=SharedState(bad_marks=(bad,))) == (0, 0, 0)
+    pin = Pin("ns/x", "x", 3, now)
+    assert j.cluster.merge([pin], [ExecutedMark("p", "ns/m", now - 10), ExecutedMark("p", "ns/m", mine)], since=0,
+                           shared=SharedState(bad_marks=(bad,))) == MergeCounts(pins=1, marks=2, other=1)
+    assert j.cluster.merge([pin], [ExecutedMark("p", "ns/m", now - 10)], since=0,
+                           shared=SharedState(bad_marks=(bad,))) == MergeCounts(pins=0, marks=0, other=0)
     last, count = j.decisions.guard_history("p", "ns/m", window_seconds=3600)
     assert last == mine and count == 2  # the mark equal to our own plan counts once
     assert j.bad_versions.known("ns/x") == frozenset({4})
     assert [p.version for p in j.pins.live()] == [3]
 
-    j.evaluations.record_many([("p", 0, "s1", True, "fired"), ("p", 0, "s2", False, "quiet")])
-    j.evaluations.record_many([("p", 0, "s1", False, "calm")])
-    assert [(e["series"], e["fired"], e["reason"]) for e in j.evaluations.all("p")] == [
-        ("s1", 0, "calm"), ("s2", 0, "quiet")]
+    j.evaluations.record_many([Verdict("p", 0, "s1", True, "fired"), Verdict("p", 0, "s2", False, "quiet")])
+    j.evaluations.record_many([Verdict("p", 0, "s1", False, "calm")])
+    assert [(e.series, e.fired, e.reason) for e in j.evaluations.all("p")] == [
+        ("s1", False, "calm"), ("s2", False, "quiet")]
     assert j.cluster.shared_state(since=0).bad_marks == (bad,)

@@ -52,7 +52,7 @@ def test_a_replaced_leader_cannot_claim_decide_or_step(open_journal: OpenJournal
     with pytest.raises(JournalFenced):
         a.pins.record("ns/m", "m", 1)
     assert a.decisions.steps(decision) == [] and a.pins.live() == []
-    assert [s["state"] for s in a.signals.all()] == ["pending"]
+    assert [s.state for s in a.signals.all()] == ["pending"]
     a.signals.record([_signal("s2")])  # any replica may still accept webhooks
 
     # The new leader resumes the signal: its claim replaces a's on the decision row.

@@ -62,7 +62,7 @@ async def test_many_concurrent_callers_share_transactions_and_get_their_own_resu
         *(journal.signals.intake([_signal(k) for k in keys]) for keys in batches))
     transactions = journal.commits - commits
 
-    rows = {s["dedup_key"]: s["id"] for s in await journal.signals.all.in_thread()}
+    rows = {s.dedup_key: s.id for s in await journal.signals.all.in_thread()}
     assert set(rows) == {k for keys in batches for k in keys}
     new_ids = [i for new, _ in results for i, _ in new]
     assert sorted(new_ids) == sorted(rows.values())  # each row reported new to exactly one caller
@@ -88,7 +88,7 @@ async def test_duplicates_across_two_callers_in_one_group(journal: Journal):
     assert journal.commits - commits == 2  # the plug's transaction, then one for a and b
     assert [s.dedup_key for _, s in new_a] == ["shared", "a"] and dup_a == 0
     assert [s.dedup_key for _, s in new_b] == ["b"] and dup_b == 2
-    assert [s["dedup_key"] for s in await journal.signals.all.in_thread()] == ["plug", "shared", "a", "b"]
+    assert [s.dedup_key for s in await journal.signals.all.in_thread()] == ["plug", "shared", "a", "b"]
 
 
 async def test_a_bad_caller_fails_alone_in_its_group(journal: Journal):
@@ -102,7 +102,7 @@ async def test_a_bad_caller_fails_alone_in_its_group(journal: Journal):
     assert len((await good)[0]) == 1 and len((await also_good)[0]) == 1
     with pytest.raises(JournalValueError, match="signal 1 name"):
         await bad
-    assert [s["dedup_key"] for s in await journal.signals.all.in_thread()] == ["plug", "g1", "g2"]
+    assert [s.dedup_key for s in await journal.signals.all.in_thread()] == ["plug", "g1", "g2"]
     assert len((await journal.signals.intake([_signal("after")]))[0]) == 1
 
 
@@ -116,7 +116,7 @@ async def test_a_caller_cancelled_before_its_turn_is_not_written(journal: Journa
     assert len((await kept)[0]) == 1
     with pytest.raises(asyncio.CancelledError):
         await gone
-    assert [s["dedup_key"] for s in await journal.signals.all.in_thread()] == ["plug", "kept"]
+    assert [s.dedup_key for s in await journal.signals.all.in_thread()] == ["plug", "kept"]
 
 
 async def test_listener_hears_of_new_signals_before_the_caller_returns(journal: Journal):

@@ -13,7 +13,7 @@ from core.decision import DecisionState
 from core.signal import Signal, SignalSource
 from daemon.common.config import ConfigError, JournalSettings, journal_store
 from daemon.storage.journal import Journal
-from daemon.storage.records import FOREVER, StepRecord
+from daemon.storage.records import FOREVER, ExecutedMark, StepRecord
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.wiring.cli import main
 
@@ -37,7 +37,7 @@ def _fill(path: Path) -> None:
         j.pins.record("ns/o", "o", 3)
         j.pins.end("ns/o", "rolled forward")
         j.freezes.record("ns/m", "did not help", FOREVER, d1, by="alice", source="api")
-        j.cluster.merge([], [("p", "ns/z", time.time())], since=0)
+        j.cluster.merge([], [ExecutedMark("p", "ns/z", time.time())], since=0)
     finally:
         j.close()
 

@@ -43,7 +43,7 @@ async def test_new_signals_and_resent_duplicates_are_counted(journal: Journal) -
     assert await intake.record([_signal("d", SignalSource.DETECTOR, "tail")], resent=False) == Recorded(0, 1)
     assert _value(metrics, "tailguard_alerts_deduplicated_total") == 1  # a detector's repeat is no resent alert
     assert _value(metrics, "tailguard_signals_total", source="detector", name="tail") == 1
-    assert [s["dedup_key"] for s in journal.signals.all()] == ["a", "b", "d"]
+    assert [s.dedup_key for s in journal.signals.all()] == ["a", "b", "d"]
 
 
 async def test_a_busy_journal_is_no_fault_for_alertmanager_and_a_lost_signal_for_a_detector(journal: Journal) -> None:

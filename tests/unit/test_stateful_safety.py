@@ -403,7 +403,7 @@ class SafetyMachine(RuleBasedStateMachine):
             return stale + [f"term {t} has writers {sorted(p)}" for t, p in by_term.items() if len(p) > 1]
         if name == SIGNALS:
             # Journaled once, and decided at most once per policy (a restart or a takeover resumes, never repeats).
-            keys = [s["dedup_key"] for s in world.observer.signals.all()]
+            keys = [s.dedup_key for s in world.observer.signals.all()]
             decided = [(d.signal_id, d.policy) for d in world.observer.decisions.all()]
             return ([f"{k} journaled {keys.count(k)} times" for k in sorted(self.acked) if keys.count(k) != 1]
                     + [f"signal {i} decided {decided.count((i, p))} times by {p}" for i, p in sorted(set(decided))

@@ -86,12 +86,12 @@ def journal(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_the_first_start_journaled_wins(journal: Journal) -> None:
-    assert journal.starts.record("default/ranker", "t1", [("2", 1001.0)]) == 1
-    assert journal.starts.record("default/ranker", "t1", [("2", 1201.0), ("3", 1500.0)]) == 1
+    assert journal.starts.record("default/ranker", "t1", {"2": 1001.0}) == 1
+    assert journal.starts.record("default/ranker", "t1", {"2": 1201.0, "3": 1500.0}) == 1
     assert journal.starts.of("default/ranker", "t1") == {"2": 1001.0, "3": 1500.0}
     assert journal.starts.of("default/ranker", "t2") == {}
     with pytest.raises(ValueError, match="not a time"):
-        journal.starts.record("default/ranker", "t1", [("4", float("nan"))])
+        journal.starts.record("default/ranker", "t1", {"4": float("nan")})
 
 
 async def test_a_restart_resumes_the_start_test_from_the_journaled_start(journal: Journal) -> None:
@@ -123,6 +123,6 @@ async def test_a_restart_resumes_the_start_test_from_the_journaled_start(journal
 
 
 def test_prune_forgets_old_starts(journal: Journal) -> None:
-    journal.starts.record("default/ranker", "t1", [("2", 1001.0)])
+    journal.starts.record("default/ranker", "t1", {"2": 1001.0})
     journal.prune(journal.clock() + 1.0)
     assert journal.starts.of("default/ranker", "t1") == {}
