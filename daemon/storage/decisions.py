@@ -10,8 +10,8 @@ from daemon.storage.backend import Backend, Row
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
 from daemon.storage.cross_table import insert_freeze
-from daemon.storage.records import (RECOVERY, Decision, ExecutedMark, GuardHistory, LatestDecision, OpenRecovery,
-                                    RecoveryRow, StepRecord, StepRow)
+from daemon.storage.records import (RECOVERY, CheckInFlight, Decision, ExecutedMark, FreezeRequest, GuardHistory,
+                                    LatestDecision, OpenRecovery, RecoveryRow, StepRecord, StepRow)
 from daemon.storage.step_kinds import UNSETTLED_VERDICTS, StepPhase, StepStatus
 
 
@@ -50,9 +50,9 @@ class Decisions:
 
     @blocking
     def finish(self, decision_id: int, state: DecisionState, reason: str,
-               recovery: tuple[str, dict[str, Any]] | None = None, expired: dict[str, Any] | None = None) -> None:
-        """Set the decision's final state; with `recovery` (message, data), its recovery check is
-        journaled as in flight (a pending recovery row) in the same transaction. EXPIRED needs
+               recovery: CheckInFlight | None = None, expired: dict[str, Any] | None = None) -> None:
+        """Set the decision's final state; with `recovery`, its recovery check is journaled as in
+        flight (a pending recovery row) in the same transaction. EXPIRED needs
         `expired` (why, age): stored as failed with it in the plan (`core.decision.stored_state`)."""
         checked(state=state, reason=reason)
         if (state is DecisionState.EXPIRED) != (expired is not None):
@@ -67,7 +67,7 @@ class Decisions:
             else:
                 db.execute("UPDATE decisions SET state=?, reason=? WHERE id=?", (state, reason, decision_id))
             if recovery is not None:
-                _insert_step(db, _recovery_row(decision_id, StepStatus.PENDING, recovery[0], recovery[1]),
+                _insert_step(db, _recovery_row(decision_id, StepStatus.PENDING, recovery.message, recovery.data),
                              self._core.clock())
 
         self._core.fenced_write(run)
@@ -78,17 +78,17 @@ class Decisions:
 
     @blocking
     def record_verdict(self, decision_id: int, status: StepStatus, message: str, data: dict[str, Any],
-                       freeze: tuple[str, str, float] | None = None) -> int | None:
-        """The recovery verdict (a recovery row with `status`), and with `freeze` (target, reason,
-        until) the target's freeze that escalates it, in one transaction. Returns the freeze's id."""
+                       freeze: FreezeRequest | None = None) -> int | None:
+        """The recovery verdict (a recovery row with `status`), and with `freeze` the target's freeze
+        that escalates it, in one transaction. Returns the freeze's id."""
         if freeze is not None:
-            checked(target=freeze[0], reason=freeze[1])
+            checked(target=freeze.target, reason=freeze.reason)
 
         def run(db: Backend) -> int | None:
             _insert_step(db, _recovery_row(decision_id, status, message, data), self._core.clock())
             if freeze is None:
                 return None
-            return insert_freeze(db, freeze[0], freeze[1], freeze[2], decision_id, at=self._core.clock())
+            return insert_freeze(db, freeze.target, freeze.reason, freeze.until, decision_id, at=self._core.clock())
 
         return self._core.fenced_write(run)
 

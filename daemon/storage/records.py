@@ -16,16 +16,24 @@ RECOVERY = "recovery"  # the action of a decision's recovery rows (phase StepPha
 
 
 
+class NewSignal(NamedTuple):
+    """A signal just inserted, with the id the journal gave it. Unpacks as (id, signal): the intake's
+    hot path builds thousands of these, and its readers unpack them."""
+
+    id: int
+    signal: Signal
+
+
 class SignalsRecorded(NamedTuple):
     """What recording signals returns (not daemon/workers/signal_intake.py's Recorded, the intake's
     answer to a sender): the new ones, and how many were duplicates. Unpacks as (new, duplicates)."""
 
-    new: list[tuple[int, Signal]]
-    """(id, signal) of the signals inserted, in the order given."""
+    new: list[NewSignal]
+    """The signals inserted, in the order given."""
     duplicates: int
 
-# Called with the (id, signal) of the new ones once they are committed.
-OnCommit = Callable[[list[tuple[int, Signal]]], None]
+# Called with the new ones once they are committed.
+OnCommit = Callable[[list[NewSignal]], None]
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,25 @@ class RecoveryRow:
     message: str
     data: dict[str, Any]
     at: float
+
+
+@dataclass(frozen=True)
+class CheckInFlight:
+    """A recovery check put in flight as its decision ends (Decisions.finish): the pending
+    recovery row's message and data."""
+
+    message: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FreezeRequest:
+    """The freeze of `target` until `until` that escalates a recovery verdict, journaled in the
+    verdict's transaction (Decisions.record_verdict)."""
+
+    target: str
+    reason: str
+    until: float
 
 
 @dataclass(frozen=True)

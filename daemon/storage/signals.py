@@ -14,7 +14,7 @@ from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload, journal_error
 from daemon.storage.errors import JournalBackpressure, JournalError, JournalValueError
 from daemon.storage.group_commit import GroupCommit
-from daemon.storage.records import OnCommit, SignalRow, SignalsRecorded, StoredSignal
+from daemon.storage.records import NewSignal, OnCommit, SignalRow, SignalsRecorded, StoredSignal
 
 DEFAULT_MAX_PENDING = 100_000
 INSERT_CHUNK = 1_000  # rows per INSERT statement (6 parameters each, under SQLite's 32,766)
@@ -92,7 +92,7 @@ class Signals:
         if self._listener is not None:
             loop, listener = self._listener
 
-            def on_commit(new: list[tuple[int, Signal]]) -> None:
+            def on_commit(new: list[NewSignal]) -> None:
                 loop.call_soon_threadsafe(listener, new)
 
         return await asyncio.wrap_future(self.submit(signals, on_commit))
@@ -168,12 +168,12 @@ class Signals:
             raise
         if savepoint:
             db.execute("RELEASE batch")
-        new: list[tuple[int, Signal]] = []
+        new: list[NewSignal] = []
         for s in signals:
             # Only inserted rows come back: a key seen before (or twice in this batch) is a duplicate.
             signal_id = inserted.pop(s.dedup_key, None)
             if signal_id is not None:
-                new.append((signal_id, s))
+                new.append(NewSignal(signal_id, s))
         return SignalsRecorded(new, len(signals) - len(new))
 
     # ---- the pending set ----------------------------------------------------------------------

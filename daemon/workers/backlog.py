@@ -13,6 +13,7 @@ from core.signal import Signal, SignalHead
 from daemon.common.metrics import Metrics
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
 from daemon.storage.journal import Journal
+from daemon.storage.records import NewSignal
 from policies.guards import GuardDecision
 from policies.loader import LoadedPolicy
 from policies.matching import Matchable, matching_policies
@@ -134,7 +135,7 @@ class Backlog:
 
     # ---- intake -----------------------------------------------------------------------------
 
-    def admit(self, new: list[tuple[int, Signal]]) -> None:
+    def admit(self, new: list[NewSignal]) -> None:
         """The journal's listener: signals just committed, in id order. A class in overflow
         takes none directly (its older signals in the journal go first); while nothing may be
         taken, every class is (the journal keeps them)."""

@@ -31,7 +31,7 @@ from core.decision import DecisionState
 from core.signal import Signal
 from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
 from daemon.common.lifecycle import Spawn
-from daemon.storage.records import RECOVERY, Decision, StepRecord
+from daemon.storage.records import RECOVERY, CheckInFlight, Decision, StepRecord
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.decision_events import decision_event
 from daemon.workers.approvals import ApprovalGate, ApprovalResult, BaseUrl
@@ -348,8 +348,8 @@ class Executor:
         acted_at = self._ctx.clock()
         pending = None
         if check is not None:
-            pending = (f"checking: {check.query} {check.condition.describe()} ({check.source})",
-                       {"check": check.as_dict(), "acted_at": acted_at, "signal": signal.dedup_key})
+            pending = CheckInFlight(f"checking: {check.query} {check.condition.describe()} ({check.source})",
+                                    {"check": check.as_dict(), "acted_at": acted_at, "signal": signal.dedup_key})
         # One transaction: a restart finds the check in flight with the decision, or neither.
         await self._ctx.journal.decisions.finish.in_thread(decision_id, state, reason, pending)
         self._ctx.metrics.decisions.labels(policy.name, state).inc()

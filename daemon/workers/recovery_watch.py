@@ -31,7 +31,7 @@ from core.timestamps import iso_utc
 from core.decision import DecisionState
 from daemon.common.lifecycle import Spawn, plain_spawn
 from daemon.storage.errors import JournalError, JournalFenced, JournalValueError
-from daemon.storage.records import RecoveryRow
+from daemon.storage.records import FreezeRequest, RecoveryRow
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.decision_events import verdict_event
 from daemon.workers.backlog import JOURNAL_RETRY_MAX_SECONDS
@@ -140,8 +140,8 @@ class RecoveryWatches:
                 message = could_not_tell(verdict.reason, check.on_not_recovered)
             if follow_up == "escalate":
                 until = self._ctx.clock() + self.escalation_freeze_seconds
-                freeze = (target, f"policy {policy_name}, decision {decision_id}: {verdict.state.value}: "
-                                  f"{verdict.reason}", until)
+                freeze = FreezeRequest(target, f"policy {policy_name}, decision {decision_id}: {verdict.state.value}: "
+                                               f"{verdict.reason}", until)
                 data["frozen_until"] = until
                 message += f"; escalated: {target} frozen until {iso_utc(until)}"
             elif follow_up is not None:
@@ -157,8 +157,8 @@ class RecoveryWatches:
             self._announce(event, policy_name, target, message, decision=decision_id, verdict=verdict.state.value,
                            query=check.query, condition=check.condition.describe(), follow_up=follow_up)
             if freeze is not None:
-                self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}",
-                               decision=decision_id, verdict=verdict.state.value, frozen_until=iso_utc(freeze[2]))
+                self._announce("escalated", policy_name, target, f"{target} frozen: {freeze.reason}",
+                               decision=decision_id, verdict=verdict.state.value, frozen_until=iso_utc(freeze.until))
             elif follow_up == "revert":
                 await self._revert_unrecovered(decision_id, policy_name, verdict)
 
@@ -190,7 +190,7 @@ class RecoveryWatches:
         with structlog.contextvars.bound_contextvars(policy=policy_name, target=target, decision=decision_id):
             until = self._ctx.clock() + self.escalation_freeze_seconds
             reason = could_not_tell(str(row.message), "revert")
-            freeze = (target, f"policy {policy_name}, decision {decision_id}: unknown: {reason}", until)
+            freeze = FreezeRequest(target, f"policy {policy_name}, decision {decision_id}: unknown: {reason}", until)
             data = {**row.data, "verdict": Recovery.UNKNOWN.value, "follow_up": "escalate", "frozen_until": until,
                     "escalated_instead_of": "revert"}
             message = f"{reason}; escalated: {target} frozen until {iso_utc(until)}"
@@ -199,7 +199,7 @@ class RecoveryWatches:
             self._ctx.on_recorded()
             log.warning("unknown recovery escalated instead of reverted", reason=reason)
             await self._verdict_event(policy_name, Recovery.UNKNOWN.value, message)
-            self._announce("escalated", policy_name, target, f"{target} frozen: {freeze[1]}", decision=decision_id,
+            self._announce("escalated", policy_name, target, f"{target} frozen: {freeze.reason}", decision=decision_id,
                            verdict=Recovery.UNKNOWN.value, frozen_until=iso_utc(until))
 
     async def _verdict_event(self, policy_name: str, verdict: str, message: str) -> None:

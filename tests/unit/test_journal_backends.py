@@ -14,8 +14,8 @@ from core.signal import Signal, SignalSource
 from daemon.storage import postgres_backend, sqlite_backend
 from daemon.storage.errors import JournalError, JournalValueError
 from daemon.storage.journal import Journal
-from daemon.storage.records import (DAEMON_SCOPE, FOREVER, BadMark, ExecutedMark, MergeCounts, Pin, SharedState,
-                                    Verdict)
+from daemon.storage.records import (DAEMON_SCOPE, FOREVER, BadMark, CheckInFlight, ExecutedMark, FreezeRequest,
+                                    MergeCounts, Pin, SharedState, Verdict)
 from tests.support.journal_backends import OpenJournal
 
 
@@ -98,13 +98,19 @@ def test_decisions_approvals_and_recoveries(open_journal: OpenJournal):
     assert j.decisions.record(s1, "p", "ns/m", DecisionState.SUCCEEDED, "done", {}, executed=False) == d1
     decision = j.decisions.get(d1)
     assert decision is not None and decision.executed and decision.state == "succeeded"
-    j.decisions.finish(d1, DecisionState.SUCCEEDED, "ok", recovery=("watching", {"window": 60}))
+    j.decisions.finish(d1, DecisionState.SUCCEEDED, "ok", recovery=CheckInFlight("watching", {"window": 60}))
     assert [r.decision.id for r in j.decisions.open_recoveries()] == [d1]
     j.decisions.record_verdict(d1, "not_recovered", "still slow", {"follow_up": "revert"})
     (open_,) = j.decisions.open_recoveries()
     assert open_.row.status == "not_recovered" and open_.row.data == {"follow_up": "revert"}
     j.decisions.record_verdict(d1, "recovered", "fine", {"follow_up": "none"})
     assert j.decisions.open_recoveries() == []
+    # An escalated verdict journals its target's freeze in the same transaction.
+    frozen = j.decisions.record_verdict(d1, "not_recovered", "slow again", {"follow_up": "escalate"},
+                                        FreezeRequest("ns/m", "escalated: slow again", FOREVER))
+    active = j.freezes.active_on("ns/m")
+    assert active is not None and (active.id, active.reason, active.until, active.decision_id) == (
+        frozen, "escalated: slow again", FOREVER, d1)
 
     now = time.time()
     a = j.approvals.request(s2, "q", "ns/n", {"steps": []}, deadline=now + 600)
