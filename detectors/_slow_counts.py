@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 from scipy.stats import norm
 
 from detectors.sequential.design import BankDesign
-from detectors.sequential.evidence import Evidence, bulk_means, trailing_min
+from detectors.sequential.evidence import POOL_REQUESTS, Evidence, bulk_means, trailing_min
 
 FALSE_COUNT_SHARE = 0.01
 """False counts allowed per step (sub-line lumps read as one above the line), as a share of the
@@ -55,6 +55,14 @@ MIN_HISTORY = 10
 1 s steps are not evidence (its bulk is not known yet). A heavy bulk at a version's start is held
 by MIN_QUIET (a step counts only once the window holds that many quiet steps): at 400 req/s with
 2% at 300 ms, 0 false alarms in 200 version-days."""
+TRUST_REQUESTS = 6.0 * POOL_REQUESTS
+"""A step is read once this many requests are behind it: three disjoint pools at least, whatever a
+pool's width (one holds POOL_REQUESTS to about twice as many), so its centre, the lowest pooled mean
+behind it, is clean of two slow requests in a version's first seconds (the lowest of k + 1
+disjoint pools is clean of k lumps). Read earlier, such a centre is the lumps' own mean: the steps
+after read as sub-line lumps and wide noise, and every threshold in the window stays above a lone
+slow request for as long as the window holds them. Counted in requests, not pools, so a cycle's
+reading does not turn on the traffic its answer averages."""
 MIN_QUIET = 10
 """Quiet steps the window needs for a step to count: fewer, and the bulk's noise is not known."""
 QUIET_MIN = 0.2
@@ -139,7 +147,10 @@ def slow_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], lin
     counter ([S x P]); `null` the share above the line the promise is stated at (half budget)."""
     centre = bulk_means(latency, requests, bulk_window_cols)
     with np.errstate(invalid="ignore"):
-        scored = np.isfinite(latency) & (requests > 0) & np.isfinite(centre)
+        behind = trailing_sum(np.where(np.isfinite(latency) & (requests > 0), requests, 0.0), bulk_window_cols)
+    trusted = behind >= TRUST_REQUESTS
+    with np.errstate(invalid="ignore"):
+        scored = np.isfinite(latency) & (requests > 0) & np.isfinite(centre) & trusted
         excess = np.where(scored, latency - requests * centre, np.nan)
         room = np.maximum(line - centre, 0.1 * line)  # the excess of one request at the line
         quiet = scored & (excess <= LUMP_FLOOR * room)

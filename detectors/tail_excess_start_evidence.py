@@ -112,7 +112,9 @@ def start_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], li
         needed = counts.counts_above[row, first] - centre  # the excess a step needed to count there
         lat, req = latency[row, :first], requests[row, :first]
         with np.errstate(invalid="ignore"):
-            early = np.isfinite(lat) & np.isfinite(req) & (req > 0) & ~scored[row, :first]
+            # Steps scored before any threshold was set (too few quiet steps yet) counted none:
+            # they are early steps as much as the unscored ones.
+            early = np.isfinite(lat) & np.isfinite(req) & (req > 0) & ~ready[row, :first]
             units[row, :first] = np.where(early, (lat - req * centre > needed).astype(np.float64), units[row, :first])
         scored_requests[row, :first] = np.where(early, req, scored_requests[row, :first])
     return units, scored_requests, known_from

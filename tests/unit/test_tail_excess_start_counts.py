@@ -89,3 +89,19 @@ def test_steps_too_long_to_count_run_no_start_test_and_say_why() -> None:
     start = next(d for d in timeline[-1][1] if d.details.get("version") == "2").details["start_test"]
     assert start["status"] == "none" and "steps too long to count" in start["reason"]
     assert not any(d.fired and d.reason.startswith("start test") for _, ds in timeline for d in ds)
+
+
+def test_slow_requests_in_a_versions_first_steps_leave_the_later_ones_counted() -> None:
+    """Two slow requests in a version's first three steps: the bulk's centre is not read from pools
+    that hold them (it would be the lumps' own mean, the steps after would read as sub-line lumps and
+    wide noise, and for the window's ten minutes no lone slow request would pass the threshold).
+    Every slow request of the run counts once, the early ones once the bulk is known."""
+    steps = 120
+    requests = np.full((1, steps), 39.0)  # under 40 a step: the bulk is pooled over two steps
+    latency = requests * BULK_MS + np.random.default_rng(2).uniform(-5.0, 5.0, (1, steps))
+    slow_at = [0, 2, 17, 21, 22, 23, 33, 42, 44, 65, 76, 78]  # seed 18's first minutes, 900 ms each
+    for col in slow_at:
+        latency[0, col] += 900.0 - BULK_MS
+    units, _, known_from = start_counts(latency, requests, 500.0, 0.0005, (60, 600, 60), 0.25)
+    assert np.flatnonzero(np.nan_to_num(units[0]) > 0).tolist() == slow_at
+    assert 0 < known_from[0] < 40
