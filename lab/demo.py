@@ -1,7 +1,7 @@
 """`make demo`: an incident, live, on real local servers, with tailguard watching and acting.
 
     python -m lab.demo [--scenario tail|tail-easy|ramp|canary|canary-healthy|canary-shared] [--seed N]
-                       [--short] [--out DIR]
+                       [--short] [--no-keep-warm] [--out DIR]
 
 Prints a timeline and a live progress line while it runs, then the path of the report (a
 self-contained HTML page and its PNG). Ctrl-C stops everything the demo started (by PID), then exits.
@@ -21,6 +21,7 @@ from daemon.common.logs import configure_logging
 from lab.scenarios import SCENARIOS
 from lab.scenarios.progress import Console
 from lab.scenarios.runner import Outcome, run_scenario
+from lab.scenarios.tail import TailScenario
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "canary, never shifted; canary-shared: both versions slow, nothing acts")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model's slow requests (tail)")
     parser.add_argument("--short", action="store_true", help="short phases (as the tests run them)")
+    parser.add_argument("--no-keep-warm", dest="keep_warm", action="store_false",
+                        help="tail: run the example policy as it is, without `keepWarm: previous` on its rollback "
+                             "(the rollback is then a model load, not a switch)")
     parser.add_argument("--out", type=Path, default=None,
                         help="where the report and the servers' files go (default: a new temp folder)")
     return parser.parse_args(argv)
@@ -43,6 +47,8 @@ async def play(args: argparse.Namespace, console: Console) -> Outcome:
     out = args.out or Path(tempfile.mkdtemp(prefix="tailguard-demo-"))
     scenario = copy.copy(SCENARIOS[args.scenario])
     scenario.model_seed = args.seed
+    if isinstance(scenario, TailScenario):
+        scenario.keep_warm = args.keep_warm
     task = asyncio.create_task(run_scenario(scenario, out, short=args.short, console=console))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

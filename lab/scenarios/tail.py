@@ -1,22 +1,26 @@
 """`tail` (the default): the incident tailguard exists for. ranker v1 is healthy; a deploy of v2 sends
 0.5% of requests (rare inputs) down a 900 ms path. Fewer than 1% are slow, so P99 holds while P99.9
-jumps past 500 ms. tailguard runs examples/policies/ranker.yaml with only its endpoints filled in and
-rolls ranker back to v1; the run prints its time to remediate beside the range measured over seeds.
+jumps past 500 ms. tailguard runs examples/policies/ranker.yaml with its endpoints filled in and, as
+the README recommends, `keepWarm: previous` on its rollback (v1 kept loaded beside v2 from the deploy
+on: the rollback is a switch, not a load; `keep_warm=False` runs the example as it is), and rolls
+ranker back to v1; the run prints its time to remediate beside the range measured over seeds.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lab import policies
-from lab.load import run_load
+from lab.load import RequestSample, run_load
 from lab.policies import SHORT_VERIFY, triton_endpoints
 from lab.scenarios.base import MODEL, Run, Scenario, Timings, load_version, served_versions
-from lab.scenarios.timeline import span_quantiles
+from lab.scenarios.timeline import answered_at, span_quantiles
 from lab.triton import TritonServer, write_model_repository
 
 SLOW_FRACTION = 0.005
@@ -35,13 +39,47 @@ COLD_START_SECONDS = 5.0
 cold (a first answer takes ~0.3 s each, and requests queue behind them), which is the lab's deploy
 on one Triton, not the defect; a Deployment's new pods warm up before they take traffic."""
 MEASURED_COMMAND = "python bench/bench_demo_ttr.py --seeds 1,2,3,4,5"
+HELD_SECONDS = 0.25
+"""A request answered later than this is counted as held by the warm load (docs/stack-facts.md, "The switch")."""
 
 
-def example_policy(triton: TritonServer, short: bool) -> str:
-    """examples/policies/ranker.yaml with the lab's endpoints filled in. `short` (tests) also shortens
-    its verify window to 10 s held, sampled every 5 s: the only other change, and only there."""
-    return policies.example_policy("ranker.yaml", target={"triton": triton_endpoints(triton.base_url, triton.metrics_url)},
+def example_policy(triton: TritonServer, short: bool, keep_warm: bool = True) -> str:
+    """examples/policies/ranker.yaml with the lab's endpoints filled in and (`keep_warm`)
+    `keepWarm: previous` on its rollback. `short` (tests) also shortens its verify window to 10 s
+    held, sampled every 5 s: the only other change, and only there."""
+    text = policies.example_policy("ranker.yaml", target={"triton": triton_endpoints(triton.base_url, triton.metrics_url)},
                                    **({"verify": SHORT_VERIFY} if short else {}))
+    return with_keep_warm(text) if keep_warm else text
+
+
+def with_keep_warm(policy: str) -> str:
+    """`policy` (YAML) with `keepWarm: previous` on its `triton.rollback` actions (pure)."""
+    doc = yaml.safe_load(policy)
+    rollbacks = [a for a in doc["actions"] if a.get("type") == "triton.rollback"]
+    if not rollbacks:
+        raise ValueError("the policy has no triton.rollback action to keep a version warm for")
+    for action in rollbacks:
+        action["keepWarm"] = "previous"
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def warm_load_spans(effects: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """(start, end) of each warm load the door journaled (writer "warm": its intent, then its result). Pure."""
+    spans, started = [], None
+    for row in effects:
+        if row.get("writer") != "warm" or row.get("kind") != "triton.load":
+            continue
+        if row.get("status") == "intent":
+            started = float(row["at"])
+        elif started is not None:
+            spans.append((started, float(row["at"])))
+            started = None
+    return spans
+
+
+def overlaps(sample: RequestSample, spans: Sequence[tuple[float, float]]) -> bool:
+    """Whether a request was sent or in flight during one of `spans`."""
+    return any(sample.sent_at_unix <= end and answered_at(sample) >= start for start, end in spans)
 
 
 def remediation_line(ttr_seconds: float | None) -> str:
@@ -60,8 +98,10 @@ class TailScenario(Scenario):
     rate_per_second = RATE_PER_SECOND
     clients_process = True  # the clients' quantiles are not held up by the daemon's event loop
 
-    def __init__(self, model_seed: int = 0) -> None:
+    def __init__(self, model_seed: int = 0, keep_warm: bool = True) -> None:
         self.model_seed = model_seed
+        self.keep_warm = keep_warm
+        """`keepWarm: previous` on the example's rollback (the demo's default; `--no-keep-warm`)."""
         self.ttr_seconds: float | None = None
         """Deploy to rollback applied, once played (None: no rollback within the bound)."""
         self.clients: dict[str, dict[str, float]] = {}
@@ -75,7 +115,7 @@ class TailScenario(Scenario):
         raise NotImplementedError("the tail scenario needs the Triton server: policy_files()")
 
     def policy_files(self, triton: TritonServer, timings: Timings) -> dict[str, str]:
-        return {MODEL: example_policy(triton, timings.short)}
+        return {MODEL: example_policy(triton, timings.short, self.keep_warm)}
 
     async def prepare(self, triton: TritonServer) -> None:
         await load_version(triton, 1)
@@ -105,13 +145,20 @@ class TailScenario(Scenario):
         self.ttr_seconds = None if acted_at is None else acted_at - deployed_at
         run.clients.quantiles()  # reads the clients' latest answers
         # The incident's window runs from v2 serving to the decision: requests sent or in flight
-        # while Triton loads a version (the deploy, v2's cold start, the rollback) are left out,
-        # because on a starved host a model load itself holds requests for seconds, which is the
-        # lab's way of deploying on one Triton, not the defect.
+        # while Triton loads a version (the deploy, v2's cold start, the rollback, v1's warm load)
+        # are left out, because on a starved host a model load itself holds requests for seconds,
+        # which is not the defect. keepWarm moves the rollback's load to the warm load after the
+        # deploy; what that load held is said below (and in the README), not hidden.
+        warm = warm_load_spans(await run.service.journal.effects.of.in_thread(None, "triton.load"))
         before = span_quantiles(run.clients.samples, run.live_since, deploying_at)
-        during = span_quantiles(run.clients.samples, deployed_at + COLD_START_SECONDS,
-                                decided_at if decided_at is not None else time.time())
+        during = span_quantiles([s for s in run.clients.samples if not overlaps(s, warm)],
+                                deployed_at + COLD_START_SECONDS, decided_at if decided_at is not None else time.time())
         self.clients = {"before": before, "during": during}
+        for start, end in warm:
+            held = sum(1 for s in run.clients.samples if overlaps(s, [(start, end)]) and s.latency_seconds > HELD_SECONDS)
+            run.say(f"v1 kept warm (keepWarm: previous): loaded beside v2 {start - deployed_at:.1f} s after the deploy "
+                    f"in {end - start:.1f} s; {held} request(s) in flight then took over {HELD_SECONDS * 1000:.0f} ms "
+                    "(left out of the incident's quantiles, as the deploy's own load)")
         run.say(f"v2 loaded in {deployed_at - deploying_at:.1f} s; clients, before the deploy -> until the decision: " + ", ".join(
             f"{name} {before[name]:.0f} -> {during[name]:.0f} ms" for name in before)
             + (f" (P99 x{during['P99'] / before['P99']:.2f})" if before["P99"] > 0 else ""))

@@ -26,3 +26,23 @@ def test_requests_sent_before_the_span_or_not_answered_200_are_left_out() -> Non
     early = sample(99.0, 2.0)  # answered at 101.0, inside the span, but sent before it
     failed = sample(105.0, 0.9, status=503)
     assert math.isnan(span_quantiles([early, failed], 100.0, 110.0)["P50"])
+
+
+def test_the_warm_load_span_comes_from_the_door_and_its_requests_are_told_apart() -> None:
+    """keepWarm's load of v1 after the deploy holds the requests it finds in flight, like the deploy's
+    own load: the demo leaves them out of the incident's quantiles and says how many were held."""
+    from lab.scenarios.tail import overlaps, warm_load_spans
+
+    effects = [
+        {"writer": "warm", "kind": "triton.load", "status": "intent", "at": 200.0},
+        {"writer": "warm", "kind": "triton.load", "status": "done", "at": 202.5},
+        {"writer": "executor", "kind": "triton.load", "status": "intent", "at": 230.0},  # the rollback: not warm
+        {"writer": "executor", "kind": "triton.load", "status": "done", "at": 230.01},
+        {"writer": "warm", "kind": "triton.load", "status": "intent", "at": 300.0},  # no result yet: no span
+    ]
+    spans = warm_load_spans(effects)
+    assert spans == [(200.0, 202.5)]
+    assert overlaps(sample(199.0, 1.5), spans)  # in flight when the load began
+    assert overlaps(sample(201.0, 0.005), spans)  # sent during it
+    assert not overlaps(sample(199.0, 0.5), spans)  # answered before it began
+    assert not overlaps(sample(202.6, 0.005), spans)  # sent after it ended
