@@ -55,14 +55,13 @@ MIN_HISTORY = 10
 1 s steps are not evidence (its bulk is not known yet). A heavy bulk at a version's start is held
 by MIN_QUIET (a step counts only once the window holds that many quiet steps): at 400 req/s with
 2% at 300 ms, 0 false alarms in 200 version-days."""
-TRUST_REQUESTS = 6.0 * POOL_REQUESTS
-"""A step is read once this many requests are behind it: three disjoint pools at least, whatever a
-pool's width (one holds POOL_REQUESTS to about twice as many), so its centre, the lowest pooled mean
-behind it, is clean of two slow requests in a version's first seconds (the lowest of k + 1
-disjoint pools is clean of k lumps). Read earlier, such a centre is the lumps' own mean: the steps
-after read as sub-line lumps and wide noise, and every threshold in the window stays above a lone
-slow request for as long as the window holds them. Counted in requests, not pools, so a cycle's
-reading does not turn on the traffic its answer averages."""
+TRUST_POOLS = 3
+"""A step is read once this many disjoint pools' worth of requests are behind it (within the bulk's
+window), so its centre, the lowest pooled mean behind it, is clean of two slow requests in a
+version's first seconds (the lowest of k + 1 disjoint pools is clean of k lumps). Read earlier, such
+a centre is the lumps' own mean: the steps after read as sub-line lumps and wide noise, and every
+threshold in the window stays above a lone slow request for as long as the window holds them.
+Counted from the traffic behind each step, so a live cycle and a replay of the same steps agree."""
 MIN_QUIET = 10
 """Quiet steps the window needs for a step to count: fewer, and the bulk's noise is not known."""
 QUIET_MIN = 0.2
@@ -147,8 +146,14 @@ def slow_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], lin
     counter ([S x P]); `null` the share above the line the promise is stated at (half budget)."""
     centre = bulk_means(latency, requests, bulk_window_cols)
     with np.errstate(invalid="ignore"):
-        behind = trailing_sum(np.where(np.isfinite(latency) & (requests > 0), requests, 0.0), bulk_window_cols)
-    trusted = behind >= TRUST_REQUESTS
+        has = np.isfinite(latency) & (requests > 0)
+    steps_behind = trailing_sum(has.astype(np.float64), bulk_window_cols)
+    requests_behind = trailing_sum(np.where(has, requests, 0.0), bulk_window_cols)
+    # A pool holds fewer than POOL_REQUESTS + a step's requests; a window too short for three
+    # (under ~2 req/s at 1 s steps) trusts half of it, as MIN_HISTORY does.
+    per_step = requests_behind / np.maximum(steps_behind, 1.0)
+    trusted = ((requests_behind >= TRUST_POOLS * (POOL_REQUESTS + per_step))
+               | (steps_behind >= max(1, bulk_window_cols // 2)))
     with np.errstate(invalid="ignore"):
         scored = np.isfinite(latency) & (requests > 0) & np.isfinite(centre) & trusted
         excess = np.where(scored, latency - requests * centre, np.nan)

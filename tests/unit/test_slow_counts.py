@@ -227,3 +227,14 @@ def test_the_benchmark_decides_the_second_the_live_detector_does(seed: int) -> N
     onset = int(HISTORY_SECONDS) + 1  # the grid's first column is the counters' first sample: no step
     alarm, _, _ = first_alarms(batch.test.design, batch.units[:, onset:], batch.requests[:, onset:], batch.thresholds)
     assert alarm[0] >= 0 and float(alarm[0] + 1) == bench.first[0]
+
+
+@pytest.mark.parametrize("rate", [1, 4, 40])
+def test_every_step_is_read_once_the_bulk_window_is_full_whatever_the_traffic(rate: int) -> None:
+    """A step is read once enough requests are behind it for its centre to be clean of a version's
+    first slow requests: at Poisson traffic that bar is met by every step with a full window behind
+    it, at 1 req/s as at 40 (a fixed count of requests would leave half the steps of 4 req/s unread)."""
+    s = seeded_run(3, Traffic(float(rate)), Fault(NULL, 900.0), 1800.0, LINE_MS, 1.0)
+    c = count(s)
+    assert np.isfinite(c.units[:, 600:]).all()
+    assert abs(np.nansum(c.units[:, 600:]) - s.above[:, 600:].sum()) <= 0.05 * s.above[:, 600:].sum() + 1
