@@ -23,6 +23,10 @@ SHARDS = 4
 MODELS = [f"m{i}" for i in range(8)]
 LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": "tailguard", "leaseDurationSeconds": 1.5,
          "renewDeadlineSeconds": 1.0, "retryPeriodSeconds": 0.2}
+SETTLE_WAIT = 10 * (LEASE["leaseDurationSeconds"] + 5 * (LEASE["retryPeriodSeconds"] + LEASE["renewDeadlineSeconds"]))
+"""Bound on the shards settling: the Lease duration and five rounds (a round waits retryPeriod, then runs
+for at most renewDeadline), ten times over for a whole-suite CI run on 2 cores, where these Services
+share this test's event loop and the cores with everything else."""
 
 
 def _policies(url: str) -> str:
@@ -53,7 +57,7 @@ async def test_webhooks_on_any_replica_are_acted_on_once_by_the_shards_leader(
             await svc.start()
             services.append(svc)
         try:
-            await wait_for(lambda: _settled(services), timeout=15)
+            await wait_for(lambda: _settled(services), timeout=SETTLE_WAIT)
             acting: dict[str, list[str]] = {s.identity: [] for s in services}
             for svc in services:  # who decides what: each executor's signals, by model
                 original = svc.executor.process
@@ -82,7 +86,7 @@ async def test_webhooks_on_any_replica_are_acted_on_once_by_the_shards_leader(
             # One replica stops (handing its shards back): the other leads all and acts on the next alert.
             leaving = services.pop(0)
             await leaving.stop()
-            await wait_for(lambda: _settled(services), timeout=10)
+            await wait_for(lambda: _settled(services), timeout=SETTLE_WAIT)
             answer = await post_alerts(services[0], payload_with(model=MODELS[0], fingerprint="fp-after",
                                                                  starts_at="2026-11-29T18:10:00Z"))
             assert answer.status == 200

@@ -29,6 +29,10 @@ SHARDS = 2
 MODELS = [f"m{i}" for i in range(6)]
 LEASE = {"enabled": True, "leaseName": "tailguard", "leaseNamespace": "tailguard", "leaseDurationSeconds": 1.5,
          "renewDeadlineSeconds": 1.0, "retryPeriodSeconds": 0.2}
+SETTLE_WAIT = 10 * (LEASE["leaseDurationSeconds"] + 5 * (LEASE["retryPeriodSeconds"] + LEASE["renewDeadlineSeconds"]))
+"""Bound on the shards settling: the Lease duration and five rounds (a round waits retryPeriod, then runs
+for at most renewDeadline), ten times over for a whole-suite CI run on 2 cores, where these Services
+share this test's event loop and the cores with everything else."""
 READER = "reader-token-3c9d1e7f"
 
 
@@ -80,7 +84,7 @@ async def test_status_of_either_replica_lists_every_shard_with_its_leader(
             await svc.start()
             services.append(svc)
         try:
-            await wait_for(lambda: _settled(services), timeout=15)
+            await wait_for(lambda: _settled(services), timeout=SETTLE_WAIT)
             # One alert, sent to the replica that does not lead its target: acted on by the other.
             model = MODELS[0]
             leader_of_model = next(s for s in services if s.shards is not None
@@ -130,7 +134,7 @@ async def test_status_of_either_replica_lists_every_shard_with_its_leader(
             moved = {s for s, h in holders.items() if h == leaving.identity}
             await leaving.stop()
             survivor = services[0]
-            await wait_for(lambda: _settled(services), timeout=10)
+            await wait_for(lambda: _settled(services), timeout=SETTLE_WAIT)
             doc = await _status(survivor)
             rows = {r["shard"]: r for r in doc["sharding"]["items"]}
             assert all(r["leader"] == survivor.identity and r["state"] == "led" for r in rows.values()), rows
