@@ -19,19 +19,27 @@ parses it whole; only routing, detection and journaling split; a plain selector 
 led models, daemon/cluster/query_narrowing.py: the `narrowed` row). bench/bench_poll_cycle.py with one query shared by the
 MODELS policies: one leader loading all of them; a replica of four leading a quarter of them (`--led`)
 on the whole answer; and the same quarter narrowed (an answer of its models' series only).
+Part 4 (`--steady`, for large fleets): the steady cycles only, one process per replica count (the
+busiest replica's series as in part 2), without part 2's first cycles and detail rows: at 100,000
+series bench_poll_cycle.py's whole run costs tens of CPU-minutes, this about 8 (one leader ~6, the
+busiest of four ~2) and ~9 GB of memory for one leader.
 What this does not measure: the Lease traffic (one list and about shards/replicas writes per retry
 period).
 
-Run: python bench/bench_shards.py [--poll [--replicas 1,2,4]] [--fleet-wide] [--series 10000]
+Run: python bench/bench_shards.py [--poll | --steady] [--replicas 1,2,4] [--fleet-wide] [--series 10000]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 SRC = Path(os.environ.get("TAILGUARD_SRC", Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(SRC))
@@ -115,6 +123,75 @@ def _cycles(args: list[str]) -> tuple[float, float]:
     return first, steady
 
 
+def steady_cycles(series: int, replicas: tuple[int, ...]) -> None:
+    """Part 4: each replica count's busiest series in a process of its own, its steady cycles' CPU."""
+    results: dict[int, tuple[int, list[float]]] = {}
+    for n in sorted({1, *replicas}):
+        mine = series if n == 1 else busiest_series(n, series)
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--steady-one", str(mine)],
+                             capture_output=True, text=True, check=True, cwd=SRC).stdout
+        cycles = [float(x) for x in re.findall(r"^steady cycle CPU-s: ([0-9.]+)$", out, re.M)]
+        results[n] = (mine, cycles)
+        print(f"  {n} replica(s): busiest polls {mine:,} series: steady {' / '.join(f'{c:.3f}' for c in cycles)} CPU-s",
+              flush=True)
+    one = min(results[1][1])
+    print("\n| replicas | series on the busiest replica (share) | steady cycle CPU-s, best of 4 | x one leader |")
+    print("|---|---|---|---|")
+    for n, (mine, cycles) in results.items():
+        print(f"| {n} | {mine:,} ({mine / series:.3f}) | {min(cycles):.3f} | {min(cycles) / one:.2f}x |")
+
+
+async def _steady_one(n_series: int, work: Path) -> None:
+    """bench_poll_cycle.py's Poller, journal and loopback Prometheus on one policy of `n_series` series:
+    a warm-up, the thresholds derived, then its steady cycles one step apart, each one's CPU printed."""
+    import numpy as np
+
+    import bench_poll_cycle as b
+    from daemon.common.heap import freeze_startup_heap
+    from daemon.common.logs import configure_logging
+    from daemon.common.metrics import Metrics
+    from daemon.sources.prometheus import PrometheusClient
+    from daemon.storage.journal import Journal
+    from daemon.wiring.registries import action_registry, detector_registry
+    from daemon.workers.poller import Poller
+    from detectors.sequential.thresholds import STORE
+    from detectors.tail_excess import TailExcessDetector
+    from policies.loader import load_policies_text
+
+    configure_logging("json", "info")
+    counters = b.make_counters(n_series, 1, np.random.default_rng(15))  # the seed bench_poll_cycle uses
+    detectors = {**detector_registry(), TailExcessDetector.kind: TailExcessDetector}
+    policy_set = load_policies_text(b.policy_yaml(1), "bench", action_registry(), detectors)
+    with b.fake_prometheus(work, counters) as url:
+        journal = Journal(work / "journal.db")
+        client = PrometheusClient(url, timeout_seconds=600.0)
+
+        async def emit(signal: Any) -> None:
+            await journal.signals.intake([signal])
+
+        async def offload(fn: Any, *args: Any) -> Any:
+            return fn(*args)
+
+        poller = Poller(client, journal, Metrics(), detectors, emit, offload, incremental_range_queries=True)
+        poller.sync(policy_set)
+        (group,) = poller.groups.values()
+        freeze_startup_heap()
+        await poller.poll_group(group, b.NOW)  # warm-up: the journal's rows and the range cache
+        ahead = TailExcessDetector(group.watches[0].detector.params)  # type: ignore[attr-defined]
+        for k in range(1, b.STEADY_CYCLES + 1):  # the steady cycles' traffic cells, derived beforehand
+            cols = b.POINTS + k
+            ahead.evaluate(counters.timestamps[:cols], counters.latency[:, :cols], counters.requests[:, :cols],
+                           b.NOW + b.STEP_SECONDS * k)
+        assert STORE.wait(3600), "thresholds not derived"
+        await poller.poll_group(group, b.NOW)
+        for k in range(1, b.STEADY_CYCLES + 1):
+            cpu0 = time.process_time()
+            await poller.poll_group(group, b.NOW + b.STEP_SECONDS * k)
+            print(f"steady cycle CPU-s: {time.process_time() - cpu0:.3f}", flush=True)
+        client.close()
+        journal.close()
+
+
 def fleet_wide(series: int, models: int = MODELS, replicas: int = 4) -> None:
     """One fleet-wide query shared by `models` policies: a replica leading 1/replicas of them, on the
     whole answer (not narrowed) and on its models' series only (narrowed), against one leader."""
@@ -142,16 +219,29 @@ def main() -> None:
                         help="also the cost of a fleet-wide query that cannot be narrowed (a few CPU-minutes)")
     parser.add_argument("--series", type=int, default=10_000, help="series of the whole fleet (default 10,000)")
     parser.add_argument("--replicas", default="1,2,4",
-                        help="--poll: replica counts to run, one leader always included (default 1,2,4; at "
-                             "100,000 series each run costs minutes of CPU)")
+                        help="--poll, --steady: replica counts to run, one leader always included (default 1,2,4; "
+                             "at 100,000 series each run costs minutes of CPU)")
+    parser.add_argument("--steady", action="store_true",
+                        help="the steady cycles only, per replica count (for 100,000 series: ~8 CPU-minutes with "
+                             "--replicas 4)")
+    parser.add_argument("--steady-one", type=int, default=None, help=argparse.SUPPRESS)  # one --steady process
     args = parser.parse_args()
-    print(f"$ python bench/bench_shards.py{' --poll' if args.poll else ''}{' --fleet-wide' if args.fleet_wide else ''}"
+    if args.steady_one is not None:
+        sys.path.insert(0, str(SRC / "bench"))
+        with tempfile.TemporaryDirectory(prefix="bench-shards-") as tmp:
+            asyncio.run(_steady_one(args.steady_one, Path(tmp)))
+        return
+    print(f"$ python bench/bench_shards.py{' --poll' if args.poll else ''}{' --steady' if args.steady else ''}"
+          f"{' --fleet-wide' if args.fleet_wide else ''}"
           f"{'' if args.series == 10_000 else f' --series {args.series}'}"
           f"{'' if args.replicas == '1,2,4' else f' --replicas {args.replicas}'}\n")
     movement_and_balance()
     if args.poll:
         print(f"poll cycle per replica: {args.series:,} series over {MODELS} models, {POLL_SHARDS} shards")
         poll_cycles(args.series, tuple(int(n) for n in args.replicas.split(",")))
+    if args.steady:
+        print(f"steady poll cycles per replica: {args.series:,} series over {MODELS} models, {POLL_SHARDS} shards")
+        steady_cycles(args.series, tuple(int(n) for n in args.replicas.split(",")))
     if args.fleet_wide:
         print(f"fleet-wide query: {args.series:,} series over {MODELS} models")
         fleet_wide(args.series)
