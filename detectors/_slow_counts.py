@@ -194,7 +194,8 @@ def slow_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], lin
         threshold[lumpy] = np.maximum(threshold[lumpy], np.where(np.isnan(raised), np.inf, raised))
     # Too few steps behind a step to know the bulk's noise and the sub-line lumps: not scored; too
     # few quiet ones among them: nothing counts (a heavy bulk, or a breach in most steps).
-    scored &= seen >= min(MIN_HISTORY, max(1, window_cols // 2))
+    # History counts every step with requests (the trust gate above is about the centre, not this).
+    scored &= trailing_sum(has.astype(np.float64), window_cols) >= min(MIN_HISTORY, max(1, window_cols // 2))
     threshold = np.where(n0 >= MIN_QUIET, threshold, np.inf)
     counted = scored & (excess > threshold)
     steps_seen = trailing_sum(scored.astype(np.float64), merge_cols)
