@@ -63,12 +63,12 @@ def _webhook(n: int) -> dict[str, Any]:
 
 
 def _shard_holders(emulator: KubeEmulator) -> dict[int, str | None]:
+    """Each shard Lease's holder; None while it is not created yet (the emulator's `get` answers None)
+    or has no holder."""
     out: dict[int, str | None] = {}
     for s in range(SHARDS):
-        try:
-            out[s] = emulator.get("leases", NS, f"tailguard-shard-{s}")["spec"].get("holderIdentity")
-        except KeyError:
-            out[s] = None
+        lease = emulator.get("leases", NS, f"tailguard-shard-{s}")
+        out[s] = lease["spec"].get("holderIdentity") if lease is not None else None
     return out
 
 
