@@ -26,7 +26,9 @@ def check_guards(guards: Guards, state: GuardState, now: float) -> GuardDecision
     if state.frozen:
         return GuardDecision(False, "global freeze is on")
     if state.last_action_at is not None:
-        since = now - state.last_action_at
+        # Never negative: another replica's clock may run ahead of ours (its action looks "in the
+        # future"); that is no reason to block a 0 s cooldown, nor to say "-2s ago".
+        since = max(0.0, now - state.last_action_at)
         if since < guards.cooldown:
             return GuardDecision(
                 False, f"cooldown: last action {since:.0f}s ago, cooldown is {guards.cooldown:.0f}s"
