@@ -9,6 +9,7 @@ from typing import Any, Callable
 from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked, decode_payload
+from daemon.storage.records import EffectRow
 
 INTENT = "intent"
 DONE = "done"
@@ -47,7 +48,7 @@ class Effects:
 
     @blocking
     def of(self, target: str | None = None, kind: str | None = None, since: float | None = None
-           ) -> list[dict[str, Any]]:
+           ) -> list[EffectRow]:
         """Effect rows (of one target, one kind, since a time when given), oldest first."""
         where: list[str] = []
         params: list[Any] = []
@@ -58,8 +59,12 @@ class Effects:
         if since is not None:
             where.append("at>=?")
             params.append(since)
-        sql = "SELECT * FROM effects" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id"
-        return [{**dict(r), "data": decode_payload(r["data"])} for r in self._core.read(sql, params)]
+        sql = ("SELECT id, at, writer, target, kind, status, message, data, term, decision_id FROM effects"
+               + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY id")
+        return [EffectRow(int(r["id"]), float(r["at"]), r["writer"], r["target"], r["kind"], r["status"], r["message"],
+                          decode_payload(r["data"]), None if r["term"] is None else int(r["term"]),
+                          None if r["decision_id"] is None else int(r["decision_id"]))
+                for r in self._core.read(sql, params)]
 
     @blocking
     def count(self, target: str, kind: str, status: str, since: float) -> int:

@@ -355,3 +355,20 @@ class MergeCounts:
     pins: int
     marks: int
     other: int
+
+
+@dataclass(frozen=True)
+class EffectRow:
+    """One effects row (Effects.of): a write the door let through or refused, its intent or its
+    result, or a pin reconciler's mark; `data` is the writer's own (a JSON column)."""
+
+    id: int
+    at: float
+    writer: str  # executor | pins | revert | warm: who asked the door
+    target: str
+    kind: str  # triton.load | kube.patch | sink.write | pin.repin | pin.escalated ...
+    status: str  # intent | done | failed | refused
+    message: str
+    data: dict[str, Any]
+    term: int | None
+    decision_id: int | None

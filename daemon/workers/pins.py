@@ -322,7 +322,7 @@ class PinReconciler:
         """Journal and count a re-pin over the redeployed version `bad`; announce the first one per version."""
         key = pin.target
         earlier = [r for r in await self._ctx.journal.effects.of.in_thread(key, REPIN, float(pin.at))
-                   if r["data"].get("version") == bad]
+                   if r.data.get("version") == bad]
         message = (f"{pin.model}: version {bad}, rolled back from and marked bad, was redeployed; re-pinned to "
                    f"version {pin.version} on {len(drifted)} replica(s). Past {self.repin_escalate_after} re-pins "
                    f"within {self.repin_window_seconds:g}s the target escalates")

@@ -10,38 +10,39 @@ on the replica ends it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from daemon.storage.effects import DONE, FAILED, INTENT
 from daemon.storage.journal import Journal
+from daemon.storage.records import EffectRow
 
 RETRY_AFTER_SECONDS = 3600.0
 """A warm version whose load failed on a replica is tried there again after this long."""
 LOAD = "triton.load"  # the effects kind of a Triton load
 
 
-def failed_warm_loads(rows: Iterable[Mapping[str, Any]], writer: str) -> dict[str, int]:
+def failed_warm_loads(rows: Iterable[EffectRow], writer: str) -> dict[str, int]:
     """Replica -> the warm version whose last load there by `writer` failed, from effects rows
     (oldest first: a result row names its intent's id). Pure."""
     intents: dict[int, tuple[str, int]] = {}
     failed: dict[str, int] = {}
     for row in rows:
-        if row.get("writer") != writer:
+        if row.writer != writer:
             continue
-        data = row.get("data") or {}
-        if row.get("status") == INTENT:
+        data = row.data or {}
+        if row.status == INTENT:
             replica, loads = data.get("replica"), data.get("loads")
             if isinstance(replica, str) and isinstance(loads, int):
-                intents[int(row["id"])] = (replica, loads)
+                intents[row.id] = (replica, loads)
             continue
         intent = data.get("intent")
         found = intents.get(intent) if isinstance(intent, int) else None
         if found is None:
             continue
         replica, loads = found
-        if row.get("status") == FAILED:
+        if row.status == FAILED:
             failed[replica] = loads
-        elif row.get("status") == DONE:
+        elif row.status == DONE:
             failed.pop(replica, None)
     return failed
 

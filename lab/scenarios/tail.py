@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from daemon.storage.records import EffectRow
 from lab import policies
 from lab.load import RequestSample, run_load
 from lab.policies import SHORT_VERIFY, triton_endpoints
@@ -69,16 +70,16 @@ def with_keep_warm(policy: str) -> str:
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
-def warm_load_spans(effects: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+def warm_load_spans(effects: Iterable[EffectRow]) -> list[tuple[float, float]]:
     """(start, end) of each warm load the door journaled (writer "warm": its intent, then its result). Pure."""
     spans, started = [], None
     for row in effects:
-        if row.get("writer") != "warm" or row.get("kind") != "triton.load":
+        if row.writer != "warm" or row.kind != "triton.load":
             continue
-        if row.get("status") == "intent":
-            started = float(row["at"])
+        if row.status == "intent":
+            started = row.at
         elif started is not None:
-            spans.append((started, float(row["at"])))
+            spans.append((started, row.at))
             started = None
     return spans
 

@@ -65,7 +65,7 @@ async def test_every_patch_of_shift_weights_passes_the_door_with_its_preconditio
     for patch in patches:  # the fence carried into the call: a resourceVersion `test` op
         assert any(op["op"] == "test" and op["path"] == "/metadata/resourceVersion" for op in patch.body)
     rows = rig.journal.effects.of(TARGET.key)
-    assert [(r["writer"], r["status"]) for r in rows] == [(EXECUTOR, "intent"), (EXECUTOR, "done"),
+    assert [(r.writer, r.status) for r in rows] == [(EXECUTOR, "intent"), (EXECUTOR, "done"),
                                                           (REVERT, "intent"), (REVERT, "done")]
 
 
@@ -82,7 +82,7 @@ async def test_a_frozen_target_gets_no_patch_and_the_refusal_is_journaled(
     assert "refused by the door (freeze)" in outcome.message
     assert _patches(kube_emulator) == [] and weights_in(kube_emulator) == [90, 10]
     (row,) = rig.journal.effects.of(TARGET.key)
-    assert row["status"] == "refused" and row["data"]["check"] == "freeze"
+    assert row.status == "refused" and row.data["check"] == "freeze"
 
 
 async def test_the_configmap_timeout_sink_writes_through_the_door(

@@ -243,7 +243,7 @@ async def test_every_write_passes_the_door_with_its_precondition(rig: Rig, kube_
     for patch in patches:
         assert patch.body[0]["op"] == "test" and patch.body[0]["path"] == "/metadata/resourceVersion"
     rows = rig.journal.effects.of(TARGET.key)
-    assert [(r["writer"], r["status"]) for r in rows] == [(EXECUTOR, "intent"), (EXECUTOR, "done"),
+    assert [(r.writer, r.status) for r in rows] == [(EXECUTOR, "intent"), (EXECUTOR, "done"),
                                                           (REVERT, "intent"), (REVERT, "done")]
 
 
@@ -258,7 +258,7 @@ async def test_a_frozen_target_is_not_scaled(rig: Rig, kube_emulator: KubeEmulat
     assert "refused by the door (freeze)" in outcome.message
     assert kube_emulator.requests_for("patch") == [] and replicas(kube_emulator) == 2
     (row,) = rig.journal.effects.of(TARGET.key)
-    assert row["status"] == "refused" and row["data"]["check"] == "freeze"
+    assert row.status == "refused" and row.data["check"] == "freeze"
 
 
 # ---- the emulator's Deployments and HPAs (lab/kube/workloads.py) ---------------------------------

@@ -130,8 +130,8 @@ async def test_a_daemon_frozen_through_the_runtime_freeze_does_not_re_pin_a_rede
         frozen = (await reconciler.reconcile_once())["serving/ranker"]
         assert frozen.status.value == "skipped" and frozen.data["refused"] == "freeze", frozen.message
         assert await asyncio.to_thread(served_versions, triton) == ["2"]
-        refused = [r for r in journal.effects.of("serving/ranker") if r["status"] == "refused"]
-        assert [(r["writer"], r["data"]["check"]) for r in refused] == [("pins", "freeze")]
+        refused = [r for r in journal.effects.of("serving/ranker") if r.status == "refused"]
+        assert [(r.writer, r.data["check"]) for r in refused] == [("pins", "freeze")]
     finally:
         journal.close()
 

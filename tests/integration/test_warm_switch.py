@@ -86,8 +86,8 @@ async def test_keep_warm_loads_the_previous_beside_the_served_and_the_rollback_s
         assert await asyncio.to_thread(served_versions, triton) == [str(prev), str(newest)]
         assert await _served_by(triton.base_url) == str(newest)  # unversioned requests go to the newest
         assert (await reconciler.warm.once())[key].status.value == "noop"
-        intents = [e for e in journal.effects.of(key) if e["status"] == "intent"]
-        assert [(e["writer"], e["data"]["loads"]) for e in intents] == [("warm", prev)]
+        intents = [e for e in journal.effects.of(key) if e.status == "intent"]
+        assert [(e.writer, e.data["loads"]) for e in intents] == [("warm", prev)]
 
         await asyncio.sleep(3.0)  # the stubs of v2's load at start-up (replaced by the pinned one) exit
         before = _stubs(triton.pid)

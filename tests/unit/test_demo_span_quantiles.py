@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from daemon.storage.records import EffectRow
 from lab.load import RequestSample
 from lab.scenarios.timeline import span_quantiles
 
@@ -33,12 +34,15 @@ def test_the_warm_load_span_comes_from_the_door_and_its_requests_are_told_apart(
     own load: the demo leaves them out of the incident's quantiles and says how many were held."""
     from lab.scenarios.tail import overlaps, warm_load_spans
 
+    def row(id_: int, writer: str, status: str, at: float) -> EffectRow:
+        return EffectRow(id_, at, writer, "default/ranker", "triton.load", status, "", {}, None, None)
+
     effects = [
-        {"writer": "warm", "kind": "triton.load", "status": "intent", "at": 200.0},
-        {"writer": "warm", "kind": "triton.load", "status": "done", "at": 202.5},
-        {"writer": "executor", "kind": "triton.load", "status": "intent", "at": 230.0},  # the rollback: not warm
-        {"writer": "executor", "kind": "triton.load", "status": "done", "at": 230.01},
-        {"writer": "warm", "kind": "triton.load", "status": "intent", "at": 300.0},  # no result yet: no span
+        row(1, "warm", "intent", 200.0),
+        row(2, "warm", "done", 202.5),
+        row(3, "executor", "intent", 230.0),  # the rollback: not warm
+        row(4, "executor", "done", 230.01),
+        row(5, "warm", "intent", 300.0),  # no result yet: no span
     ]
     spans = warm_load_spans(effects)
     assert spans == [(200.0, 202.5)]

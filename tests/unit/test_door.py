@@ -20,7 +20,7 @@ from actions.base import ActionDeps, Effect, Refused
 from core.signal import Signal, SignalSource
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE
+from daemon.storage.records import DAEMON_SCOPE, EffectRow
 from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, PINS, REVERT, acting
 from daemon.workers.executor import Executor
@@ -71,7 +71,7 @@ class World:
         self.lock_for = self.ctx.lock_for
         self.pins = PinReconciler(self.ctx, repin_escalate_after=3, repin_window_seconds=3600)
 
-    def effects(self, **kw: Any) -> list[dict[str, Any]]:
+    def effects(self, **kw: Any) -> list[EffectRow]:
         return self.journal.effects.of(KEY, **kw)
 
     def close(self) -> None:
@@ -113,7 +113,7 @@ async def test_a_runtime_freeze_of_the_daemon_or_the_target_refuses_every_writer
                 await world.door.write(Effect("kube.patch", "patch weights"), _send_ok)
         assert refused.value.check == "freeze" and "incident 42" in refused.value.reason
     rows = world.effects()
-    assert [(r["writer"], r["status"], r["data"]["check"]) for r in rows] == [
+    assert [(r.writer, r.status, r.data["check"]) for r in rows] == [
         (EXECUTOR, "refused", "freeze"), (PINS, "refused", "freeze"), (REVERT, "refused", "freeze")]
     assert world.door.sent == 0
 
@@ -161,8 +161,8 @@ async def test_the_write_fence_is_asked_right_before_the_request(world: World) -
     assert refused.value.check == "fence" and asked == [12.0]
     # The intent was journaled (fenced write, the term held), then the refusal naming it.
     intent, refusal = world.effects()
-    assert (intent["status"], refusal["status"]) == ("intent", "refused")
-    assert refusal["data"]["intent"] == intent["id"]
+    assert (intent.status, refusal.status) == ("intent", "refused")
+    assert refusal.data["intent"] == intent.id
 
 
 async def test_a_load_of_a_version_marked_bad_is_refused_except_a_revert_of_its_own_decision(world: World) -> None:
@@ -187,9 +187,9 @@ async def test_each_write_is_journaled_intent_then_result_and_a_failure_is_re_ra
         with pytest.raises(ConnectionResetError):
             await world.door.write(Effect("kube.patch", "patch weights"), boom)
     rows = world.effects()
-    assert [(r["status"], r["decision_id"], r["writer"]) for r in rows] == [
+    assert [(r.status, r.decision_id, r.writer) for r in rows] == [
         ("intent", 4, EXECUTOR), ("done", 4, EXECUTOR), ("intent", 4, EXECUTOR), ("failed", 4, EXECUTOR)]
-    assert rows[1]["data"]["intent"] == rows[0]["id"] and "reset by peer" in rows[3]["message"]
+    assert rows[1].data["intent"] == rows[0].id and "reset by peer" in rows[3].message
     sample = world.metrics.registry.get_sample_value
     assert sample("tailguard_door_writes_total", {"writer": EXECUTOR, "kind": "kube.patch", "result": "sent"}) == 1
     assert sample("tailguard_door_writes_total", {"writer": EXECUTOR, "kind": "kube.patch", "result": "failed"}) == 1
@@ -211,7 +211,7 @@ async def test_a_daemon_frozen_through_the_api_does_not_re_pin(world: World) -> 
     assert first.status.value == "skipped" and "daemon frozen" in first.message and first.data["refused"] == "freeze"
     assert second.status.value == "skipped"
     (refused,) = world.effects()  # journaled once, not every pass
-    assert (refused["writer"], refused["status"], refused["data"]["check"]) == (PINS, "refused", "freeze")
+    assert (refused.writer, refused.status, refused.data["check"]) == (PINS, "refused", "freeze")
     sample = world.metrics.registry.get_sample_value
     assert sample("tailguard_actions_total", {"action": "pin.reconcile", "result": "refused"}) == 2
 
@@ -231,7 +231,7 @@ async def test_a_pin_to_a_version_an_operator_marked_bad_is_refused_and_journale
     assert world.triton.loads == [] and outcome.status.value == "skipped"
     assert outcome.data["refused"] == "bad_version" and "version 1 is marked bad" in outcome.message
     (refused,) = world.effects()
-    assert refused["status"] == "refused" and refused["data"] == {"check": "bad_version", "loads": 1}
+    assert refused.status == "refused" and refused.data == {"check": "bad_version", "loads": 1}
 
 
 async def test_the_recovery_revert_is_refused_under_a_runtime_freeze(tmp_path: Path) -> None:
@@ -267,8 +267,8 @@ async def test_the_recovery_revert_is_refused_under_a_runtime_freeze(tmp_path: P
         assert [ld.versions for ld in w.triton.loads] == [(1,), (1,)]  # the rollback's loads, no revert
         (decision,) = w.journal.decisions.all()
         assert decision.state == "failed" and "revert failed" in decision.reason
-        reverts = [r for r in w.effects() if r["writer"] == REVERT]
-        assert reverts and all(r["status"] == "refused" and r["data"]["check"] == "freeze" for r in reverts)
+        reverts = [r for r in w.effects() if r.writer == REVERT]
+        assert reverts and all(r.status == "refused" and r.data["check"] == "freeze" for r in reverts)
         assert [p.version for p in w.journal.pins.live()] == [1]
         assert all(ld.through_door for ld in w.triton.loads)
     finally:
@@ -287,7 +287,7 @@ async def test_a_redeployed_rolled_back_version_is_re_pinned_announced_once_then
         world.triton.redeploy(2)
         assert (await world.pins.reconcile_once())[KEY].ok
         assert world.triton.served() == {u: [1] for u in URLS}
-    assert [r["status"] for r in world.effects(kind="pin.repin")] == ["done"] * 3
+    assert [r.status for r in world.effects(kind="pin.repin")] == ["done"] * 3
     assert [reason for reason, _ in world.k8s_events] == ["PinTugOfWar"]  # once per version
     assert [e["event"] for e in world.announced] == ["acted"] and world.announced[0]["version"] == 2
     sample = world.metrics.registry.get_sample_value
@@ -299,7 +299,7 @@ async def test_a_redeployed_rolled_back_version_is_re_pinned_announced_once_then
     assert held.status.value == "skipped" and held.data["held"] and "waits for an operator" in held.message
     assert len(world.triton.loads) == loads and world.triton.served() == {u: [2] for u in URLS}
     (escalated,) = world.effects(kind="pin.escalated")
-    assert escalated["data"]["repins"] == 3 and "--clear 2" in escalated["message"]
+    assert escalated.data["repins"] == 3 and "--clear 2" in escalated.message
     assert [reason for reason, _ in world.k8s_events] == ["PinTugOfWar", "PinTugOfWarEscalated"]
     assert [e["event"] for e in world.announced] == ["acted", "escalated"]
 

@@ -230,9 +230,9 @@ def test_prune_to_size_bounds_the_doors_effects_and_keeps_what_the_pins_and_writ
     pruned = j.prune_to_size(3, keep_after=now - 86400)
 
     assert pruned["effects"] == 13  # 16 rows past 3: every prunable one
-    kept = [(r["kind"], r["status"], r["target"]) for r in j.effects.of()]
+    kept = [(r.kind, r.status, r.target) for r in j.effects.of()]
     assert kept == [("pin.escalated", "done", "ns/m"), ("pin.repin", "done", "ns/m"), ("triton.load", "intent", "ns/m")]
-    assert j.effects.of()[-1]["id"] == in_flight
+    assert j.effects.of()[-1].id == in_flight
 
     j.write(lambda db: db.execute("DELETE FROM effects"))
     for i in range(5):
@@ -241,8 +241,8 @@ def test_prune_to_size_bounds_the_doors_effects_and_keeps_what_the_pins_and_writ
     j.write(lambda db: db.execute("UPDATE effects SET at=?", (old,)))
     assert j.prune_to_size(4, keep_after=now - 86400)["effects"] == 6  # the oldest first: whole pairs here
     rows = j.effects.of()
-    assert [r["message"] for r in rows] == ["load 3"] * 2 + ["load 4"] * 2
-    assert [r["data"].get("intent") for r in rows] == [None, rows[0]["id"], None, rows[2]["id"]]
+    assert [r.message for r in rows] == ["load 3"] * 2 + ["load 4"] * 2
+    assert [r.data.get("intent") for r in rows] == [None, rows[0].id, None, rows[2].id]
 
 
 async def test_the_pruner_bounds_the_journal_in_size_each_round(tmp_path: Path):

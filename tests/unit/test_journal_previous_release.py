@@ -94,7 +94,7 @@ def test_it_takes_new_writes_in_old_tables_and_new(old_journal: Path):
         assert [p.target for p in j.pins.live()] == ["prod/imported"]
         effect = j.effects.record("executor", MAKER.RANKER, "triton.load", "intent", "load 5", {"version": 5},
                                   fenced=True)
-        assert [e["id"] for e in j.effects.of(MAKER.RANKER)] == [effect]
+        assert [e.id for e in j.effects.of(MAKER.RANKER)] == [effect]
         assert j.starts.record(MAKER.RANKER, "trigger-0", {"5": MAKER.NOW - 60}) == 1
         assert j.starts.of(MAKER.RANKER, "trigger-0") == {"5": MAKER.NOW - 60}
         assert j.shard_terms.take(0, 2, "replica-b").term == 1 and j.shard_terms.sharded()

@@ -32,8 +32,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("Decisions", "record_verdict", "data"): "the recovery verdict's evidence, free-form per check, a JSON column",
     ("Effects", "record", "data"): "the door's request data, free-form per writer (replica, loads, intent), "
                                    "a JSON column",
-    ("Effects", "of", "return"): "effect rows as dicts: daemon/workers/pins.py reads r['data'] of them and is "
-                                 "another engineer's file in this change; an EffectRow record once it can move",
 }
 
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)

@@ -110,7 +110,7 @@ async def test_a_replaced_shard_holder_is_refused_by_the_journal(open_journal: O
     other = (SHARD + 1) % SHARDS
     a.shard_terms.take(other, SHARDS, "a")
     assert await _write(door_b) == "sent"
-    intents = [r for r in a.effects.of(TARGET) if r["status"] == "intent"]
+    intents = [r for r in a.effects.of(TARGET) if r.status == "intent"]
     assert len(intents) == 3
 
 
@@ -146,7 +146,7 @@ async def test_mixed_rollout_old_single_leader_and_sharded_replica(open_journal:
     assert await _write(new_door) == "sent"
     with pytest.raises(Refused):
         await _write(old_door)
-    sent = [(r["status"], r["data"].get("check")) for r in old.effects.of(TARGET) if r["status"] != "done"]
+    sent = [(r.status, r.data.get("check")) for r in old.effects.of(TARGET) if r.status != "done"]
     assert sent.count(("intent", None)) == 4  # two writes each way went through; refusals journaled none
 
 
@@ -165,5 +165,5 @@ async def test_a_write_right_after_a_takeover_waits_out_the_old_holders_writes(o
     with pytest.raises(Refused) as refused:
         await _write(door)
     assert refused.value.check == "shard" and "no longer leads" in refused.value.reason
-    statuses = [r["status"] for r in journal.effects.of(TARGET)]
+    statuses = [r.status for r in journal.effects.of(TARGET)]
     assert statuses == ["intent", "done", "intent", "refused"]

@@ -20,7 +20,7 @@ from core.signal import Signal, SignalSource
 from core.target import Target
 from daemon.common.metrics import Metrics
 from daemon.storage.journal import Journal
-from daemon.storage.records import DAEMON_SCOPE
+from daemon.storage.records import DAEMON_SCOPE, EffectRow
 from daemon.workers.freezes import FreezeControl
 from daemon.workers.context import ActContext
 from daemon.workers.pins import PinReconciler
@@ -134,7 +134,7 @@ class World:
         self.freezes = FreezeControl(self.journal, Metrics(), False, clock=lambda: self.now)
         self.pins = PinReconciler(ActContext(self.journal, self.state, self.deps, self.metrics, self.registry))
 
-    def effects(self) -> list[Mapping[str, Any]]:
+    def effects(self) -> list[EffectRow]:
         return self.journal.effects.of(KEY)
 
 
@@ -151,9 +151,9 @@ async def test_after_a_deploy_every_replica_gets_the_previous_version_warm_throu
     assert out.ok and out.data["warmed"] == {u: 2 for u in URLS}, out.message
     assert world.triton.served() == {u: [2, 3] for u in URLS}
     assert all(load.through_door and load.versions == (2, 3) for load in world.triton.loads)
-    intents = [e for e in world.effects() if e["status"] == "intent"]
-    assert [(e["writer"], e["data"]["loads"]) for e in intents] == [("warm", 2), ("warm", 2)]
-    assert [e["status"] for e in world.effects()].count("done") == 2
+    intents = [e for e in world.effects() if e.status == "intent"]
+    assert [(e.writer, e.data["loads"]) for e in intents] == [("warm", 2), ("warm", 2)]
+    assert [e.status for e in world.effects()].count("done") == 2
     # In place: the next pass loads nothing.
     assert (await world.pins.warm.once())[KEY].status.value == "noop" and len(world.triton.loads) == 2
 
@@ -225,8 +225,8 @@ async def test_a_warm_load_that_fails_leaves_the_replica_serving_and_is_not_retr
     assert world.triton.served() == {URLS[0]: [3], URLS[1]: [2, 3]}
     again = (await world.pins.warm.once())[KEY]
     assert again.status.value == "noop" and tries == [URLS[0], URLS[1]]
-    failed = [e for e in world.effects() if e["status"] == "failed"]
-    assert len(failed) == 1 and "not found" in failed[0]["message"]
+    failed = [e for e in world.effects() if e.status == "failed"]
+    assert len(failed) == 1 and "not found" in failed[0].message
 
 
 async def test_the_pin_reconciler_moves_a_drifted_replica_and_leaves_a_warm_set_in_place(world: World) -> None:

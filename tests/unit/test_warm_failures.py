@@ -16,6 +16,7 @@ from core.target import Target
 from daemon.common.metrics import Metrics
 from daemon.storage.effects import DONE, FAILED, INTENT, REFUSED
 from daemon.storage.journal import Journal
+from daemon.storage.records import EffectRow
 from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, acting
 from daemon.workers.state import ExecutorState
@@ -31,8 +32,8 @@ TARGET = Target(MODEL, triton_endpoints=(A, B))
 PARAMS = TritonRollbackParams.model_validate({"keepWarm": "previous"})
 
 
-def _row(id_: int, writer: str, status: str, **data: Any) -> dict[str, Any]:
-    return {"id": id_, "writer": writer, "status": status, "data": data}
+def _row(id_: int, writer: str, status: str, **data: Any) -> EffectRow:
+    return EffectRow(id_, 0.0, writer, KEY, "triton.load", status, "", data, None, None)
 
 
 def test_the_last_warm_load_per_replica_decides_and_other_writers_do_not_count() -> None:
