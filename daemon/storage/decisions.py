@@ -1,9 +1,14 @@
 """The decisions and steps tables: what each policy decided about each signal, the steps it took,
-its recovery check and verdict, and the executed plans the guards count."""
+its recovery check and verdict, and the executed plans the guards count.
+
+Every write of the acting path is fenced: by the core term (one leader), and with sharding on by the
+term of the target's shard as well (`ShardTerms.fence_target`, in the write's own transaction), so a
+replica that lost a shard (paused past its Lease, or handed it back) never journals over the
+decision of the shard's new leader: its write raises ShardFenced, as the door's intent would."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from core.decision import EXPIRED_KEY, DecisionState, read_state, stored_state
 from daemon.storage.backend import Backend, Row
@@ -18,8 +23,20 @@ from daemon.storage.step_kinds import UNSETTLED_VERDICTS, StepPhase, StepStatus
 class Decisions:
     """The journal's decisions, with their steps."""
 
-    def __init__(self, core: JournalCore) -> None:
+    def __init__(self, core: JournalCore, fence_target: Callable[[Backend, str], None] | None = None) -> None:
         self._core = core
+        # The shard terms' check (`ShardTerms.fence_target`), passed in: the repositories stay independent.
+        self._fence_target = fence_target
+
+    def _fence(self, db: Backend, target: str | None) -> None:
+        """Inside the write: refuse it (ShardFenced) unless this process holds the current term of
+        `target`'s shard (sharding on); a decision not in the journal (None) has nothing to fence."""
+        if self._fence_target is not None and target is not None:
+            self._fence_target(db, target)
+
+    def _fence_decision(self, db: Backend, decision_id: int) -> None:
+        row = db.execute("SELECT target FROM decisions WHERE id=?", (decision_id,)).fetchone()
+        self._fence(db, None if row is None else str(row["target"]))
 
     # ---- writes of the acting path (fenced) -----------------------------------------------------
 
@@ -33,6 +50,7 @@ class Decisions:
 
         def run(db: Backend) -> int:
             # The claim: which replica, in which term, decided (a new leader resuming it claims it anew).
+            self._fence(db, target)
             fence = core.fence
             holder, term = (None, None) if fence is None else (fence.holder, fence.term)
             row = db.execute(
@@ -59,6 +77,7 @@ class Decisions:
             raise ValueError("an expired decision, and only one, says why it expired")
 
         def run(db: Backend) -> None:
+            self._fence_decision(db, decision_id)
             if expired is not None:
                 row = db.execute("SELECT plan FROM decisions WHERE id=?", (decision_id,)).fetchone()
                 plan = {**(json.loads(row["plan"]) if row is not None else {}), EXPIRED_KEY: expired}
@@ -74,7 +93,11 @@ class Decisions:
 
     @blocking
     def record_step(self, step: StepRecord) -> None:
-        self._core.fenced_write(lambda db: _insert_step(db, step, self._core.clock()))
+        def run(db: Backend) -> None:
+            self._fence_decision(db, step.decision_id)
+            _insert_step(db, step, self._core.clock())
+
+        self._core.fenced_write(run)
 
     @blocking
     def record_verdict(self, decision_id: int, status: StepStatus, message: str, data: dict[str, Any],
@@ -85,6 +108,7 @@ class Decisions:
             checked(target=freeze.target, reason=freeze.reason)
 
         def run(db: Backend) -> int | None:
+            self._fence_decision(db, decision_id)
             _insert_step(db, _recovery_row(decision_id, status, message, data), self._core.clock())
             if freeze is None:
                 return None

@@ -49,14 +49,14 @@ class Journal(JournalCore):
         super().__init__(store, busy_timeout_seconds, statement_timeout_seconds=statement_timeout_seconds,
                          lock_timeout_seconds=lock_timeout_seconds, clock=clock)
         self.signals = Signals(self, max_pending)
-        self.decisions = Decisions(self)
+        self.shard_terms = ShardTerms(self)  # a fence term per shard (sharding.shards > 1)
+        self.decisions = Decisions(self, self.shard_terms.fence_target)  # decision rows fenced per shard too
         self.freezes = Freezes(self)
         self.approvals = Approvals(self)
         self.evaluations = Evaluations(self)
         self.pins = Pins(self)
         self.bad_versions = BadVersions(self)
         self.terms = Terms(self)
-        self.shard_terms = ShardTerms(self)  # a fence term per shard (sharding.shards > 1)
         self.effects = Effects(self)  # the door's writes and refusals (daemon/workers/door.py)
         self.cluster = ClusterMerge(self)
         self.starts = Starts(self)  # versions' starts as detector triggers saw them (start tests)

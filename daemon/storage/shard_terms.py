@@ -10,6 +10,8 @@ replicas' writes are refused until one of them takes a shard term anew: never bo
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from daemon.storage.backend import Backend
 from daemon.storage.blocking import blocking
 from daemon.storage.core import JournalCore, checked
@@ -35,6 +37,20 @@ class ShardTerms:
     def __init__(self, core: JournalCore) -> None:
         self._core = core
         self._held: dict[int, Term] = {}
+        # With sharding on (`route`): a target's shard, so that decision rows are fenced per shard too.
+        self._shard_of: Callable[[str], int] | None = None
+
+    def route(self, shard_of: Callable[[str], int]) -> None:
+        """Sharding is on in this process: from now on a decision write of a target (its record,
+        steps, end, verdict: daemon/storage/decisions.py) is refused (ShardFenced) unless this
+        process holds the current term of the target's shard, as the door's intents are."""
+        self._shard_of = shard_of
+
+    def fence_target(self, db: Backend, target: str) -> None:
+        """Inside a write transaction: with sharding on, raise ShardFenced unless this process's term
+        for `target`'s shard is current (`check`); without it, nothing (the core term fences)."""
+        if self._shard_of is not None:
+            self._check(db, self._shard_of(target))
 
     def held(self, shard: int) -> Term | None:
         """The term this process took last for `shard`, if any."""

@@ -62,6 +62,7 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
 
     manager = ShardManager(kube, settings.leader_election, settings.sharding, identity, take_term, led_changed,
                            stale_terms=stale_terms, wall=wall)
+    journal.shard_terms.route(manager.shard_of)  # decision rows fenced per shard, as the door's intents
     if isinstance(actuator, Door):
         actuator.shards = manager
     executor.owns = manager.owns
