@@ -32,6 +32,7 @@ from core.signal import Signal
 from daemon.common.config import BLAST_RADIUS_OFF, BlastRadiusSettings
 from daemon.common.lifecycle import Spawn
 from daemon.storage.records import RECOVERY, CheckInFlight, Decision, StepRecord
+from daemon.storage.shard_terms import ShardFenced
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.decision_events import decision_event
 from daemon.workers.approvals import ApprovalGate, ApprovalResult, BaseUrl
@@ -114,9 +115,19 @@ class Executor:
         self._watches = RecoveryWatches(ctx, self._steps, self._announce, limits.escalation_freeze_seconds,
                                         query_range)
         self._approvals = ApprovalGate(ctx, self._evidence.frozen, self._finish, self._send, approval_base_url)
-        # With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
-        # A signal whose target's shard it does not lead is left pending for the replica that does.
-        self.owns: Callable[[str], bool] | None = None
+        self._owns: Callable[[str], bool] | None = None
+
+    @property
+    def owns(self) -> Callable[[str], bool] | None:
+        """With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
+        A signal whose target's shard it does not lead is left pending for the replica that does; a
+        decision whose shard is lost before it applied everything is left executing for the new leader
+        (`StepRunner.owns`)."""
+        return self._owns
+
+    @owns.setter
+    def owns(self, owns: Callable[[str], bool] | None) -> None:
+        self._owns = self._steps.owns = owns
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (the context's: shared with the pin reconciler)."""
@@ -133,10 +144,10 @@ class Executor:
         """Decide and act for one journaled signal, then mark it processed."""
         plans: list[Plan] = []
         policies = matching_policies(self.state.policies.policies, signal)
+        owner = min((p.target.key for p in policies), default="")
         if policies and self.owns is not None:
             # One owner per signal: the shard of its first matching target (a signal matching targets of
-            # several shards is acted on there; the door refuses its writes on the others' targets).
-            owner = min(p.target.key for p in policies)
+            # several shards is acted on there, on the targets of the shards led there: `_led_elsewhere`).
             if not self.owns(owner):
                 log.debug("signal left pending for its shard's leader", signal=signal.dedup_key, target=owner)
                 return plans
@@ -165,9 +176,26 @@ class Executor:
                 async with self._ctx.locks[policy.target.key]:
                     with structlog.contextvars.bound_contextvars(policy=policy.name,
                                                                  target=policy.target.key):
+                        if self._led_elsewhere(policy, owner):
+                            continue
                         plans.append(await self._run_policy(signal_id, signal, policy, arrived_at))
             await self._ctx.journal.signals.mark_processed.in_thread([signal_id])
         return plans
+
+    def _led_elsewhere(self, policy: LoadedPolicy, owner: str) -> bool:
+        """Sharding, right before a policy's decision: True when its target's shard is not led here and
+        the signal's owner's is (a signal matching targets of several shards): it is not decided here,
+        since its decision rows, like its writes, are fenced by that shard's term. The owner's shard
+        lost since the signal was taken raises ShardFenced: the signal stays pending for the shard's
+        new leader, nothing more journaled."""
+        if self.owns is None or self.owns(policy.target.key):
+            return False
+        if not self.owns(owner):
+            raise ShardFenced(f"this replica no longer leads the shard of {owner}; the signal is left pending "
+                              "for the shard's new leader")
+        log.warning("signal's policy on a target of a shard led by another replica: not decided here (a signal "
+                    "is acted on by the leader of its first target's shard, on the targets of the shards it leads)")
+        return True
 
     async def preview(self, signal: Signal) -> list[tuple[LoadedPolicy, Verdict]]:
         """What `process` would decide for `signal` now, per matching policy: the same ladder (guards

@@ -21,6 +21,12 @@ failed and the plan goes on.
 Every apply runs as writer "executor" and every revert as writer "revert" of its decision
 (`daemon.workers.door.acting`): each write the action makes passes the door, which asks freezes,
 leadership and bad marks at that moment; a write it refuses fails the step, not retried.
+
+With sharding on (`owns`), a replica that no longer leads the target's shard before a step, or
+whose apply or revert failed meanwhile (the door refuses it), stops with ShardFenced and journals
+nothing more: the decision stays `executing` and its signal pending, for the shard's new leader to
+resume from the step rows (an intent without result is re-observed first). A `failed` end here would
+be final, and no replica would act on the signal again.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from actions.base import Action, Preconditions, Step
 from core.decision import DecisionState
 from core.outcome import ActionError, Outcome, OutcomeStatus, TemporaryError
 from daemon.storage.records import StepRecord
+from daemon.storage.shard_terms import ShardFenced
 from daemon.storage.step_kinds import StepPhase, StepStatus
 from daemon.workers.context import ActContext
 from daemon.workers.door import EXECUTOR, REVERT, acting
@@ -72,6 +79,17 @@ class StepRunner:
         self._ctx = ctx
         self._action = action
         self._event = event  # a Kubernetes Event per applied step; never fails the plan
+        # Sharding: whether this replica leads a target's shard now (None: one leader for every target).
+        self.owns: Callable[[str], bool] | None = None
+
+    def _still_leads(self, target: str, where: str) -> None:
+        """Sharding: raise ShardFenced when this replica no longer leads `target`'s shard, leaving the
+        decision as journaled so far (`executing`) to the shard's new leader."""
+        if self.owns is not None and not self.owns(target):
+            log.warning("shard lost mid-decision; decision left executing for the shard's new leader",
+                        where=where)
+            raise ShardFenced(f"{where}: this replica no longer leads the shard of {target}; the decision is "
+                              "left executing for the shard's new leader")
 
     async def run_plan(self, decision_id: int, policy: LoadedPolicy, plan: Plan,
                        progress: Mapping[int, StepProgress]) -> tuple[DecisionState, str]:
@@ -95,6 +113,7 @@ class StepRunner:
                 log.info("step finished before the restart", action=bound.kind, idx=idx, result=outcome.status)
                 await self._remember_pin(decision_id, policy, outcome)
             else:
+                self._still_leads(policy.target.key, f"stopped before step {idx}")
                 if not self._ctx.may_act():
                     # Lost leadership (or frozen) between steps: stop before conflicting with the new leader.
                     return DecisionState.FAILED, f"stopped before step {idx}: this replica may no longer act"
@@ -214,6 +233,8 @@ class StepRunner:
                 attempted))
             with acting(EXECUTOR, policy.target.key, decision_id):
                 outcome = await self._call(action.apply(step, policy.target, params), kind, "apply")
+            if not outcome.ok:  # refused by the door, maybe: the shard moved; not journaled as failed then
+                self._still_leads(policy.target.key, f"step {idx}'s apply failed ({outcome.message})")
             delay = _retry_delay(attempt, outcome)
             if not outcome.ok and outcome.retryable and attempt < last and delay > MAX_RETRY_DELAY_SECONDS:
                 outcome = Outcome(outcome.status, f"{outcome.message}; not retried: it asks to wait {delay:g}s, "
@@ -255,9 +276,12 @@ class StepRunner:
             if idx in progress and progress[idx].reverted:
                 continue
             bound = policy.actions[idx]
+            self._still_leads(policy.target.key, f"stopped before reverting step {idx}")
             with acting(REVERT, policy.target.key, decision_id):
                 outcome = await self._call(self._action(bound.kind).revert(step, policy.target, bound.params),
                                            bound.kind, "revert")
+            if not outcome.ok:
+                self._still_leads(policy.target.key, f"step {idx}'s revert failed ({outcome.message})")
             await self._ctx.journal.decisions.record_step.in_thread(StepRecord(
                 decision_id, idx, bound.kind, StepPhase.REVERT, StepStatus(outcome.status.value), outcome.message,
                 dict(outcome.data)))
