@@ -34,12 +34,13 @@ from core.canary import CanaryRoles, canary_roles
 from core.detection import Detection, DetectorStatus
 from core.query import Series
 from detectors.base import ClusterReader, DetectorParams
-from detectors.canary_start import START_ALPHA, bank_days, life_start, start_alpha, start_statistic, start_thresholds
+from detectors.canary_start import (START_ALPHA, bank_days, life_start, live_start_thresholds, start_alpha,
+                                    start_statistic)
 from detectors.grid_detector import paired_grid
 from detectors.sequential.acceptance import shown_above
 from detectors.sequential.bank import BankRun, run_bank
 from detectors.sequential.design import BankDesign
-from detectors.sequential.thresholds import STORE, Promise, rounded_traffic
+from detectors.sequential.thresholds import STORE, Promise
 from detectors.tail_excess import TailExcessDetector, TailExcessParams, lookback_at
 from detectors.tail_excess_batch import OK, SLOWEST_COUNTED, Front, front_end
 
@@ -338,11 +339,15 @@ def judge(p: TailCanaryParams, f: Front, labels: Sequence[Mapping[str, str]], ro
         start_test: dict[str, Any] | None = None
         if began is not None and alpha > 0:
             life = start_statistic(design, c_units, c_requests)  # its whole life is in the lookback
-            bound = start_thresholds(design, alpha, rounded_traffic(traffic), horizon)
+            # Derived by the threshold store's worker, never here (on the poller's event loop); Ville's meanwhile.
+            bound, bound_derived = live_start_thresholds(design, alpha, traffic, horizon)
             started = bool((life >= np.asarray(bound)).any())
             start_test = {"began": float(f.grid[began]), "alpha": alpha, "fired": started, "horizon_steps": horizon,
+                          "derived": bound_derived,
                           "statistic": {f"{s:g}x": float(v) for s, v in zip(test.sizes, life)},
                           "thresholds": {f"{s:g}x": v for s, v in zip(test.sizes, bound)}}
+            if not bound_derived:
+                what = f"{what}; start bound being derived (Ville's {bound[0]:.2f} meanwhile)"
             if started and not fired:
                 fired = True
                 what = (f"{what}; since its first request ({c_requests:.0f} requests, its whole life in the "

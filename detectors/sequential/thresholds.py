@@ -21,6 +21,7 @@ import math
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable, Hashable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -125,22 +126,27 @@ def _exponents(design: BankDesign) -> tuple[float, ...]:
     return design.exponents()
 
 
+Derive = Callable[[], tuple[float, ...]]
+"""A cell's derivation (or its stand-in), run by `ThresholdStore`'s worker."""
+
+
 class ThresholdStore:
     """Thresholds derived in the background, shared by every detector of the process.
 
     A detector asks for its traffic cells each cycle; a cell not derived yet answers the Wald
     thresholds (safe, slower) and is queued; one worker thread derives the queue (a cell takes
     a fraction of a second, and a fleet's first cycle may meet hundreds of cells), never the
-    event loop."""
+    event loop. Other bounds a detector derives per cell (the canary's start bounds) ride the
+    same queue through `cell`, so `wait` covers them too."""
 
     def __init__(self) -> None:
-        self._done: dict[tuple[BankDesign, Promise, float, float], tuple[float, ...]] = {}
-        self._queue: list[tuple[BankDesign, Promise, float, float]] = []
-        self._queued: set[tuple[BankDesign, Promise, float, float]] = set()
+        self._done: dict[Hashable, tuple[float, ...]] = {}
+        self._queue: list[tuple[Hashable, Derive, Derive]] = []  # (key, derivation, its safe stand-in)
+        self._queued: set[Hashable] = set()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closing = False
-        self.failures = 0  # cells whose derivation raised (they keep the Wald thresholds)
+        self.failures = 0  # cells whose derivation raised (they keep their stand-in: Wald's thresholds)
         # A daemon thread still deriving while the interpreter finalizes breaks its last flush of
         # stdout (exit status 120 after a clean run): the process's exit waits for the cell in hand.
         atexit.register(self.close)
@@ -152,14 +158,23 @@ class ThresholdStore:
         found = self._done.get(key)
         if found is not None:
             return found, True
+        return self.cell(key, lambda: _thresholds(*key), lambda: wald_thresholds(design, promise, member_share))
+
+    def cell(self, key: Hashable, derive: Derive, stand_in: Derive) -> tuple[tuple[float, ...], bool]:
+        """(values, derived): the cell's derived values, else `stand_in()`'s (a bound that holds
+        everywhere, looser) while `derive` is queued for the worker; a derivation that raises keeps
+        the stand-in, counted in `failures`."""
+        found = self._done.get(key)
+        if found is not None:
+            return found, True
         with self._lock:
             if key not in self._queued and not self._closing:
                 self._queued.add(key)
-                self._queue.append(key)
+                self._queue.append((key, derive, stand_in))
                 if self._worker is None or not self._worker.is_alive():
                     self._worker = threading.Thread(target=self._drain, name="tailguard-thresholds", daemon=True)
                     self._worker.start()
-        return wald_thresholds(design, promise, member_share), False
+        return stand_in(), False
 
     def derive_now(self, design: BankDesign, promise: Promise, requests_per_step: float,
                    member_share: float = MEMBER_RATE_SHARE) -> tuple[float, ...]:
@@ -191,12 +206,12 @@ class ThresholdStore:
             with self._lock:
                 if not self._queue or self._closing:
                     return
-                key = self._queue[0]
+                key, derive, stand_in = self._queue[0]
             try:
-                self._done[key] = _thresholds(*key)
-            except Exception:  # a cell that cannot be derived keeps the Wald thresholds, counted
+                self._done[key] = derive()
+            except Exception:  # a cell that cannot be derived keeps its stand-in (Wald's thresholds), counted
                 self.failures += 1
-                self._done[key] = wald_thresholds(key[0], key[1], key[3])
+                self._done[key] = stand_in()
             with self._lock:
                 self._queue.pop(0)
                 self._queued.discard(key)

@@ -89,9 +89,11 @@ def test_the_start_bound_holds_over_the_grown_horizon() -> None:
     stable = _series(0.0005, 39.6, "1", 0, 900)
     canary = _series(0.0005, 0.4, "2", 600, 900)
     now = stable[0].timestamps[-1]
+    _detector().detect_many([stable[0], canary[0]], now, [stable[1], canary[1]])  # queues the bound's cell
+    assert STORE.wait()
     d = _detector().detect_many([stable[0], canary[0]], now, [stable[1], canary[1]])[1]
     start = d.details["start_test"]
-    assert start["horizon_steps"] == 7200
+    assert start["horizon_steps"] == 7200 and start["derived"]
     design = canary_design(DESIGN, reference_step(d.details["reference"], DESIGN.null))
     traffic = rounded_traffic(d.details["assumed"]["requests_per_second"])
     grown = start_thresholds(design, ALPHA, traffic, 7200)

@@ -4,15 +4,18 @@ same recent evidence waits for the running bank."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
 
+import detectors.canary_start as canary_start
 from core.query import Series
-from detectors.canary import TailCanaryDetector
-from detectors.canary_start import (crossing_probability, life_start, start_alpha, start_thresholds,
-                                    ville_thresholds)
-from detectors.sequential.thresholds import STORE
+from detectors.canary import TailCanaryDetector, canary_design
+from detectors.canary_start import (HORIZON_GRID, TOLERANCE, crossing_probability, life_start, start_alpha,
+                                    start_cell, start_thresholds, ville_thresholds)
+from detectors.sequential.thresholds import STORE, TRAFFIC_GRID, rounded_traffic
 from detectors.tail_excess import TailExcessParams
 from tests.unit.test_canary_judge import DR, START, Cluster, _vs
 
@@ -100,3 +103,73 @@ def test_a_young_canary_is_judged_on_its_life_and_an_old_one_waits_for_the_bank(
 def test_a_young_healthy_canary_passes_the_start_test() -> None:
     young = _verdict(_series(0.0005, 4.0, "2", 600, 900))
     assert not young.fired and not young.details["start_test"]["fired"], young.reason
+
+
+def _exact(design: Any, alpha: float, n: float, steps: int) -> float:
+    """The least bound at exactly this traffic and horizon (the bisection without a cell), to TOLERANCE."""
+    lo, hi = 0.0, max(ville_thresholds(design, alpha))
+    while hi - lo > TOLERANCE / 4:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if crossing_probability(design, mid, n, steps) > alpha else (lo, mid)
+    return hi
+
+
+@pytest.mark.parametrize(("step", "edge", "steps"), [(0, 1.0001, 900), (0, 1.00001, 901), (3, 1.005, 1800),
+                                                     (10, 1.0001, 3601)])
+@pytest.mark.parametrize("cell_top", [0.4, 4.0, 40.0])
+def test_the_rounded_cell_is_at_least_as_conservative_as_every_traffic_and_horizon_in_it(
+        step: int, edge: float, steps: int, cell_top: float) -> None:
+    """The live bound is its cell's (traffic on the 1% grid, horizon on HORIZON_GRID): at the bottom
+    of the traffic cell (where rounding the traffic up alone would let the lattice of counts cross
+    more often than assumed), in its middle and at its top, and at a horizon just past a cell's
+    start, it is no lower than the exact least bound and its crossing probability stays within alpha."""
+    alpha = start_alpha(30.0)
+    design = canary_design(DESIGN, step)
+    top = rounded_traffic(cell_top)
+    (h, *rest) = start_thresholds(design, alpha, top, steps)
+    assert all(v == h for v in rest) and h < ville_thresholds(design, alpha)[0]
+    for n in (top / TRAFFIC_GRID * edge, top / TRAFFIC_GRID ** 0.5, top):
+        assert start_cell(n, steps) == start_cell(top, steps)
+        assert start_thresholds(design, alpha, n, steps) == (h, *rest)  # one cell, one computation
+        assert crossing_probability(design, h, n, steps) <= alpha
+        assert h >= _exact(design, alpha, n, steps) - TOLERANCE / 4
+    horizon_top = int(np.ceil(HORIZON_GRID ** start_cell(top, steps)[1] - 1e-6))
+    assert steps <= horizon_top < steps * HORIZON_GRID and crossing_probability(design, h, top, horizon_top) <= alpha
+    assert h - _exact(design, alpha, top, steps) < 0.3  # what the cell costs here (measured: 0.03-0.11 nats)
+
+
+@pytest.mark.slow  # derives the thresholds of the canary's bank
+def test_the_judge_never_derives_a_missing_start_bound_on_the_caller_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A young canary whose start cell is not derived: the cycle answers at once with Ville's bound
+    and says the start bound is being derived, while the store's worker (held until the cycle has
+    returned) derives it; the next cycle after it reads the derived bound. Calls of the expensive
+    recursion are counted by thread, not timed."""
+    real = canary_start.crossing_probability
+    on_caller: list[bool] = []
+    release = threading.Event()
+
+    def counted(*args: Any, **kwargs: Any) -> float:
+        on_caller.append(threading.current_thread() is threading.main_thread())
+        if not on_caller[-1]:  # the worker waits for the cycle to return (a regression fails, never hangs)
+            release.wait(120.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(canary_start, "crossing_probability", counted)
+    det = TailCanaryDetector({"line": 500, "evidence": "histogram", "start_false_verdicts": 0.000987,  # a cell no other test derives
+                              "virtualService": {"namespace": "serving", "name": "ranker"}})
+    asyncio.run(det.observe_cluster(Cluster({"virtualservices": _vs({"v1": 90, "v2": 10}), "destinationrules": DR})))
+    stable, canary = _series(0.0005, 36.0, "1", 0, 900), _series(0.005, 4.0, "2", 600, 900)
+    now = stable[0].timestamps[-1]
+    try:
+        first = det.detect_many([stable[0], canary[0]], now, [stable[1], canary[1]])[1]
+    finally:
+        release.set()
+    start = first.details["start_test"]
+    assert not start["derived"] and "start bound being derived" in first.reason, first.reason
+    assert list(start["thresholds"].values()) == list(ville_thresholds(canary_design(DESIGN, 0), 0.000987))
+    assert not any(on_caller)
+    assert STORE.wait()
+    second = det.detect_many([stable[0], canary[0]], now, [stable[1], canary[1]])[1]
+    assert second.details["start_test"]["derived"] and "being derived" not in second.reason
+    assert on_caller and not any(on_caller)  # derived, and only by the worker
+    assert second.fired and second.details["start_test"]["fired"], second.reason
