@@ -140,3 +140,25 @@ async def test_a_paused_replica_does_not_journal_over_the_new_leaders_decision(
     (decision,) = await a.journal.decisions.all.in_thread()
     assert (decision.state, decision.reason) == (DecisionState.SUCCEEDED, "by b")
     assert await _applies(h) == 0
+
+
+async def test_a_signal_matching_targets_of_two_shards_is_decided_for_the_shard_led_here(
+        two: tuple[Harness, Replica, Replica]) -> None:
+    """The leader of the first target's shard decides that target; the other shard's target is skipped
+    (its rows are fenced by its shard's term), and the signal is processed."""
+    h, a, _ = two
+    other = next(f"s{i}" for i in range(100) if shard_of(f"default/s{i}", SHARDS) != SHARD)
+    assert f"default/{other}" > TARGET  # the signal's owner is TARGET, led by a
+
+    def policy(name: str, model: str) -> str:
+        return (f"name: {name}\ntarget: {{model: {model}}}\ntriggers:\n"
+                f"  - alert: {{name: TailLatencyHigh, targetLabel: null}}\n"
+                f"actions:\n  - {{type: {A}}}\nverify: {{query: up, below: 1, onNotRecovered: none}}\n")
+
+    a.take()
+    ex_a = a.executor(h, policy("p-ranker", MODEL) + "---\n" + policy("p-other", other))
+    await h.fire(ex_a)
+    decisions = await a.journal.decisions.all.in_thread()
+    assert [(d.policy, d.state) for d in decisions] == [("p-ranker", DecisionState.SUCCEEDED)]
+    (stored,) = await a.journal.signals.all.in_thread()
+    assert stored.state == "processed"
