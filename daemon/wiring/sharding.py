@@ -60,7 +60,17 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
             log.warning("could not read the shard terms", error=str(exc))
             return frozenset()
 
-    manager = ShardManager(kube, settings.leader_election, settings.sharding, identity, take_term, led_changed,
+    seen: list[frozenset[int]] = [frozenset()]
+
+    def shards_led(led: frozenset[int]) -> None:
+        gained, seen[0] = led - seen[0], led
+        led_changed(led)
+        if gained and executor.state.policies.policies:
+            # The open recovery checks and approved plans of the shards gained (the service resumes
+            # them at a takeover; a replica already acting gains shards too). Ones running are left.
+            supervisor.spawn("resume-verifications", _resume(executor, metrics))
+
+    manager = ShardManager(kube, settings.leader_election, settings.sharding, identity, take_term, shards_led,
                            stale_terms=stale_terms, wall=wall)
     journal.shard_terms.route(manager.shard_of)  # decision rows fenced per shard, as the door's intents
     if isinstance(actuator, Door):
@@ -72,6 +82,17 @@ def start_sharding(kube: Any, settings: Settings, identity: str, journal: Journa
         poller.narrow = narrow_group
     supervisor.start("leader-election", manager, joined=True)
     return manager
+
+
+async def _resume(executor: Executor, metrics: Metrics) -> None:
+    """Resume the open recovery checks and approved plans on the targets of the shards led here; a
+    journal failure is counted (the next gain or takeover tries again)."""
+    try:
+        await executor.resume_verifications()
+        await executor.resume_approved()
+    except JournalError as exc:
+        metrics.faults.labels("journal").inc()
+        log.error("could not resume recovery checks of the shards gained", error=str(exc))
 
 
 def _follows(manager: ShardManager) -> Callable[[LoadedPolicy], bool]:

@@ -120,6 +120,10 @@ class ApprovalGate:
         self._base_url = base_url
         self._running: set[asyncio.Task[None]] = set()  # approved plans being applied
         self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash is counted and logged
+        # Sharding: whether this replica leads a target's shard; `resume` takes only those (the shard's
+        # leader resumes the others, at its takeover or when it gains the shard).
+        self.owns: Callable[[str], bool] | None = None
+        self._resuming = asyncio.Lock()  # one resume at a time: a plan is started once
 
     async def request(self, signal_id: int, policy: LoadedPolicy, plan: Plan) -> Approval:
         """Journal the plan as waiting for an operator until the policy's deadline, and announce it."""
@@ -177,11 +181,19 @@ class ApprovalGate:
                               approved)
 
     async def resume(self) -> int:
-        """Go on with approved plans a restart interrupted (decision still `executing`); how many."""
+        """Go on with approved plans a restart interrupted (decision still `executing`); how many. One
+        call at a time (a takeover and a shard gained may ask at once, and a start awaits the journal
+        before its task is known): a plan is started once."""
+        async with self._resuming:
+            return await self._resume()
+
+    async def _resume(self) -> int:
         started = 0
         for approval in await self._ctx.journal.approvals.all.in_thread("approved"):
             decision = await self._ctx.journal.decisions.get.in_thread(approval.decision_id)
             if decision is None or decision.state is not DecisionState.EXECUTING:
+                continue
+            if self.owns is not None and not self.owns(decision.target):
                 continue
             if any(t.get_name() == _task_name(approval) for t in self._running):
                 continue

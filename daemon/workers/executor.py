@@ -122,12 +122,13 @@ class Executor:
         """With sharding on (daemon/wiring/sharding.py): whether this replica leads a target's shard.
         A signal whose target's shard it does not lead is left pending for the replica that does; a
         decision whose shard is lost before it applied everything is left executing for the new leader
-        (`StepRunner.owns`)."""
+        (`StepRunner.owns`); open recovery checks and approved plans are resumed only on the targets of
+        the shards led here (`RecoveryWatches.owns`, `ApprovalGate.owns`)."""
         return self._owns
 
     @owns.setter
     def owns(self, owns: Callable[[str], bool] | None) -> None:
-        self._owns = self._steps.owns = owns
+        self._owns = self._steps.owns = self._watches.owns = self._approvals.owns = owns
 
     def lock_for(self, target_key: str) -> asyncio.Lock:
         """The lock that keeps one actor at a time on a target (the context's: shared with the pin reconciler)."""

@@ -64,6 +64,9 @@ class RecoveryWatches:
         self._query_range = query_range
         self._recoveries: dict[int, asyncio.Task[None]] = {}  # decision id -> its recovery watch
         self.spawn: Spawn = plain_spawn  # the service hands the supervisor's: a crash counts in its budget
+        # Sharding: whether this replica leads a target's shard; `resume` takes only those (the
+        # others' verdicts are fenced by their shard's term: their leader resumes them).
+        self.owns: Callable[[str], bool] | None = None
 
     def start(self, decision_id: int, policy_name: str, target: str, check: RecoveryCheck, acted_at: float) -> None:
         """Watch a decision whose plan just succeeded, in a task of its own."""
@@ -77,7 +80,7 @@ class RecoveryWatches:
         started = 0
         for opened in await self._ctx.journal.decisions.open_recoveries.in_thread():
             decision, row = opened.decision, opened.row
-            if decision.id in self._recoveries:
+            if decision.id in self._recoveries or (self.owns is not None and not self.owns(decision.target)):
                 continue
             if row.status == StepStatus.PENDING:
                 check = RecoveryCheck.from_dict(row.data["check"])

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -18,6 +19,7 @@ from daemon.cluster.shard_assignment import shard_of
 from daemon.storage.journal import Journal
 from daemon.storage.shard_terms import ShardFenced
 from daemon.workers.executor import Executor
+from tests.support.helpers import wait_for
 from tests.unit.test_executor import A, MODEL, Harness, _policy
 
 SHARDS = 4
@@ -162,3 +164,33 @@ async def test_a_signal_matching_targets_of_two_shards_is_decided_for_the_shard_
     assert [(d.policy, d.state) for d in decisions] == [("p-ranker", DecisionState.SUCCEEDED)]
     (stored,) = await a.journal.signals.all.in_thread()
     assert stored.state == "processed"
+
+
+async def test_open_recoveries_are_resumed_only_for_the_targets_of_the_shards_led_here(
+        two: tuple[Harness, Replica, Replica]) -> None:
+    """Two recovery checks in flight, on targets of two shards, left open by a replica that stopped: a
+    replica leading one of the shards resumes that one only (the other's verdict is fenced by its
+    shard's term; its leader resumes it when it takes or gains the shard)."""
+    h, a, _ = two
+    other = next(f"s{i}" for i in range(100) if shard_of(f"default/s{i}", SHARDS) != SHARD)
+    check = "{query: p999, below: 500, for: 2s, within: 8s, interval: 1s, onNotRecovered: none}"
+
+    def policy(name: str, model: str) -> str:
+        return (f"name: {name}\ntarget: {{model: {model}}}\ntriggers:\n"
+                f"  - alert: {{name: TailLatencyHigh, targetLabel: null}}\n"
+                f"actions:\n  - {{type: {A}}}\nverify: {check}\n")
+
+    policies = policy("p-ranker", MODEL) + "---\n" + policy("p-other", other)
+    a.take()
+    a.journal.shard_terms.take(shard_of(f"default/{other}", SHARDS), SHARDS, "a")
+    h.advance, h.gate = True, asyncio.Event()
+    first = h.executor(policies, query=lambda t: 900.0)
+    first.owns = lambda target: True  # a led both shards then
+    await h.fire(first)
+    await wait_for(lambda: len(h.sleeps) >= 2, timeout=10)
+    await first.close()  # a stopped: both checks stay open in the journal
+    assert len(await a.journal.decisions.open_recoveries.in_thread()) == 2
+
+    second = a.executor(h, policies)  # leads SHARD only
+    assert await second.resume_verifications() == 1
+    assert await second.resume_verifications() == 0  # already running
