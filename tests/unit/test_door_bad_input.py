@@ -53,7 +53,7 @@ async def test_a_pin_to_a_version_the_repository_lacks_records_tritons_refusal(t
         assert outcome.status.value == "failed" and outcome.message.startswith("version 9 refused on 2 of 2 replica(s)")
         assert outcome.data["refused"] == {u: f"Triton: {MISSING.split('] ')[1]}; serves [2]" for u in URLS}
         assert w.triton.served() == {u: [2] for u in URLS}
-        assert [(r["status"], r["message"]) for r in w.effects() if r["status"] != "intent"] == [("failed", MISSING)] * 2
+        assert [(r.status, r.message) for r in w.effects() if r.status != "intent"] == [("failed", MISSING)] * 2
     finally:
         w.close()
 
@@ -69,8 +69,8 @@ async def test_a_rollback_to_a_version_the_repository_lacks_fails_with_tritons_r
         (decision,) = w.journal.decisions.all()
         assert decision.state.value == "failed" and not w.journal.pins.live()
         assert "step 0 (triton.rollback) failed: version 9 refused on 2 of 2 replica(s)" in decision.reason
-        results = [r for r in w.effects() if r["status"] != "intent"]
-        assert results and {(r["status"], r["message"]) for r in results} == {("failed", MISSING)}
+        results = [r for r in w.effects() if r.status != "intent"]
+        assert results and {(r.status, r.message) for r in results} == {("failed", MISSING)}
         assert w.triton.served() == {u: [2] for u in URLS}
     finally:
         w.close()
@@ -89,7 +89,7 @@ async def test_a_triton_that_answers_the_load_but_serves_the_old_version_is_a_fa
         assert decision.state.value == "failed", decision.reason
         assert decision.reason.endswith("failed: version 1 not confirmed on 1 replica(s) that answer")
         assert w.triton.served() == {URLS[0]: [1], URLS[1]: [2]}
-        assert {r["status"] for r in w.effects()} == {"intent", "done"}  # Triton said yes; verify said no
+        assert {r.status for r in w.effects()} == {"intent", "done"}  # Triton said yes; verify said no
 
         w.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
         outcome = (await w.pins.reconcile_once())[KEY]

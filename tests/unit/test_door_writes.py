@@ -71,7 +71,7 @@ async def test_every_triton_load_of_every_writer_is_sent_through_the_door(tmp_pa
         w.journal.pins.record(KEY, MODEL, 1, from_version=2, policy="rollback")
         assert (await w.pins.reconcile_once())[KEY].ok
 
-        writers = [r["writer"] for r in w.effects() if r["status"] == "done" and r["kind"] == "triton.load"]
+        writers = [r.writer for r in w.effects() if r.status == "done" and r.kind == "triton.load"]
         assert writers == ["executor"] * 2 + ["revert"] * 2 + ["pins"] * 2
         assert len(w.triton.loads) == 6 == w.door.sent
         assert [ld for ld in w.triton.loads if not ld.through_door] == []
