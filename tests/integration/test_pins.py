@@ -97,27 +97,33 @@ async def test_pin_is_reapplied_to_a_replica_serving_the_newest_version(
         journal.close()
 
 
+def _door_reconciler(journal: Journal, base_url: str) -> PinReconciler:
+    """The pin reconciler of POLICY on one Triton endpoint, its writes through the one door (freezes,
+    bad marks and fences asked as the daemon asks them)."""
+    from daemon.workers.door import Door
+
+    policy = POLICY.replace("triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}",
+                            f"triton: {{endpoints: ['{base_url}']}}")
+    policies = load_policies_text(policy, "p.yaml", action_registry(), detector_registry())
+    state = ExecutorState(PolicySet(policies.policies))
+    metrics = Metrics()
+    deps = ActionDeps()
+    deps.actuator = Door(journal, state, deps, lambda: True, metrics)
+    return PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
+
+
 async def test_a_daemon_frozen_through_the_runtime_freeze_does_not_re_pin_a_redeploy(
         tmp_path: Path, triton_factory: Any) -> None:
     """Issue 42 (a), on a real Triton: rolled back v2 -> v1 (the pin, v2 marked bad), the whole daemon
     frozen through the runtime freeze (the API's path), v2 redeployed by hand: the next pin pass loads
     nothing and journals the refusal (the unit twin, tests/unit/test_door.py, lifts it too)."""
-    from actions.base import ActionDeps as Deps
     from daemon.storage.records import DAEMON_SCOPE
-    from daemon.workers.door import Door
     from daemon.workers.freezes import FreezeControl
     from lab.triton import load_version
 
     triton = await triton_factory(name="ranker")
-    policy = POLICY.replace("triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}",
-                            f"triton: {{endpoints: ['{triton.base_url}']}}")
     journal = Journal(tmp_path / "journal.db")
-    policies = load_policies_text(policy, "p.yaml", action_registry(), detector_registry())
-    state = ExecutorState(PolicySet(policies.policies))
-    metrics = Metrics()
-    deps = Deps()
-    deps.actuator = Door(journal, state, deps, lambda: True, metrics)
-    reconciler = PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
+    reconciler = _door_reconciler(journal, triton.base_url)
     try:
         journal.pins.record("serving/ranker", "ranker", 1, from_version=2, policy="ranker-tail")
         assert (await reconciler.reconcile_once())["serving/ranker"].ok  # the rollback's pin holds: v1
@@ -145,22 +151,14 @@ async def test_a_pod_serving_the_pinned_version_under_its_repository_latest_poli
     literally loaded v1 again on every pass. v1 alone is the pin in force: no pass loads anything."""
     import shutil
 
-    from daemon.workers.door import Door
     from lab.triton import write_model_repository
 
     spare = write_model_repository(tmp_path / "spare", "ranker", slow_fraction_by_version={2: 0.0}, precompile=True)
     triton = await triton_factory(name="ranker", slow_fraction_by_version={1: 0.0}, precompile=True)
     assert await asyncio.to_thread(served_versions, triton) == ["1"]
     shutil.move(str(spare / "2"), str(triton.model_repository / "ranker" / "2"))
-    policy = POLICY.replace("triton: {service: {namespace: serving, name: ranker-triton, port: PORT}}",
-                            f"triton: {{endpoints: ['{triton.base_url}']}}")
     journal = Journal(tmp_path / "journal.db")
-    policies = load_policies_text(policy, "p.yaml", action_registry(), detector_registry())
-    state = ExecutorState(PolicySet(policies.policies))
-    metrics = Metrics()
-    deps = ActionDeps()
-    deps.actuator = Door(journal, state, deps, lambda: True, metrics)
-    reconciler = PinReconciler(ActContext(journal, state, deps, metrics, action_registry()))
+    reconciler = _door_reconciler(journal, triton.base_url)
     try:
         journal.pins.record("serving/ranker", "ranker", 1, from_version=2, policy="ranker-tail")
         for _ in range(3):
