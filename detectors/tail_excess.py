@@ -107,8 +107,10 @@ class TailExcessParams(DetectorParams):
     start_horizon_seconds: float = Field(900.0, gt=0)
     """How long after its settle a version's start test runs."""
     start_settle_seconds: float = Field(5.0, ge=0)
-    """Steps that begin within this long of a version's first request are not evidence: requests held
-    by the deploy's own model load (~1.5 s on Triton, more on a busy node)."""
+    """The longest settle: requests held by the deploy's own model load (~1.5 s on Triton, more on a
+    busy node) are not evidence. A settle ends with the first step after the version's first
+    request whose requests were mostly not held, or this long after that request
+    (detectors/tail_excess_settle.py); steps that begin before its end are not scored."""
     start_below_requests: float = Field(1000.0, gt=0)
     """A version is starting only when its request counter at its first sample is below this, or
     the other versions served this many requests before its first sample."""
@@ -281,7 +283,7 @@ class TailExcessDetector:
         frame = None
         if book is not None:
             frame = frame_starts(book, grid, counters[n:], labels, self.params.version_label)
-            counters = settle(book, frame, grid, counters, n)
+            counters = settle(book, frame, grid, counters, n, self.params.evidence, self.params.line)
         batch = self.evaluate(grid, counters[:n], counters[n:], now)
         out = with_statuses(batch_detections(batch, self.kind, labels, self.params.version_label), batch.status)
         counting = batch.counting

@@ -24,6 +24,7 @@ from core.detection import Detection
 from detectors.sequential.acceptance import accept_null, shown_above
 from detectors.sequential.start_test import first_crossing, life_statistic, start_bounds
 from detectors.tail_excess_batch import HOLD_ERROR, OK, SLOWEST_COUNTED, ExcessBatch, Test
+from detectors.tail_excess_settle import settle_end
 from detectors.tail_excess_start_evidence import StartEvidence, neighbour_evidence, start_evidence
 
 START_GRID = 1.25
@@ -197,14 +198,17 @@ def _requests_in(total: NDArray[np.float64]) -> float:
 
 def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units: NDArray[np.float64],
                  requests: NDArray[np.float64], resets: int, now: float, design: Any,
-                 others: Others, hold_seconds: float = 0.0) -> StartVerdict:
+                 others: Others, hold_seconds: float = 0.0, settled: float | None = None) -> StartVerdict:
     """The start test of one version with a known start, over its summed evidence per step [P] on
     `grid` (NaN: not scored). `resets`: counter resets in its rows over the range; `others`: what
     the other versions show (above budget: a shared cause, no fire; undecided: a crossing waits up
-    to `hold_seconds` for them, as the bank's alarm does)."""
+    to `hold_seconds` for them, as the bank's alarm does); `settled`: when its settle ended (at the
+    longest settle when not given). The test ends `settle_seconds + horizon` after the start
+    whenever its settle ended: a few steps more than the horizon, inside the bound's margin."""
     rule, at = book.rule, book.starts[version]
     end = at + rule.settle_seconds + rule.horizon_seconds
-    base: dict[str, Any] = {"started_at": at, **rule.describe(), "ends_at": end}
+    since = at + rule.settle_seconds if settled is None else settled
+    base: dict[str, Any] = {"started_at": at, **rule.describe(), "ends_at": end, "settled_at": since}
     notes = book.notes.get(version)
     if notes:
         base["notes"] = list(notes)
@@ -222,14 +226,14 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
         return StartVerdict(version, "stopped", book.stopped[version], {**base, "status": "stopped"}, started_at=at)
     step = float(np.median(np.diff(grid)))
     begins = np.concatenate([[grid[0] - step], grid[:-1]])
-    inside = (begins >= at + rule.settle_seconds) & (grid <= end)
+    inside = (begins >= since - 1e-9) & (grid <= end)
     u = np.where(inside, units, np.nan)
     n = np.where(inside, requests, np.nan)
     scored = np.isfinite(u) & np.isfinite(n)
     if not scored.any():
         status = "ended" if now >= end else "running"
         return StartVerdict(version, status, f"start test of version {version}: no scored step since its settle "
-                                             f"({rule.settle_seconds:g} s after {at:.0f}) yet",
+                                             f"({since - at:g} s after {at:.0f}) yet",
                             {**base, "status": status, "scored_steps": 0}, started_at=at)
     stat = life_statistic(design, u, n)
     traffic = float(n[scored].mean())
@@ -243,7 +247,7 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
                "requests_per_second": traffic / step, "bound": bounds[0],
                "statistic": float(stat[k, last]), "leader": k}
     what = (f"{units_sum:.1f} above the line in {requests_sum:.0f} requests since version {version} started at "
-            f"{at:.0f} (settle {rule.settle_seconds:g} s, horizon {rule.horizon_seconds:g} s, one false alarm in "
+            f"{at:.0f} (settle {since - at:g} s, horizon {rule.horizon_seconds:g} s, one false alarm in "
             f"{1 / rule.alpha:.0f} deploys)")
     if cross >= 0:
         fired_at = float(grid[cross])
@@ -358,6 +362,7 @@ class StartFrame:
     by_version: dict[str, VersionRows]
     unlabeled: list[int]
     first_seen: dict[int, float] = field(default_factory=dict)  # started versions' rows: their first sample
+    settled: dict[str, float] = field(default_factory=dict)  # started versions: when their settle ended (`settle`)
 
 
 def frame_starts(book: StartBook, grid: NDArray[np.float64], totals: NDArray[np.float64],
@@ -378,17 +383,21 @@ def frame_starts(book: StartBook, grid: NDArray[np.float64], totals: NDArray[np.
 
 
 def settle(book: StartBook, frame: StartFrame, grid: NDArray[np.float64], counters: NDArray[np.float64],
-           rows: int) -> NDArray[np.float64]:
+           rows: int, evidence: str, line: float) -> NDArray[np.float64]:
     """`counters` [2S x P] (the primary rows, then their companions) with every sample of a started
     version taken before its settle ended left out: its series begin at the settle's end, so no
-    test, the bank included, reads the requests the deploy's own model load held as evidence. The
-    input itself when nothing is left out."""
+    test, the bank included, reads the requests the deploy's own model load held as evidence
+    (detectors/tail_excess_settle.py; each end is put in `frame.settled`). The input itself when
+    nothing is left out."""
     out = counters
     for version, at in book.starts.items():
         vr = frame.by_version.get(version)
         if vr is None:
             continue
-        cut = int(np.searchsorted(grid, at + book.rule.settle_seconds, side="left"))
+        primary = _sum_finite(counters[vr.rows])
+        ends = settle_end(grid, at, book.rule.settle_seconds, primary, vr.total, evidence, line)
+        frame.settled[version] = ends
+        cut = int(np.searchsorted(grid, ends, side="left"))
         if cut <= 0:
             continue
         if out is counters:
@@ -434,7 +443,7 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
         if gaps:
             book._note(version, f"missing from the answer for {gaps} step(s) since its start (it disappeared and "
                                 "returned): those steps are not scored")
-        since = at + rule.settle_seconds
+        since = frame.settled.get(version, at + rule.settle_seconds)
         spans = {v: neighbour_evidence(test, grid[first_col:], primary[other.rows, first_col:],
                                        totals[other.rows, first_col:], now).span(since)
                  for v, other in by_version.items() if v != version}
@@ -442,7 +451,7 @@ def run_start_tests(book: StartBook, frame: StartFrame, test: Test, grid: NDArra
         others = judge_others(batch, by_version, version, spans, test.budget * test.design.lump, test.design.null,
                               max(now - since, 0.0))
         verdicts[version] = test_version(book, version, ev.grid, units, requests, ev.resets, now, ev.design, others,
-                                         test.shared_hold_seconds)
+                                         test.shared_hold_seconds, since)
     decided = [s == OK for s in f.status]
     return apply_verdicts(out, decided, version_label, rule, verdicts, by_version, unlabeled, unserved,
                           frame.first_seen)

@@ -2,8 +2,9 @@
 
 - `start_first`: tail_excess's start test (detectors/tail_excess_start.py) on steps that begin at
   the version's first request: the step holding that request and the settle are not evidence (the
-  live rule: the start is the end of the first step with requests, and no step that begins before
-  start + settle is scored), each member's log-likelihood ratio summed from there, read against the
+  live rule: the start is the end of the first step with requests, the settle ends with the first
+  step after it that the load mostly did not hold or at start + `start_settle_seconds`, and no step
+  that begins before its end is scored: detectors/tail_excess_settle.py), each member's log-likelihood ratio summed from there, read against the
   exact bound (detectors/sequential/start_test.py) at the top of the version's traffic cell over
   the steps scored so far, as the live code computes it each cycle. On counts (a histogram) or on
   slow requests counted per step (counters, tail_excess_start_evidence.py).
@@ -29,6 +30,7 @@ from numpy.typing import NDArray
 from detectors.sequential.design import BankDesign
 from detectors.sequential.start_test import start_bounds
 from detectors.tail_excess import TailExcessParams
+from detectors.tail_excess_settle import may_be_held, settle_columns
 from detectors.tail_excess_start_evidence import start_evidence
 from detectors.tail_excess_start import START_GRID
 from evaluation.operating_curve.arrivals import Fault, Steps, poisson_chunk
@@ -56,8 +58,8 @@ class StartSpec:
         return self.params.line
 
     def first_scored(self, step: float) -> int:
-        """The first column the live rule scores: the start is the end of column 0, and a step is
-        scored when it begins at or after start + settle."""
+        """The first column the live rule scores after the longest settle: the start is the end of
+        column 0, and a step is scored when it begins at or after the settle's end."""
         return int(math.ceil((step + self.settle_seconds) / step - 1e-9))
 
 
@@ -68,13 +70,17 @@ def evidence(spec: StartSpec, steps: Steps, step: float
     steps make, every sample before the settle's end left out as the live code leaves it out (a
     histogram's bucket and count; latency counters, slow requests counted per step:
     detectors/tail_excess_start_evidence.py)."""
-    first = spec.first_scored(step)
     rows, cols = steps.requests.shape
     grid = step * np.arange(1, cols + 1, dtype=np.float64)  # column c's sample, at its end
     below = steps.requests - steps.above
-    primary = np.cumsum(below if spec.params.evidence == "histogram" else steps.latency_ms, axis=1)
+    d_primary = below if spec.params.evidence == "histogram" else steps.latency_ms
+    primary = np.cumsum(d_primary, axis=1)
     totals = np.cumsum(steps.requests, axis=1)
-    keep = np.arange(cols) >= first - 1  # the sample at the settle's end is the first kept
+    # The settle ends with the first column after the first request's that the load mostly did not
+    # hold, at the longest with the column before the first the longest settle scores.
+    held = may_be_held(spec.params.evidence, spec.line_ms, d_primary, steps.requests)
+    ends = settle_columns(held, spec.first_scored(step) - 1)
+    keep = np.arange(cols)[None, :] >= ends[:, None]  # the sample at the settle's end is the first kept
     primary, totals = np.where(keep, primary, np.nan), np.where(keep, totals, np.nan)
     params = spec.params
     test = replace(params.test(), count_design=params.count_design())  # as TailExcessDetector builds it
