@@ -16,7 +16,8 @@ is. What the count can get wrong is stated and bounded, per step, from the row's
   with the bulk's noise on top, can read as one above it: the threshold a step's excess must pass
   is raised until the probability of such a false count is at most FALSE_COUNT_SHARE of the
   null's counts per step (a Poisson bound on the number of sub-line lumps a step holds, each at
-  most the largest seen, plus NOISE_Z of the quiet steps' spread). The bank's null is raised by
+  most the largest seen, plus the bulk's noise beside them, sized jointly with the lumps' rate;
+  never below NOISE_Z of the quiet steps' spread). The bank's null is raised by
   that share (`count_design`), so the promise holds with the false counts in it.
 
 Pure functions over [S x P] arrays of per-step increments (NaN: no increment).
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import norm
+from scipy.stats import norm, poisson
 
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import POOL_REQUESTS, Evidence, bulk_means, trailing_min
@@ -189,8 +190,10 @@ def slow_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], lin
         # and the bound no longer holds: no step counts.
         heavy = (rate >= HEAVY_RATE) | ((quiet_share < QUIET_MIN) & (rate >= HEAVY_RATE / 4.0))
         k = np.where((k > MAX_LUMPS) | heavy, np.inf, k)
+        beside = np.minimum(noise_beside_lumps(rate, k, allowed, mean[lumpy], spread[lumpy], largest[lumpy]),
+                            np.where(np.isfinite(k), LUMP_FLOOR * room[lumpy], np.inf))
         with np.errstate(invalid="ignore"):
-            raised = (k - 1.0) * largest[lumpy] + noise[lumpy]
+            raised = (k - 1.0) * largest[lumpy] + beside
         threshold[lumpy] = np.maximum(threshold[lumpy], np.where(np.isnan(raised), np.inf, raised))
     # Too few steps behind a step to know the bulk's noise and the sub-line lumps: not scored; too
     # few quiet ones among them: nothing counts (a heavy bulk, or a breach in most steps).
@@ -206,6 +209,32 @@ def slow_counts(latency: NDArray[np.float64], requests: NDArray[np.float64], lin
     units = np.where(scored, np.where(counted, per_count, 0.0), np.nan)
     return SlowCounts(units, np.where(scored, requests, np.nan), centre * (1.0 + bulk_slack),
                       np.where(scored, centre + threshold, np.nan))
+
+
+def noise_beside_lumps(rate: NDArray[np.float64], k: NDArray[np.float64], allowed: NDArray[np.float64],
+                       mean: NDArray[np.float64], spread: NDArray[np.float64],
+                       largest: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The bulk's noise a threshold of (k - 1) lumps must also clear: a false count needs k - 1
+    lumps and noise beyond it, or fewer lumps and noise beyond a lump more (P(N >= k) is already
+    spent). What the false-count share leaves is split between the two, so the noise beside the
+    lumps is sized jointly with their rate (P(N >= k - 1) x P(noise > x)), not at NOISE_Z spreads
+    on its own: beside a lone sub-line lump in 600 steps, ~1.9 spreads, not 5. Noise is Gaussian
+    at the calm steps' mean and spread. The caller caps it at the quiet band's top (LUMP_FLOOR x
+    the room): a step whose bulk alone goes beyond that is itself a sub-line lump, counted in
+    `rate`, so noise beside k - 1 lumps beyond the band is a k-th. Inf where k is."""
+    out = np.full(rate.shape, np.inf)
+    ok = np.isfinite(k)
+    if not ok.any():
+        return out
+    r, kk = rate[ok], k[ok]
+    left = np.maximum(allowed[ok] - poisson.sf(kk - 1.0, r), 0.0)
+    alongside = poisson.sf(kk - 2.0, r)  # P(N >= k - 1): 1 when k is 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z_beside = norm.isf(np.minimum(0.5 * left / alongside, 0.5))
+        z_alone = norm.isf(np.minimum(0.5 * left, 0.5))
+        x = np.maximum(mean[ok] + z_beside * spread[ok], mean[ok] + z_alone * spread[ok] - largest[ok])
+    out[ok] = np.where(left > 0, x, np.inf)
+    return out
 
 
 def lumps_needed(rate: NDArray[np.float64], allowed: NDArray[np.float64]) -> NDArray[np.float64]:

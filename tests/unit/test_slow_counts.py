@@ -11,7 +11,7 @@ from scipy.stats import poisson
 from core.query import Series
 from detectors._grid import align
 from detectors._slow_counts import (FALSE_COUNT_SHARE, MERGE_LIMIT, counting_problem, lumps_needed,
-                                    merge_probability, slow_counts, trailing_sum, windows)
+                                    merge_probability, noise_beside_lumps, slow_counts, trailing_sum, windows)
 from detectors.sequential.bank import first_alarms
 from detectors.sequential.thresholds import STORE
 from detectors.tail_excess import TailExcessDetector, TailExcessParams
@@ -238,3 +238,56 @@ def test_every_step_is_read_once_the_bulk_window_is_full_whatever_the_traffic(ra
     c = count(s)
     assert np.isfinite(c.units[:, 600:]).all()
     assert abs(np.nansum(c.units[:, 600:]) - s.above[:, 600:].sum()) <= 0.05 * s.above[:, 600:].sum() + 1
+
+
+def _host(rng: np.random.Generator, rows: int, cols: int, lump_rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step counters at 40 req/s, no request above the line: a 2-4 ms bulk and sub-line lumps (a
+    request a stall or a load held, 150-490 ms beyond the bulk) at `lump_rate` a step."""
+    requests = rng.poisson(40.0, (rows, cols)).astype(np.float64)
+    latency = requests * 3.0 + rng.normal(0.0, 1.0, (rows, cols)) * np.sqrt(requests / 3.0)  # each 2-4 ms
+    lumps = (rng.random((rows, cols)) < lump_rate) * rng.uniform(150.0, 490.0, (rows, cols))
+    return latency + lumps, requests
+
+
+def test_the_noise_beside_a_lump_is_sized_with_the_lumps_rate() -> None:
+    """A false count beside k - 1 lumps needs noise beyond x at the same step: x is sized from what
+    the false-count share leaves over P(N >= k - 1), about 1.9 spreads beside a lone lump in 600
+    steps, not the five a step's noise alone is held to; a lump more is held by the noise alone."""
+    rate, allowed = np.array([2.0 / 600.0]), np.array([FALSE_COUNT_SHARE * NULL * 40.0])
+    k = lumps_needed(rate, allowed)
+    assert k[0] == 2.0
+    x = noise_beside_lumps(rate, k, allowed, np.array([3.0]), np.array([40.0]), np.array([480.0]))[0]
+    assert 3.0 + 1.7 * 40.0 < x < 3.0 + 2.1 * 40.0
+    # A small lump: the noise alone must not reach the lump's size plus x either (~3.7 spreads in all).
+    small = noise_beside_lumps(rate, k, allowed, np.array([0.0]), np.array([40.0]), np.array([60.0]))[0]
+    assert small > 3.5 * 40.0 - 60.0 and small > 1.7 * 40.0
+    assert np.isinf(noise_beside_lumps(rate, np.array([np.inf]), allowed, np.array([3.0]), np.array([40.0]),
+                                       np.array([480.0]))[0])
+
+
+def test_beside_a_sub_line_lump_the_bar_stays_within_the_quiet_band_above_it() -> None:
+    """A step whose bulk alone goes beyond the quiet band is itself a sub-line lump, counted in the
+    lumps' rate: beside a lone lump the bar a slow request must pass is the lump plus at most the
+    band's top (a tenth of the room), so a request at 600 ms counts beside a 480 ms lump."""
+    rng = np.random.default_rng(5)
+    latency, requests = _host(rng, 1, 1300, 0.0)
+    latency[0, 650] += 480.0  # the one sub-line lump in the window
+    latency[0, 1200] += 597.0  # a request at 600 ms
+    got = slow_counts(latency, requests, LINE_MS, NULL, 60, 600, 60, 0.25)
+    assert 480.0 < got.counts_above[0, 1200] < 480.0 + 3.0 + 0.1 * 497.0 + 1.0
+    assert got.units[0, 1200] > 0
+
+
+def test_the_false_counts_of_a_lumpy_noisy_bulk_stay_within_their_share() -> None:
+    """Healthy steps with sub-line lumps (no request above the line): the steps counted are false
+    counts,
+    at most FALSE_COUNT_SHARE of the null's requests above the line a step (the bank's null is
+    raised by that much)."""
+    rng = np.random.default_rng(6)
+    latency, requests = _host(rng, 200, 2400, 1.0 / 300.0)
+    got = slow_counts(latency, requests, LINE_MS, NULL, 60, 600, 60, 0.25)
+    scored = np.isfinite(got.units)
+    false = float((got.units[scored] > 0).sum())
+    allowed = FALSE_COUNT_SHARE * NULL * float(requests[scored].sum())
+    assert scored.sum() > 400_000
+    assert false <= allowed, (false, allowed)
