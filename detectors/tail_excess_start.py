@@ -233,7 +233,7 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
     if not scored.any():
         status = "ended" if now >= end else "running"
         return StartVerdict(version, status, f"start test of version {version}: no scored step since its settle "
-                                             f"({since - at:g} s after {at:.0f}) yet",
+                                             f"({since - at:.3g} s after {at:.0f}) yet",
                             {**base, "status": status, "scored_steps": 0}, started_at=at)
     stat = life_statistic(design, u, n)
     traffic = float(n[scored].mean())
@@ -247,7 +247,7 @@ def test_version(book: StartBook, version: str, grid: NDArray[np.float64], units
                "requests_per_second": traffic / step, "bound": bounds[0],
                "statistic": float(stat[k, last]), "leader": k}
     what = (f"{units_sum:.1f} above the line in {requests_sum:.0f} requests since version {version} started at "
-            f"{at:.0f} (settle {since - at:g} s, horizon {rule.horizon_seconds:g} s, one false alarm in "
+            f"{at:.0f} (settle {since - at:.3g} s, horizon {rule.horizon_seconds:g} s, one false alarm in "
             f"{1 / rule.alpha:.0f} deploys)")
     if cross >= 0:
         fired_at = float(grid[cross])
