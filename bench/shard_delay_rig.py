@@ -15,7 +15,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from aiohttp import web
@@ -80,6 +80,16 @@ def grid(start: float, end: float, step: float) -> NDArray[np.float64]:
     return start + step * np.arange(int(math.floor((end - start) / step + 1e-9)) + 1)
 
 
+class Poll(NamedTuple):
+    """One range query a replica asked."""
+
+    model: str
+    start: float
+    end: float
+    wall: float  # when it was answered
+    newest: float  # the newest grid point answered (nan: none): its phase after a scrape is the grid's
+
+
 @dataclass
 class FakePrometheus:
     """query_range over the targets (the query names its model: `$model` rendered per target), the
@@ -88,7 +98,7 @@ class FakePrometheus:
 
     targets: dict[str, Target]
     clock: Callable[[], float] = time.time
-    polls: list[tuple[str, float, float]] = field(default_factory=list)  # (model, end, wall when asked)
+    polls: list[Poll] = field(default_factory=list)
     hooks: list[tuple[float, dict[str, object]]] = field(default_factory=list)
 
     def answer(self, query: str, start: float, end: float, step: float) -> list[dict[str, object]]:
@@ -101,7 +111,7 @@ class FakePrometheus:
         t = t[t <= now + 1.0]  # end is rounded to the second by the client: never a scrape not yet taken
         count, below = target.counters(np.minimum(t, now))
         bucket = "_bucket" in query
-        self.polls.append((target.model, end, now))
+        self.polls.append(Poll(target.model, start, end, now, float(t[-1]) if t.size else math.nan))
         values = below if bucket else count
         return [{"metric": labels(target.model, bucket),
                  "values": [[round(float(a), 3), repr(float(v))] for a, v in zip(t, values)]}]

@@ -31,7 +31,7 @@ def test_an_answer_holds_the_newest_scrape_at_or_before_each_grid_point_and_none
     assert bucket[0]["metric"]["le"] == "500"  # type: ignore[index]
     assert np.array_equal(np.array([float(v) for _, v in bucket[0]["values"]]), below)  # type: ignore[attr-defined]
     assert np.all(count - below >= 0) and count[-1] - below[-1] > count[0] - below[0]  # slow requests after the onset
-    assert [m for m, _, _ in fake.polls] == ["m0"] * 3
+    assert [(p.model, p.newest) for p in fake.polls] == [("m0", ONSET + 62), ("m0", ONSET + 65), ("m0", ONSET + 62)]
     assert fake.answer('other{model="m9"}', ONSET, ONSET + 5, SCRAPE) == []
 
 
