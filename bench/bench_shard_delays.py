@@ -137,6 +137,7 @@ class Row:
     journaled: float  # (b') the journal's insert
     phase: float  # the replicas' polls of the target, median seconds past a scrape (when the fake answered)
     grid: float  # the newest grid point of their answers, median seconds past a scrape (the cached grid's phase)
+    reason: str  # the first signal's detection, as the replica journaled it
 
     @property
     def diff(self) -> float:
@@ -159,17 +160,19 @@ def holders(emulator: KubeEmulator, shards: int) -> dict[int, str | None]:
     return out
 
 
-def first_signals(dsn: str) -> dict[str, tuple[float, float]]:
-    """Per policy, its first detector signal: (observed_at, received_at), unix seconds."""
+def first_signals(dsn: str) -> dict[str, tuple[float, float, str]]:
+    """Per policy, its first detector signal: (observed_at, received_at) in unix seconds, and the
+    detection's reason."""
     journal = Journal(dsn)
     try:
         rows = journal.signals.all()
     finally:
         journal.close()
-    out: dict[str, tuple[float, float]] = {}
+    out: dict[str, tuple[float, float, str]] = {}
     for r in rows:
         if r.source == "detector" and r.policy is not None and r.policy not in out:
-            out[r.policy] = (datetime.fromisoformat(r.payload["observed_at"]).timestamp(), r.received_at)
+            out[r.policy] = (datetime.fromisoformat(r.payload["observed_at"]).timestamp(), r.received_at,
+                             str((r.payload.get("details") or {}).get("reason", "")))
     return out
 
 
@@ -214,7 +217,7 @@ async def run_fleet(server: PostgresServer, root: Path, replicas: int, models: l
             info["settled_before_onset"] = anchor - time.time()
             moves = 0
             last = min(t.onset for t in targets.values()) + horizon
-            found: dict[str, tuple[float, float]] = {}
+            found: dict[str, tuple[float, float, str]] = {}
             while time.time() < last and len(found) < len(models):
                 await asyncio.sleep(1.0)
                 moves += holders(emulator, shards) != want
@@ -232,12 +235,13 @@ async def run_fleet(server: PostgresServer, root: Path, replicas: int, models: l
         p = params[name]
         assert isinstance(p, TailExcessParams)
         a = replay(t, p, math.floor(first_poll[m] / SCRAPE) * SCRAPE, t.onset + horizon)
-        observed, journaled = found.get(name, (math.inf, math.inf))
+        observed, journaled, reason = found.get(name, (math.inf, math.inf, ""))
         shard = shard_of(keys[name], shards)
         mine = [p for p in fake.polls if p.model == m and t.onset <= p.wall <= t.onset + max(observed - t.onset, 0)]
         phase = statistics.median([p.wall % SCRAPE for p in mine] or [math.nan])
         grid = statistics.median([p.newest % SCRAPE for p in mine] or [math.nan])
-        rows.append(Row(m, t.seed, shard, want[shard], a, observed - t.onset, journaled - t.onset, phase, grid))
+        rows.append(Row(m, t.seed, shard, want[shard], a, observed - t.onset, journaled - t.onset, phase, grid,
+                        reason))
     return rows, info
 
 
@@ -271,6 +275,9 @@ def report(title: str, rows: list[Row], info: dict[str, Any]) -> bool:
               f"| {_fmt(statistics.median(r.replay for r in mine))} | {_fmt(statistics.median(r.observed for r in mine))} "
               f"| {_fmt(min(d))} / {_fmt(statistics.median(d))} / {_fmt(max(d))} "
               f"| {statistics.median(r.phase for r in mine):.2f} | {statistics.median(r.grid for r in mine):.2f} | {sum(r.scrape == r.replay for r in mine)} of {len(mine)} |")
+    for r in rows:
+        if r.scrape != r.replay:
+            print(f"  {r.model} fired on another scrape than the replay's: {r.reason}")
     same = sum(r.scrape == r.replay for r in rows)
     print(f"fired on the scrape the replay fired on: {same} of {len(rows)} targets")
     print(f"bar |b - a| <= {SCRAPE:g} s for every target: {'met' if ok else 'NOT met'}")
