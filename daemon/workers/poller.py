@@ -302,14 +302,14 @@ class Poller:
             await self._evaluate(watch, result, companions, now)
 
     async def _fetch(self, group: QueryGroup, query: str, now: float) -> RangeResult:
-        """The group's range of `query` from its source."""
+        """The group's range of `query` from its source (from Prometheus: to the second at or before `now`)."""
         if group.source == "triton":
             if self._triton is None:
                 return RangeResult(query, error="source: triton is not available in this process")
-            return await self._triton.query_range(query, now - group.lookback, now, group.interval,
-                                                  group.endpoints)
-        source = self._ranges if self._ranges is not None else self._prom
-        return await source.query_range(query, now - group.lookback, now, group.interval)
+            return await self._triton.query_range(query, now - group.lookback, now, group.interval, group.endpoints)
+        # Never rounded past the clock: a query and its companion evaluated there may straddle a scrape.
+        source, end = (self._ranges if self._ranges is not None else self._prom), float(math.floor(now))
+        return await source.query_range(query, end - group.lookback, end, group.interval)
 
     def _mark_failed(self, group: QueryGroup, result: RangeResult, now: float) -> None:
         group.failures += 1

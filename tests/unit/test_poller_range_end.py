@@ -1,0 +1,86 @@
+"""The poller never asks Prometheus for a point past its clock. The client rounds a range's end to the
+second; rounded up, the histogram's `_bucket` and `_count` (two queries, answered one after the other)
+were evaluated at a time a scrape could land between their answers: a new count over an old bucket read
+a whole step's requests as slow, and a healthy model fired (bench/bench_shard_delays.py, 64 models:
+34 fired before their defect's onset, "~200 requests above 500 in 200 requests")."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.query import Series
+from daemon.common.metrics import Metrics
+from daemon.sources.prometheus import RangeResult
+from daemon.storage.journal import Journal
+from daemon.wiring.registries import action_registry, detector_registry
+from daemon.workers.poller import Poller
+from policies.loader import load_policies_text
+
+SCRAPE, RATE = 5.0, 40.0
+POLICY = """
+name: hist
+target: {model: m}
+triggers:
+  - detector:
+      type: tail_excess
+      query: h_ms_bucket{model="$model", le="500"}
+      companionQuery: h_ms_count{model="$model"}
+      interval: 5s
+      params: {line: 500, line_unit: ms, evidence: histogram}
+actions:
+  - type: notify
+    url: http://127.0.0.1:9/hook
+"""
+
+
+class _ScrapedHistogram:
+    """Prometheus over a healthy histogram (every request under the line) scraped every 5 s: a grid
+    point holds the newest scrape at or before it that had happened when the query was answered. The
+    client's rounding of start and end to the second is applied; each answer moves the clock on by
+    `per_answer`, so a scrape can land between a cycle's two queries."""
+
+    def __init__(self, now: float, per_answer: float) -> None:
+        self.now, self.per_answer = now, per_answer
+        self.asked: list[tuple[float, float]] = []
+
+    async def query_range(self, query: str, start: float, end: float, step: float) -> RangeResult:
+        self.asked.append((start, end))
+        start, end = round(start), round(end)
+        t = [start + step * k for k in range(int((end - start) // step) + 1)]
+        scraped = [math.floor(min(x, self.now) / SCRAPE) * SCRAPE for x in t]
+        self.now += self.per_answer
+        labels = {"model": "m", "version": "1", **({"le": "500"} if "_bucket" in query else {})}
+        return RangeResult(query, [Series(labels, tuple(t), tuple(RATE * s for s in scraped))])
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_bucket_and_the_count(
+        tmp_path: Path, incremental: bool) -> None:
+    prom = _ScrapedHistogram(1_800_000_000.0, 0.0)
+    fired: list[Any] = []
+
+    async def emit(signal: Any) -> None:
+        fired.append(signal)
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    journal = Journal(tmp_path / "j.db")
+    try:
+        poller = Poller(prom, journal, Metrics(), detector_registry(), emit, offload,  # type: ignore[arg-type]
+                        incremental_range_queries=incremental)
+        poller.sync(load_policies_text(POLICY, "p.yaml", action_registry(), detector_registry()))
+        (group,) = poller.groups.values()
+        # Polls 4.9 s past a scrape (the client would round their end up to the next one), the count
+        # answered 0.15 s after the bucket: across that scrape.
+        for cycle in range(12):
+            now = 1_800_000_000.0 + SCRAPE * cycle + 4.9
+            prom.now, prom.per_answer = now + 0.05, 0.15
+            await poller.poll_group(group, now)
+            assert all(round(end) <= now for _, end in prom.asked), prom.asked  # as the client sends it
+        assert fired == [] and group.watches[0].latest is not None
+    finally:
+        journal.close()
