@@ -21,8 +21,9 @@ replicas: the first detector signal the fleet journaled for the target's policy,
 b - a is when a replica reads the newest scrape on time), and the phase of the newest grid point
 its answers held: the poller's range cache keeps the grid of its last full query (one in 60
 cycles) while the polls drift later (each cycle lasts the interval plus the loop's lateness), so
-when a poll's end, rounded to the second, falls before the cached grid's phase, the newest point
-is a step old and the poll reads the scrape before the newest one (b - a = 5 s + the phase). The same arrivals run twice in one
+once a poll's end (the second at or before it) has drifted past a scrape beyond the cached grid's
+phase, the newest point is a step old and the poll reads the scrape before the newest one (b - a =
+5 s + the phase) until the next full query. The same arrivals run twice in one
 run: --replicas replicas (sharding.shards 4), then one replica (sharding off, the single leader).
 
 Run: python bench/bench_shard_delays.py [--replicas 4] [--targets 16] [--lead 75] [--horizon 300]

@@ -275,7 +275,7 @@ class Poller:
 
     async def poll_group(self, group: QueryGroup, now: float) -> None:
         """One cycle of one query: fetch, detect per series, journal verdicts, emit signals."""
-        group.next_due = now + group.interval
+        group.next_due = max(group.next_due, math.floor(now)) + group.interval  # no drift off the range cache's grid
         # A detector may ask for more history than at the last sync (tail_excess grows its lookback
         # when it sees slow traffic): the next fetch follows it.
         group.lookback = max(float(w.detector.lookback_seconds) for w in group.watches)

@@ -84,3 +84,40 @@ async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_b
         assert fired == [] and group.watches[0].latest is not None
     finally:
         journal.close()
+
+
+async def test_polls_stay_on_the_grid_of_the_range_caches_full_query_however_late_the_loop_ticks(
+        tmp_path: Path) -> None:
+    """The poll loop wakes every 0.5 s plus its own work, so a group falls due a little after its time.
+    Each cycle used to start from that late wake-up (next due = now + interval): the polls drifted
+    off the grid the range cache keeps from its last full query (one in 60 cycles), and once a poll's
+    end had drifted past a scrape beyond that grid the newest point was a step old: the detector read
+    the scrape before the newest for minutes (bench/bench_shard_delays.py: one leader, 64 models,
+    every detection 5.3-5.7 s after the replay's instead of within the poll's phase). Now every
+    range ends on the whole seconds of the first: the newest point is the second at or before the poll."""
+    start = 1_800_000_000.3
+    prom = _ScrapedHistogram(start, 0.0)
+
+    async def emit(signal: Any) -> None:
+        raise AssertionError("a healthy histogram fires")
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    journal = Journal(tmp_path / "j.db")
+    try:
+        poller = Poller(prom, journal, Metrics(), detector_registry(), emit, offload)  # type: ignore[arg-type]
+        poller.sync(load_policies_text(POLICY, "p.yaml", action_registry(), detector_registry()))
+        (group,) = poller.groups.values()
+        polled: list[float] = []
+        for tick in range(1_200):  # ten minutes of wake-ups, 0.53 s apart, as Poller.run checks them
+            now = start + 0.53 * tick
+            if group.next_due <= now:
+                prom.now = now
+                await poller.poll_group(group, now)
+                polled.append(now)
+        ends = [end for _, end in prom.asked]
+        assert len(polled) > 100 and {(end - ends[0]) % SCRAPE for end in ends} == {0.0}
+        assert all(0 <= now - end < 1 for now, end in zip(polled, ends[::2]))
+    finally:
+        journal.close()
