@@ -18,13 +18,13 @@ replicas: the first detector signal the fleet journaled for the target's policy,
 (the firing poll's time) and its `received_at` (the journal's insert) minus the onset. The bar
 (issue 45): |b - a| <= one poll step (5 s) for every target. Also shown: the scrape (b) fired on
 (the replay's when both read the same data), each replica's polls' phase after the scrape (which
-b - a is when a replica reads the newest scrape on time), and the phase of the newest grid point
-its answers held: the poller's range cache keeps the grid of its last full query (one in 60
-cycles) while the polls drift later (each cycle lasts the interval plus the loop's lateness), so
-once a poll's end (the second at or before it) has drifted past a scrape beyond the cached grid's
-phase, the newest point is a step old and the poll reads the scrape before the newest one (b - a =
-5 s + the phase) until the next full query. The same arrivals run twice in one
-run: --replicas replicas (sharding.shards 4), then one replica (sharding off, the single leader).
+b - a is when a replica reads the newest scrape on time), the phase of the newest grid point its
+answers held, and the journaled reason of a target that fired on another scrape. Two poller faults
+this found are fixed: ranges ended past the clock (the client rounded up; a scrape between a cycle's
+`_bucket` and `_count` answers made healthy models fire: b41396d), and polls drifted off the range
+cache's grid, reading the scrape before the newest for minutes (b - a = 5 s + the phase: 88b0bc4).
+The same arrivals run twice in one run: --replicas replicas (sharding.shards 4), then one replica
+(sharding off, the single leader).
 
 Run: python bench/bench_shard_delays.py [--replicas 4] [--targets 16] [--lead 75] [--horizon 300]
 (about 10 minutes wall, light CPU). Against a snapshot of a commit, away from uncommitted edits:
