@@ -10,8 +10,10 @@ exact) the expected number of steps from S = 0 to S >= threshold solves one spar
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy import sparse
 from scipy.sparse.linalg import spsolve
 from scipy.stats import poisson
@@ -19,9 +21,13 @@ from scipy.stats import poisson
 RESOLUTION = 60  # cells per jump: run lengths within ~10% of a 200-cell grid (the test)
 MAX_CELLS = 40_000  # a grid this large solves in well under a second
 TRUSTED = 1e13  # past this the system is too ill-conditioned to tell values apart: "long enough"
+MOVE_FLOOR = 1e-15  # a step's move rarer than this is left out of the chain
+SPREAD_SD = 4.0  # a step's requests are solved over this many standard deviations about their mean
+LATTICE_DRAIN = 0.5  # a member whose step drains at least this share of a count is solved over the requests' spread
 
 
-def run_length(threshold: float, jump: float, drain: float, mean: float, resolution: int = RESOLUTION) -> float:
+def run_length(threshold: float, jump: float, drain: float, mean: float, resolution: int = RESOLUTION,
+               requests: float | None = None) -> float:
     """Expected steps from S = 0 until S >= threshold (math.inf: beyond what can be told apart).
 
     Args:
@@ -29,6 +35,11 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
         jump: what one count adds (ln r for a rate ratio r), > 0.
         drain: what every step removes (expected null count x (r - 1)), >= 0.
         mean: the expected count per step under the rate the run length is for, >= 0.
+        requests: when given, the requests a step holds vary, Poisson with this mean, and `drain`
+            and `mean` are the step's at that mean: a step of n requests drains drain x n / requests
+            and counts Poisson(mean x n / requests). A member made for a large regression crosses
+            on one step's count (its drain many jumps), and where a step's requests are fewer than
+            the mean that count crosses far more often: the live evidence's steps vary so.
     """
     if mean <= 0:
         return math.inf
@@ -39,39 +50,25 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
     if cells > MAX_CELLS:  # a finer grid than we solve: coarsen (the drain split keeps the mean)
         cell = threshold / MAX_CELLS
         cells = MAX_CELLS
-    up = jump / cell
-    down = drain / cell
-    low = int(math.floor(down))
-    frac = down - low
-    top = int(poisson.isf(1e-16, mean)) + 2
-    counts = np.arange(top + 1)
-    weights = poisson.pmf(counts, mean)
-    # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
-    keep = weights > 1e-18
-    counts, weights = counts[keep], weights[keep]
+    if requests is not None and drain < LATTICE_DRAIN * jump:
+        # A count takes several steps to drain: over them the requests' spread averages out and
+        # the run length is the mean's (what varies it is the lattice, one step deciding). Solved
+        # at the mean, whose smaller band also solves far faster.
+        requests = None
+    moves, weights = _moves(jump / cell, drain / cell, mean, requests)
     # Every state rises by the same steps (a count's cells less the drain's): one rise per step at
     # most this often means a run of more than 1 / that many steps, beyond TRUSTED "long enough".
     # A busy member made for a large regression (its drain many jumps, a crossing needs a count of
-    # 20 where 1 is expected) cannot rise at all on the counts kept: its system is singular, not
+    # 20 where 1 is expected) cannot rise at all on the moves kept: its system is singular, not
     # solvable (SuperLU's NaN and a MatrixRankWarning); its run length is beyond what we tell apart.
-    rise = np.round(counts * up)
-    rising = (1.0 - frac) * float(weights[rise > low].sum()) + frac * float(weights[rise > low + 1].sum())
-    if rising * TRUSTED < 1.0:
+    if float(weights[moves > 0].sum()) * TRUSTED < 1.0:
         return math.inf
     state = np.arange(cells)
-    rows_l, cols_l, vals_l = [], [], []
-    for move, share in ((low, 1.0 - frac), (low + 1, frac)):
-        if share <= 0.0:
-            continue
-        for c, p in zip(counts, weights):
-            dest = np.maximum(state - move + int(round(c * up)), 0)
-            inside = dest < cells
-            rows_l.append(state[inside])
-            cols_l.append(dest[inside])
-            vals_l.append(np.full(int(inside.sum()), p * share))
-    rows, cols = np.concatenate(rows_l), np.concatenate(cols_l)
-    vals = -np.concatenate(vals_l)
-    q = sparse.csc_matrix((-vals, (rows, cols)), shape=(cells, cells))
+    dest = np.maximum(state[None, :] + moves[:, None], 0)  # [move x state]
+    inside = dest < cells
+    rows = np.broadcast_to(state[None, :], dest.shape)[inside]
+    vals = np.broadcast_to(weights[:, None], dest.shape)[inside]
+    q = sparse.csc_matrix((vals, (rows, dest[inside])), shape=(cells, cells))
     system = (sparse.identity(cells, format="csc") - q).tocsc()
     with np.errstate(all="ignore"):
         steps = spsolve(system, np.ones(cells))
@@ -81,14 +78,55 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
     return first
 
 
+@lru_cache(maxsize=256)
+def _moves(up: float, down: float, mean: float, requests: float | None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """The chain's moves per step in cells and their probabilities: a count of c rises round(c x up)
+    cells, and the drain (`down` cells, rarely whole) moves to its two neighbouring whole counts
+    with the weights that keep its mean exact; over a step's requests when they vary. The same for
+    every threshold a search tries (cached; callers do not change the arrays)."""
+    if requests is None or requests <= 0:
+        ns, pn = np.array([1.0]), np.array([1.0])
+    else:
+        # Requests within SPREAD_SD standard deviations of the mean, each tail's mass put on the
+        # range's edge (the rows must sum to one: mass left out would read as a crossing). Wider
+        # costs the solve its band's square and moves no threshold measurably.
+        sd = math.sqrt(requests)
+        lo, hi = max(0, int(requests - SPREAD_SD * sd)), int(requests + SPREAD_SD * sd) + 1
+        k = np.arange(lo, hi + 1)
+        pk = poisson.pmf(k, requests)
+        pk[0] += poisson.cdf(lo - 1, requests)
+        pk[-1] += poisson.sf(hi, requests)
+        keep = pk > 1e-18
+        ns, pn = k[keep] / requests, pk[keep]  # a step's requests, as a share of the mean
+    top = int(poisson.isf(1e-16, mean * float(ns.max()))) + 2
+    counts = np.arange(top + 1)
+    w = pn[:, None] * poisson.pmf(counts[None, :], mean * ns[:, None])  # [share x count]
+    rise = np.broadcast_to(np.round(counts * up).astype(np.int64), w.shape)
+    dn = down * ns
+    low = np.floor(dn).astype(np.int64)[:, None]
+    frac = (dn - np.floor(dn))[:, None]
+    # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
+    keep = w > 1e-18
+    moves = np.concatenate([(rise - low)[keep], (rise - low - 1)[keep]])
+    weights = np.concatenate([(w * (1.0 - frac))[keep], (w * frac)[keep]])
+    distinct, where = np.unique(moves, return_inverse=True)
+    summed: NDArray[np.float64] = np.bincount(where, weights=weights).astype(np.float64)
+    steps_moved: NDArray[np.int64] = distinct.astype(np.int64)
+    # Moves rarer than MOVE_FLOOR a step change no run length this solves (at most TRUSTED steps,
+    # and a member's promise is well under 1e9 steps): left out, they only thin the system.
+    used = summed > MOVE_FLOOR
+    return steps_moved[used], summed[used]
+
+
 def threshold_for(steps: float, jump: float, drain: float, mean: float, resolution: int = RESOLUTION,
-                  hint: float | None = None) -> float:
+                  hint: float | None = None, requests: float | None = None) -> float:
     """The smallest threshold (to ~0.02 nats, plus two grid cells of margin) whose run length is
     at least `steps`: the CUSUM's h for one false alarm per `steps` steps.
 
     ln(run length) grows about linearly in h, so secant steps find it in a few solves; with large
     jumps the run length is a staircase in h, where a bisection over the bracket the secant steps
-    found finishes. `hint`: a first guess (a threshold for a nearby rate or traffic)."""
+    found finishes. `hint`: a first guess (a threshold for a nearby rate or traffic); `requests`:
+    a step's requests vary, Poisson with this mean (`run_length`)."""
     if mean <= 0 or steps <= 1:
         return jump  # no traffic: nothing can accumulate; one count is all it would take
     target = math.log(steps)
@@ -96,7 +134,7 @@ def threshold_for(steps: float, jump: float, drain: float, mean: float, resoluti
     h = max(0.05, hint) if hint is not None else max(jump, target - 2.0)
     prev: tuple[float, float] | None = None
     for _ in range(8):
-        value = run_length(h, jump, drain, mean, resolution)
+        value = run_length(h, jump, drain, mean, resolution, requests)
         logged = math.log(value) if math.isfinite(value) else math.inf
         if value >= steps:
             hi = min(hi, h)
@@ -119,14 +157,14 @@ def threshold_for(steps: float, jump: float, drain: float, mean: float, resoluti
         h = 2.0 * h + jump
         if h > 1e4:
             raise ValueError(f"no threshold reaches {steps:g} steps (jump {jump}, drain {drain}, mean {mean})")
-        if run_length(h, jump, drain, mean, resolution) >= steps:
+        if run_length(h, jump, drain, mean, resolution, requests) >= steps:
             hi = h
         else:
             lo = h
-    while hi - lo > 0.02 and run_length(hi - 0.02, jump, drain, mean, resolution) >= steps:
+    while hi - lo > 0.02 and run_length(hi - 0.02, jump, drain, mean, resolution, requests) >= steps:
         # A staircase: a lower threshold may hold the rate too; bisect down to the step's edge.
         mid = 0.5 * (lo + hi)
-        if run_length(mid, jump, drain, mean, resolution) >= steps:
+        if run_length(mid, jump, drain, mean, resolution, requests) >= steps:
             hi = mid
         else:
             lo = mid

@@ -53,3 +53,24 @@ def test_traffic_is_rounded_up():
 
 def test_no_traffic_needs_no_more_than_one_jump():
     assert threshold_for(1e6, math.log(4.0), 0.0, 0.0) == math.log(4.0)
+
+
+def test_run_length_over_steps_whose_requests_vary_matches_simulation():
+    """A member that crosses on one step's count (its drain a few jumps) crosses far more often on
+    steps with fewer requests than the mean: its run length solved over Poisson requests a step
+    matches a simulation of such steps, and the fixed-traffic chain overstates it."""
+    ratio, null, requests, h = 10.0, 0.005, 100.0, 3.0
+    jump, drain, mean = math.log(ratio), requests * null * (ratio - 1), requests * null
+    rng = np.random.default_rng(8)
+    rows, steps = 4000, 6000
+    s, alarms = np.zeros(rows), 0
+    for _ in range(steps):
+        n = rng.poisson(requests, rows)
+        s = np.maximum(0.0, s + rng.poisson(null * n) * jump - drain * n / requests)
+        hit = s >= h
+        alarms += int(hit.sum())
+        s[hit] = 0.0
+    simulated = rows * steps / alarms
+    varying = run_length(h, jump, drain, mean, requests=requests)
+    assert varying == pytest.approx(simulated, rel=0.15)
+    assert run_length(h, jump, drain, mean) > 1.3 * simulated
