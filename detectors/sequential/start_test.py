@@ -43,6 +43,8 @@ TRAFFIC_MARGIN = 2.0
 """The exact bound holds for up to this many times the requests the horizon brings at the traffic
 it is computed for: a version whose traffic rises during its start test (a rollout's weight
 stepping up) is still covered; one that more than doubles is covered by Ville's bound only."""
+
+
 def start_alpha(promise_days: float, wanted: float = START_ALPHA) -> float:
     """The start test's probability per deploy: `wanted`, at most half of what the stated rate
     allows a version-day (a version deployed at most once a day then keeps the promise)."""
