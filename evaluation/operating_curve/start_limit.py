@@ -3,8 +3,9 @@
 - `start_first`: tail_excess's start test (detectors/tail_excess_start.py) on steps that begin at
   the version's first request: the step holding that request and the settle are not evidence (the
   live rule: the start is the end of the first step with requests, the settle ends with the first
-  step after it that the load mostly did not hold or at start + `start_settle_seconds`, and no step
-  that begins before its end is scored: detectors/tail_excess_settle.py), each member's log-likelihood ratio summed from there, read against the
+  step after it that is all but clear of the load's hold or at start + `start_settle_seconds`, and
+  no step that begins before its end is scored: detectors/tail_excess_settle.py), each member's
+  log-likelihood ratio summed from there, read against the
   exact bound (detectors/sequential/start_test.py) at the top of the version's traffic cell over
   the steps scored so far, as the live code computes it each cycle. On counts (a histogram) or on
   slow requests counted per step (counters, tail_excess_start_evidence.py).
