@@ -9,9 +9,12 @@ excess implies one (excess over the bulk's per-request centre > line - centre), 
 excess's worth of requests: one request at 3,000 ms is one request above 500 ms, as one at 600 ms
 is. What the count can get wrong is stated and bounded, per step, from the row's own recent steps:
 
-- two slow requests in one step count once: each counted step counts E[N | N >= 1] at the rate
-  of counted steps over the last `merge_cols` steps (the count's mean is then the requests'); a
-  step too long for that (`counting_problem`) is read as latency mass instead, with the reason;
+- two slow requests in one step count once: the bank reads a step by whether it holds one, by
+  that step's Bernoulli likelihood (`counting_design`, sequential/step_likelihood.py), so the
+  chance of two in a step is in the promise and no count of them is guessed; the units a counted
+  step reports (the start test's counts, the details) are E[N | N >= 1] at the rate of counted
+  steps over the last `merge_cols` steps, so their mean is the requests'; a step too long for
+  counting (`counting_problem`) is read as latency mass instead, with the reason;
 - slow requests below the line (between the bulk and L) that share a step, or one near the line
   with the bulk's noise on top, can read as one above it: the threshold a step's excess must pass
   is raised until the probability of such a false count is at most FALSE_COUNT_SHARE of the
@@ -98,8 +101,9 @@ def windows(step_seconds: float, bulk_window_seconds: float) -> tuple[int, int, 
 
 
 def counting_design(budget: float, null_share: float, sizes: tuple[float, ...]) -> BankDesign:
-    """The bank on counted steps: exact counts (lump 1) at the null raised by FALSE_COUNT_SHARE."""
-    return BankDesign.for_budget(budget, null_share * (1.0 + FALSE_COUNT_SHARE), sizes, 1.0)
+    """The bank on counted steps, each read by whether it holds a request above the line (its
+    Bernoulli likelihood: two in one step are in the promise), at the null raised by FALSE_COUNT_SHARE."""
+    return BankDesign.for_budget(budget, null_share * (1.0 + FALSE_COUNT_SHARE), sizes, 1.0, per_step=True)
 
 
 def stated_null(design: BankDesign) -> float:

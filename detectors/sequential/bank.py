@@ -3,7 +3,8 @@ detectors and of the operating-curve benchmark.
 
 Per step a series brings `units` (requests above the line: exact counts from a histogram, or the
 latency mass above what the bulk explains, in requests' worth) and `requests`; member j adds
-x = units x ln(r_j) - requests x null x (r_j - 1), the step's Poisson log-likelihood ratio, and is
+x = units x ln(r_j) - requests x null x (r_j - 1), the step's Poisson log-likelihood ratio (on a
+per-step design, whether the step holds one: its Bernoulli ratio, step_likelihood.py), and is
 clamped at zero: S_t = max(0, S_(t-1) + x_t). The bank fires when any member reaches its threshold.
 
 No loop over steps: with X the running sum of x (from the carried statistic), Page's recursion is
@@ -22,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors.sequential.design import BankDesign
+from detectors.sequential.step_likelihood import held_rises
 
 NONE = -1  # a column index that is not there: no run, no alarm
 
@@ -152,6 +154,16 @@ def count_alarms(design: BankDesign, units: NDArray[np.float64], requests: NDArr
     return counts, first, BankState(statistic, run_start, st.column + cols)
 
 
+def member_increments(design: BankDesign, member: int, units: NDArray[np.float64], requests: NDArray[np.float64]
+                      ) -> NDArray[np.float64]:
+    """Member `member`'s increment per step of [S x P] scored steps (no NaN): a count's jumps less
+    the drain, or on a per-step design the step's likelihood ratio (step_likelihood.py)."""
+    drain = requests * design.drains[member]
+    if design.per_step:
+        return held_rises(design.null, design.ratios[member], units, requests) - drain
+    return np.asarray(units * design.jumps[member] - drain, dtype=np.float64)
+
+
 def page(increments: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Page's S_t = max(0, S_(t-1) + x_t) from S = 0 over every column of [S x P] increments, and
     per row the column where its current positive run began (the one after the last S == 0; 0 if
@@ -211,7 +223,10 @@ def _blocks(u: NDArray[np.float64], n: NDArray[np.float64], st: BankState, desig
         from_zero = [not begun[k].any() for k in range(len(jumps))]
 
         def member_x(k: int) -> NDArray[np.float64]:
-            np.multiply(bu, jumps[k], out=bx)
+            if design.per_step:  # each held step's rise depends on its requests: summed per member
+                np.cumsum(held_rises(design.null, design.ratios[k], u[block], n[block]), axis=1, out=bx)
+            else:
+                np.multiply(bu, jumps[k], out=bx)
             np.multiply(bn, drains[k], out=bw)
             np.subtract(bx, bw, out=bx)
             if not from_zero[k]:  # a test that starts at zero (every live cycle) adds nothing

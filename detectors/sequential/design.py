@@ -34,6 +34,11 @@ class BankDesign:
     request at 2L from two at L, and lumpier evidence of the same mean alarms more often, so the
     thresholds are derived for null events this heavy (arriving at null / lump per request)."""
 
+    per_step: bool = False
+    """The evidence says only whether a step holds a request above the line (latency counters
+    counted per step): each member reads a step by its Bernoulli likelihood (step_likelihood.py),
+    not as a Poisson count."""
+
     def __post_init__(self) -> None:
         if not 0.0 < self.null < 1.0:
             raise ValueError(f"null share {self.null} is not in (0, 1)")
@@ -41,15 +46,17 @@ class BankDesign:
             raise ValueError(f"every ratio must be above 1: {self.ratios}")
         if self.lump < 1.0:
             raise ValueError(f"lump {self.lump} is below one unit")
+        if self.per_step and self.lump != 1.0:
+            raise ValueError("a design on whether steps hold a request above the line counts requests (lump 1)")
 
     @classmethod
     def for_budget(cls, budget: float, null_share: float = 0.5, sizes: tuple[float, ...] = DEFAULT_SIZES,
-                   lump: float = 1.0) -> "BankDesign":
+                   lump: float = 1.0, per_step: bool = False) -> "BankDesign":
         """The bank for a budget (P99.9: 0.001 of requests above the line) stated at `null_share`
         of it (half budget by default) in requests, each weighing up to `lump` units, quickest on
-        regressions of `sizes` x budget (in units)."""
+        regressions of `sizes` x budget (in units); `per_step`: on whether each step holds one."""
         null = budget * null_share * lump
-        return cls(null, tuple(size * budget / null for size in sizes), lump)
+        return cls(null, tuple(size * budget / null for size in sizes), lump, per_step)
 
     @property
     def chain_jumps(self) -> tuple[float, ...]:
@@ -65,6 +72,8 @@ class BankDesign:
         """Per member, theta with E[exp(theta S-step)] = 1 under the null (Lundberg): 1 when the
         evidence comes in single units (the increments are then the true log-likelihood ratio);
         below 1 for lumps. A cycle from zero reaches h with probability at most exp(-theta h)."""
+        if self.per_step:  # each step's exact likelihood ratio: E[exp(increment)] = 1 under the null
+            return tuple(1.0 for _ in self.ratios)
         out = []
         for r, drain in zip(self.ratios, self.drains):
             def gap(theta: float) -> float:

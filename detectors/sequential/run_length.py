@@ -18,6 +18,8 @@ from scipy import sparse
 from scipy.sparse.linalg import spsolve
 from scipy.stats import poisson
 
+from detectors.sequential.step_likelihood import held_rise
+
 RESOLUTION = 60  # cells per jump: run lengths within ~10% of a 200-cell grid (the test)
 MAX_CELLS = 40_000  # a grid this large solves in well under a second
 TRUSTED = 1e13  # past this the system is too ill-conditioned to tell values apart: "long enough"
@@ -27,7 +29,7 @@ LATTICE_DRAIN = 0.5  # a member whose step drains at least this share of a count
 
 
 def run_length(threshold: float, jump: float, drain: float, mean: float, resolution: int = RESOLUTION,
-               requests: float | None = None) -> float:
+               requests: float | None = None, per_step: bool = False) -> float:
     """Expected steps from S = 0 until S >= threshold (math.inf: beyond what can be told apart).
 
     Args:
@@ -40,6 +42,10 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
             and counts Poisson(mean x n / requests). A member made for a large regression crosses
             on one step's count (its drain many jumps), and where a step's requests are fewer than
             the mean that count crosses far more often: the live evidence's steps vary so.
+        per_step: the evidence is whether a step holds a count (step_likelihood.py): a step holds
+            one with probability 1 - exp(-mean) and then rises by its likelihood ratio plus the
+            drain, at the traffic `drain` is for (`jump` = ln r, `drain` = that traffic's null
+            count x (r - 1)).
     """
     if mean <= 0:
         return math.inf
@@ -55,7 +61,7 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
         # the run length is the mean's (what varies it is the lattice, one step deciding). Solved
         # at the mean, whose smaller band also solves far faster.
         requests = None
-    moves, weights = _moves(jump / cell, drain / cell, mean, requests)
+    moves, weights = _moves(jump / cell, drain / cell, mean, requests, jump if per_step else None)
     # Every state rises by the same steps (a count's cells less the drain's): one rise per step at
     # most this often means a run of more than 1 / that many steps, beyond TRUSTED "long enough".
     # A busy member made for a large regression (its drain many jumps, a crossing needs a count of
@@ -79,11 +85,13 @@ def run_length(threshold: float, jump: float, drain: float, mean: float, resolut
 
 
 @lru_cache(maxsize=256)
-def _moves(up: float, down: float, mean: float, requests: float | None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+def _moves(up: float, down: float, mean: float, requests: float | None,
+           step_jump: float | None = None) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """The chain's moves per step in cells and their probabilities: a count of c rises round(c x up)
-    cells, and the drain (`down` cells, rarely whole) moves to its two neighbouring whole counts
-    with the weights that keep its mean exact; over a step's requests when they vary. The same for
-    every threshold a search tries (cached; callers do not change the arrays)."""
+    cells (`step_jump`, the member's ln r, given: at most one held step, rising by its likelihood
+    ratio plus the drain), and the drain (`down` cells, rarely whole) moves to its two neighbouring
+    whole counts with the weights that keep its mean exact; over a step's requests when they vary.
+    The same for every threshold a search tries (cached; callers do not change the arrays)."""
     if requests is None or requests <= 0:
         ns, pn = np.array([1.0]), np.array([1.0])
     else:
@@ -98,11 +106,21 @@ def _moves(up: float, down: float, mean: float, requests: float | None) -> tuple
         pk[-1] += poisson.sf(hi, requests)
         keep = pk > 1e-18
         ns, pn = k[keep] / requests, pk[keep]  # a step's requests, as a share of the mean
-    top = int(poisson.isf(1e-16, mean * float(ns.max()))) + 2
-    counts = np.arange(top + 1)
-    w = pn[:, None] * poisson.pmf(counts[None, :], mean * ns[:, None])  # [share x count]
-    rise = np.broadcast_to(np.round(counts * up).astype(np.int64), w.shape)
     dn = down * ns
+    if step_jump is None:
+        top = int(poisson.isf(1e-16, mean * float(ns.max()))) + 2
+        counts = np.arange(top + 1)
+        w = pn[:, None] * poisson.pmf(counts[None, :], mean * ns[:, None])  # [share x count]
+        rise = np.broadcast_to(np.round(counts * up).astype(np.int64), w.shape)
+    else:
+        cell = step_jump / up
+        ratio = math.exp(step_jump)
+        held = -np.expm1(-mean * ns)
+        w = pn[:, None] * np.stack([1.0 - held, held], axis=1)  # [share x (not held, held)]
+        # The rise at the drain's traffic (lower than the held steps' rate: a fewer requests' held step
+        # rises more), rounded up: the chain dominates the live steps.
+        nats = held_rise(down * cell / (ratio - 1.0), ratio, ns)
+        rise = np.stack([np.zeros(ns.size, dtype=np.int64), np.ceil(nats / cell - 1e-9).astype(np.int64)], axis=1)
     low = np.floor(dn).astype(np.int64)[:, None]
     frac = (dn - np.floor(dn))[:, None]
     # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
@@ -119,14 +137,14 @@ def _moves(up: float, down: float, mean: float, requests: float | None) -> tuple
 
 
 def threshold_for(steps: float, jump: float, drain: float, mean: float, resolution: int = RESOLUTION,
-                  hint: float | None = None, requests: float | None = None) -> float:
+                  hint: float | None = None, requests: float | None = None, per_step: bool = False) -> float:
     """The smallest threshold (to ~0.02 nats, plus two grid cells of margin) whose run length is
     at least `steps`: the CUSUM's h for one false alarm per `steps` steps.
 
     ln(run length) grows about linearly in h, so secant steps find it in a few solves; with large
     jumps the run length is a staircase in h, where a bisection over the bracket the secant steps
     found finishes. `hint`: a first guess (a threshold for a nearby rate or traffic); `requests`:
-    a step's requests vary, Poisson with this mean (`run_length`)."""
+    a step's requests vary, Poisson with this mean; `per_step`: on held steps (`run_length`)."""
     if mean <= 0 or steps <= 1:
         return jump  # no traffic: nothing can accumulate; one count is all it would take
     target = math.log(steps)
@@ -134,7 +152,7 @@ def threshold_for(steps: float, jump: float, drain: float, mean: float, resoluti
     h = max(0.05, hint) if hint is not None else max(jump, target - 2.0)
     prev: tuple[float, float] | None = None
     for _ in range(8):
-        value = run_length(h, jump, drain, mean, resolution, requests)
+        value = run_length(h, jump, drain, mean, resolution, requests, per_step)
         logged = math.log(value) if math.isfinite(value) else math.inf
         if value >= steps:
             hi = min(hi, h)
@@ -157,14 +175,14 @@ def threshold_for(steps: float, jump: float, drain: float, mean: float, resoluti
         h = 2.0 * h + jump
         if h > 1e4:
             raise ValueError(f"no threshold reaches {steps:g} steps (jump {jump}, drain {drain}, mean {mean})")
-        if run_length(h, jump, drain, mean, resolution, requests) >= steps:
+        if run_length(h, jump, drain, mean, resolution, requests, per_step) >= steps:
             hi = h
         else:
             lo = h
-    while hi - lo > 0.02 and run_length(hi - 0.02, jump, drain, mean, resolution, requests) >= steps:
+    while hi - lo > 0.02 and run_length(hi - 0.02, jump, drain, mean, resolution, requests, per_step) >= steps:
         # A staircase: a lower threshold may hold the rate too; bisect down to the step's edge.
         mid = 0.5 * (lo + hi)
-        if run_length(mid, jump, drain, mean, resolution, requests) >= steps:
+        if run_length(mid, jump, drain, mean, resolution, requests, per_step) >= steps:
             hi = mid
         else:
             lo = mid

@@ -91,17 +91,19 @@ def _thresholds(design: BankDesign, promise: Promise, traffic: float, member_sha
     # A step's requests vary (Poisson about the cell's traffic; a diurnal day moves the mean within
     # the lookback): a member made for a large regression crosses on one step's count, and a step
     # with fewer requests than the mean drains less, so its chain is solved over the requests' spread.
-    h = [threshold_for(1.0 / budget, jump, drain, mean, requests=traffic) for jump, drain in members]
+    step = design.per_step
+    h = [threshold_for(1.0 / budget, jump, drain, mean, requests=traffic, per_step=step) for jump, drain in members]
     # Such a member lives on a lattice (one step's count either reaches its threshold or is drained
     # away): the lowest threshold that keeps its rate often leaves most of its budget unused. What
     # such members leave goes to the members that use theirs.
-    used = [1.0 / run_length(hk, jump, drain, mean, requests=traffic) for hk, (jump, drain) in zip(h, members)]
+    used = [1.0 / run_length(hk, jump, drain, mean, requests=traffic, per_step=step) for hk, (jump, drain) in zip(h, members)]
     thrifty = [u < 0.8 * budget for u in used]
     spare = sum(budget - u for u, t in zip(used, thrifty) if t)
     full = thrifty.count(False)
     if full and spare > 0:
         more = budget + spare / full
-        h = [hk if t else threshold_for(1.0 / more, *m, mean, hint=hk - math.log(more / budget), requests=traffic)
+        h = [hk if t else threshold_for(1.0 / more, *m, mean, hint=hk - math.log(more / budget), requests=traffic,
+                                        per_step=step)
              for hk, t, m in zip(h, thrifty, members)]
     return tuple(h)
 

@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from detectors._slow_counts import slow_counts, stated_null, windows
-from detectors.sequential.bank import page
+from detectors.sequential.bank import member_increments, page
 from detectors.sequential.design import BankDesign
 from detectors.sequential.evidence import mass_evidence
 from detectors.sequential.thresholds import STORE, rounded_traffic
@@ -142,8 +142,8 @@ def candidates(model: PolicyModel, row: Row, screen: Screen, begin: float) -> ND
             readings.append((counted, screen.count_levels, np.nan_to_num(c.units), np.nan_to_num(c.requests)))
     over = np.zeros(grid.size - 1, dtype=bool)
     for design, levels, units, requests in readings:
-        for k, (jump, drain) in enumerate(zip(design.jumps, design.drains)):
-            s, _ = page(units * jump - requests * drain)
+        for k in range(len(design.ratios)):
+            s, _ = page(member_increments(design, k, units, requests))
             over |= s[0] >= levels[k]
     found: NDArray[np.float64] = grid[1:][over]
     return found

@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 from scipy.sparse import csr_matrix, identity
 from scipy.sparse.linalg import spsolve
 
+from detectors.sequential.step_likelihood import CERTAIN
 from detectors.sequential.thresholds import Promise
 from evaluation.operating_curve.arrivals import Steps
 from evaluation.operating_curve.deciders import Clocked, _Clock
@@ -33,8 +34,9 @@ GRID_CELLS = 1500
 
 
 def step_rates(null: float, alternative: float, requests_per_step: float) -> tuple[float, float]:
-    """P(a step holds a request above the line) under the null and the alternative."""
-    return -math.expm1(-null * requests_per_step), -math.expm1(-alternative * requests_per_step)
+    """P(a step holds a request above the line) under the null and the alternative (at most
+    CERTAIN: a large regression at hundreds of requests a step holds one all but surely)."""
+    return -math.expm1(-null * requests_per_step), min(-math.expm1(-alternative * requests_per_step), CERTAIN)
 
 
 def run_length(h: float, p0: float, p1: float, cells: int = GRID_CELLS) -> float:
@@ -97,7 +99,7 @@ class StepLimitRun(Clocked):
         """Each step's increment at its own traffic (a diurnal trace's steps differ)."""
         holds = steps.above > 0
         n = np.maximum(np.nan_to_num(steps.requests), 1e-9)
-        p0, p1 = -np.expm1(-self.null * n), -np.expm1(-self.alternative * n)
+        p0, p1 = -np.expm1(-self.null * n), np.minimum(-np.expm1(-self.alternative * n), CERTAIN)
         rise, fall = np.log(p1 / p0), np.log((1.0 - p1) / (1.0 - p0))
         if self.statistic.size != holds.shape[0]:
             self.statistic = np.zeros(holds.shape[0])
