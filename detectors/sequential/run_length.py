@@ -112,21 +112,27 @@ def _moves(up: float, down: float, mean: float, requests: float | None,
         counts = np.arange(top + 1)
         w = pn[:, None] * poisson.pmf(counts[None, :], mean * ns[:, None])  # [share x count]
         rise = np.broadcast_to(np.round(counts * up).astype(np.int64), w.shape)
+        low = np.floor(dn).astype(np.int64)[:, None]
+        frac = (dn - np.floor(dn))[:, None]
+        # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
+        keep = w > 1e-18
+        moves = np.concatenate([(rise - low)[keep], (rise - low - 1)[keep]])
+        weights = np.concatenate([(w * (1.0 - frac))[keep], (w * frac)[keep]])
     else:
         cell = step_jump / up
         ratio = math.exp(step_jump)
         held = -np.expm1(-mean * ns)
         w = pn[:, None] * np.stack([1.0 - held, held], axis=1)  # [share x (not held, held)]
-        # The rise at the drain's traffic (lower than the held steps' rate: a fewer requests' held step
-        # rises more), rounded up: the chain dominates the live steps.
+        # A held step's rise at the drain's traffic (a step of fewer requests rises more: the chain
+        # dominates the live steps); every move, rarely a whole number of cells, goes to its two
+        # neighbouring cell counts with the weights that keep its mean exact, as the drain does.
         nats = held_rise(down * cell / (ratio - 1.0), ratio, ns)
-        rise = np.stack([np.zeros(ns.size, dtype=np.int64), np.ceil(nats / cell - 1e-9).astype(np.int64)], axis=1)
-    low = np.floor(dn).astype(np.int64)[:, None]
-    frac = (dn - np.floor(dn))[:, None]
-    # Dense enough counts only: what is rarer than 1e-18 per step moves no run length we can tell.
-    keep = w > 1e-18
-    moves = np.concatenate([(rise - low)[keep], (rise - low - 1)[keep]])
-    weights = np.concatenate([(w * (1.0 - frac))[keep], (w * frac)[keep]])
+        x = np.stack([-dn, nats / cell - dn], axis=1)
+        low = np.floor(x)
+        frac = x - low
+        keep = w > 1e-18
+        moves = np.concatenate([low[keep], low[keep] + 1.0]).astype(np.int64)
+        weights = np.concatenate([(w * (1.0 - frac))[keep], (w * frac)[keep]])
     distinct, where = np.unique(moves, return_inverse=True)
     summed: NDArray[np.float64] = np.bincount(where, weights=weights).astype(np.float64)
     steps_moved: NDArray[np.int64] = distinct.astype(np.int64)

@@ -84,8 +84,10 @@ def test_per_step_run_length_matches_simulation(ratio, requests):
     jump, drain, mean = math.log(ratio), requests * null * (ratio - 1), requests * null
     h = threshold_for(2_000, jump, drain, mean, requests=requests, per_step=True)
     simulated = _simulated(h, null, ratio, requests)
-    assert simulated >= 0.85 * 2_000
-    assert run_length(h, jump, drain, mean, requests=requests, per_step=True) == pytest.approx(simulated, rel=0.35)
+    # Each move split between its two neighbouring cells, mean exact: within ~1% of the simulation
+    # (sampling error ~0.5%); rounding the held rise to a cell was 6% long at ratio 4, 40 requests.
+    assert simulated >= 0.95 * 2_000
+    assert run_length(h, jump, drain, mean, requests=requests, per_step=True) == pytest.approx(simulated, rel=0.05)
 
 
 def test_per_step_thresholds_are_derived_at_every_traffic():
