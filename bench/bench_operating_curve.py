@@ -38,7 +38,7 @@ from evaluation.operating_curve.arrivals import Fault, seeded_run  # noqa: E402
 from evaluation.operating_curve.counted import CountedTailguard  # noqa: E402
 from evaluation.operating_curve.deciders import Alert, Decider, Limit, Naive, Tailguard  # noqa: E402
 from evaluation.operating_curve.runs import Rate, delays, detected, false_alarms, median_delay, tune_naive  # noqa: E402
-from evaluation.operating_curve.step_limit import StepLimit  # noqa: E402
+from evaluation.operating_curve.step_limit import HeldStepsBank, StepLimit  # noqa: E402
 from evaluation.operating_curve.traffic import Traffic  # noqa: E402
 
 LINE_MS = 500.0
@@ -134,6 +134,9 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
         t0 = time.process_time()
         tg: list[Decider] = [Tailguard.of(TailExcessParams(line=LINE_MS, evidence="histogram"), STEP, lookback(traffic)),
                              CountedTailguard.counting(TailExcessParams(line=LINE_MS), STEP, lookback(traffic))]
+        # The counters' bank on whether each step truly holds one: what the bank costs on held steps,
+        # apart from what the counting costs.
+        held_bank = HeldStepsBank(tg[1].design, tg[1].promise, LINE_MS, "counts", lookback(traffic))
         if baselines:
             n_slow = tune_naive(traffic, Fault(NULL, 900), days, LINE_MS, stated)
             others: list[Decider] = [Naive(n_slow), Alert(), Alert(gate=GATE, gate_lookback_seconds=lookback(traffic))]
@@ -167,7 +170,7 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
             # What 1 s counters can show at best (whether a step holds one): the physics of the
             # counters row, beside the exact-count limit.
             steps_limit = StepLimit(NULL, fault.share, promise, traffic.mean * STEP)
-            deciders = [*tg, limit, steps_limit, *others]
+            deciders = [*tg, limit, steps_limit, held_bank, *others]
             found = delays(deciders, traffic, fault, seeds, horizon(traffic), LINE_MS, STEP)
             lim = median_delay(found["limit"])
             on_steps = median_delay(found[steps_limit.name])
@@ -175,7 +178,8 @@ def curve_section(days: int, seeds: range, rate_days: float, levels: tuple[Traff
                 med = median_delay(found[d.name])
                 ratio = med / lim if math.isfinite(med) and math.isfinite(lim) and lim > 0 else math.nan
                 cell = "" if d.name == "limit" or math.isnan(ratio) else f"{ratio:.2f}x"
-                if d.name == "tailguard (counters)" and math.isfinite(med) and math.isfinite(on_steps) and on_steps > 0:
+                on_held = d.name in ("tailguard (counters)", held_bank.name)
+                if on_held and math.isfinite(med) and math.isfinite(on_steps) and on_steps > 0:
                     cell += f" ({med / on_steps:.2f}x the limit on steps)"
                 print(f"| {fault.name} | {d.name} | {med:.0f} | {detected(found[d.name]):.0%} | {cell} |")
             ok &= _checks(traffic, fault, found, lim, others[0].name if others else None)

@@ -26,7 +26,7 @@ from scipy.sparse.linalg import spsolve
 from detectors.sequential.step_likelihood import CERTAIN
 from detectors.sequential.thresholds import Promise
 from evaluation.operating_curve.arrivals import Steps
-from evaluation.operating_curve.deciders import Clocked, _Clock
+from evaluation.operating_curve.deciders import Clocked, Tailguard, _Clock
 
 GRID_CELLS = 1500
 """Cells of the statistic's grid below the threshold: fine enough that a step's fall (about
@@ -114,4 +114,16 @@ class StepLimitRun(Clocked):
         self.clock.column += holds.shape[1]
 
 
-__all__ = ["StepLimit", "StepLimitRun", "run_length", "step_rates", "step_threshold"]
+@dataclass(frozen=True)
+class HeldStepsBank(Tailguard):
+    """The counters' bank (`design`: the count design, on held steps) fed whether each step truly
+    holds a request above the line: counters counted without a miss or a false count. Between the
+    limit on steps and it is what not knowing the regression's size costs (the bank); between it
+    and the counters row, what reading a step's latency mass costs (the counting)."""
+
+    @property
+    def name(self) -> str:
+        return "bank on held steps"
+
+
+__all__ = ["HeldStepsBank", "StepLimit", "StepLimitRun", "run_length", "step_rates", "step_threshold"]
