@@ -34,6 +34,7 @@ from detectors.tail_excess_start import RemembersStarts
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")
+INGESTING = 1.0  # s: Prometheus commits a scrape's samples (stamped at its start) once it is read whole
 
 
 @dataclass
@@ -302,13 +303,15 @@ class Poller:
             await self._evaluate(watch, result, companions, now)
 
     async def _fetch(self, group: QueryGroup, query: str, now: float) -> RangeResult:
-        """The group's range of `query` from its source (from Prometheus: to the second at or before `now`)."""
+        """The group's range of `query` from its source (from Prometheus: to the whole second at least
+        INGESTING before `now`, so every scrape stamped up to the range's end is in both answers)."""
         if group.source == "triton":
             if self._triton is None:
                 return RangeResult(query, error="source: triton is not available in this process")
             return await self._triton.query_range(query, now - group.lookback, now, group.interval, group.endpoints)
-        # Never rounded past the clock: a query and its companion evaluated there may straddle a scrape.
-        source, end = (self._ranges if self._ranges is not None else self._prom), float(math.floor(now))
+        # A second behind the clock: a query and its companion (two answers) evaluated where a scrape is
+        # still being ingested may straddle it, a new count over an old bucket (a healthy model fires).
+        source, end = (self._ranges if self._ranges is not None else self._prom), float(math.floor(now - INGESTING))
         return await source.query_range(query, end - group.lookback, end, group.interval)
 
     def _mark_failed(self, group: QueryGroup, result: RangeResult, now: float) -> None:

@@ -40,17 +40,18 @@ class _ScrapedHistogram:
     """Prometheus over a healthy histogram (every request under the line) scraped every 5 s: a grid
     point holds the newest scrape at or before it that had happened when the query was answered. The
     client's rounding of start and end to the second is applied; each answer moves the clock on by
-    `per_answer`, so a scrape can land between a cycle's two queries."""
+    `per_answer`, so a scrape can land between a cycle's two queries. A scrape is seen once it has
+    been ingested, `ingest` after its stamp (the time it began)."""
 
-    def __init__(self, now: float, per_answer: float) -> None:
-        self.now, self.per_answer = now, per_answer
+    def __init__(self, now: float, per_answer: float, ingest: float = 0.0) -> None:
+        self.now, self.per_answer, self.ingest = now, per_answer, ingest
         self.asked: list[tuple[float, float]] = []
 
     async def query_range(self, query: str, start: float, end: float, step: float) -> RangeResult:
         self.asked.append((start, end))
         start, end = round(start), round(end)
         t = [start + step * k for k in range(int((end - start) // step) + 1)]
-        scraped = [math.floor(min(x, self.now) / SCRAPE) * SCRAPE for x in t]
+        scraped = [math.floor(min(x, self.now - self.ingest) / SCRAPE) * SCRAPE for x in t]
         self.now += self.per_answer
         labels = {"model": "m", "version": "1", **({"le": "500"} if "_bucket" in query else {})}
         return RangeResult(query, [Series(labels, tuple(t), tuple(RATE * s for s in scraped))])
@@ -86,6 +87,39 @@ async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_b
         journal.close()
 
 
+@pytest.mark.parametrize("incremental", [True, False])
+async def test_a_healthy_histogram_never_fires_when_a_scrape_is_ingested_between_the_bucket_and_the_count(
+        tmp_path: Path, incremental: bool) -> None:
+    """A scrape stamped at or before the range's end but still being read when the bucket is answered
+    (its samples committed 0.1 s after its stamp) is in the count's answer and not the bucket's: a
+    whole step's requests read as slow. The range ends a second (INGESTING) before the clock, so such
+    a scrape is in neither answer until both have it."""
+    prom = _ScrapedHistogram(1_800_000_000.0, 0.0, ingest=0.1)
+    fired: list[Any] = []
+
+    async def emit(signal: Any) -> None:
+        fired.append(signal)
+
+    async def offload(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    journal = Journal(tmp_path / "j.db")
+    try:
+        poller = Poller(prom, journal, Metrics(), detector_registry(), emit, offload,  # type: ignore[arg-type]
+                        incremental_range_queries=incremental)
+        poller.sync(load_policies_text(POLICY, "p.yaml", action_registry(), detector_registry()))
+        (group,) = poller.groups.values()
+        # Polls 0.02 s after a scrape began: the bucket answered at 0.07 s (the scrape not yet in), the
+        # count at 0.22 s (in).
+        for cycle in range(12):
+            now = 1_800_000_000.0 + SCRAPE * cycle + 0.02
+            prom.now, prom.per_answer = now + 0.05, 0.15
+            await poller.poll_group(group, now)
+        assert fired == [] and group.watches[0].latest is not None
+    finally:
+        journal.close()
+
+
 async def test_polls_stay_on_the_grid_of_the_range_caches_full_query_however_late_the_loop_ticks(
         tmp_path: Path) -> None:
     """The poll loop wakes every 0.5 s plus its own work, so a group falls due a little after its time.
@@ -94,7 +128,8 @@ async def test_polls_stay_on_the_grid_of_the_range_caches_full_query_however_lat
     end had drifted past a scrape beyond that grid the newest point was a step old: the detector read
     the scrape before the newest for minutes (bench/bench_shard_delays.py: one leader, 64 models,
     every detection 5.3-5.7 s after the replay's instead of within the poll's phase). Now every
-    range ends on the whole seconds of the first: the newest point is the second at or before the poll."""
+    range ends on the whole seconds of the first: the newest point is the whole second at least one
+    second (INGESTING) before the poll."""
     start = 1_800_000_000.3
     prom = _ScrapedHistogram(start, 0.0)
 
@@ -118,6 +153,6 @@ async def test_polls_stay_on_the_grid_of_the_range_caches_full_query_however_lat
                 polled.append(now)
         ends = [end for _, end in prom.asked]
         assert len(polled) > 100 and {(end - ends[0]) % SCRAPE for end in ends} == {0.0}
-        assert all(0 <= now - end < 1 for now, end in zip(polled, ends[::2]))
+        assert all(1 <= now - end < 2 for now, end in zip(polled, ends[::2]))
     finally:
         journal.close()
