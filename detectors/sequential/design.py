@@ -58,13 +58,6 @@ class BankDesign:
         null = budget * null_share * lump
         return cls(null, tuple(size * budget / null for size in sizes), lump, per_step)
 
-    def rate_share(self, member_share: float = MEMBER_RATE_SHARE) -> float:
-        """The share of the bank's stated rate each member runs at (1 / that). On a per-step design
-        the union bound, one share per member: its members' false alarms overlap less than counts'
-        (at 1/4 each, six of them alarmed 0.025-0.035 times a version-day at 16-60 req/s and 0.043
-        on the diurnal day, against 1/30)."""
-        return max(member_share, float(len(self.ratios))) if self.per_step else member_share
-
     @property
     def chain_jumps(self) -> tuple[float, ...]:
         """What one null event adds to each member: a lump of units."""

@@ -87,7 +87,7 @@ def _thresholds(design: BankDesign, promise: Promise, traffic: float, member_sha
     mean = traffic * design.events  # the cell's highest arrival rate ...
     lowest = traffic / TRAFFIC_GRID  # ... and its lowest drain
     members = [(jump, lowest * drain) for jump, drain in zip(design.chain_jumps, design.drains)]
-    budget = 1.0 / (promise.steps * design.rate_share(member_share))  # false alarms per step, each member
+    budget = 1.0 / (promise.steps * member_share)  # false alarms per step, each member
     # A step's requests vary (Poisson about the cell's traffic; a diurnal day moves the mean within
     # the lookback): a member made for a large regression crosses on one step's count, and a step
     # with fewer requests than the mean drains less, so its chain is solved over the requests' spread.
@@ -122,7 +122,7 @@ def wald_thresholds(design: BankDesign, promise: Promise, member_share: float = 
     cycle from zero reaches h with probability at most exp(-theta h) (Wald), and every cycle lasts
     at least a step: a run length of at least exp(theta h) steps. Several nats higher than the
     chain's (slower), never looser."""
-    steps = math.log(promise.steps * design.rate_share(member_share))
+    steps = math.log(promise.steps * member_share)
     return tuple(steps / theta for theta in _exponents(design))
 
 

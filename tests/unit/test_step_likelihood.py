@@ -96,15 +96,3 @@ def test_per_step_thresholds_are_derived_at_every_traffic():
     for traffic in (2.0, 40.0, 400.0, 1000.0):
         h = thresholds(design, month, traffic)
         assert all(math.isfinite(x) and 5.0 < x < 20.0 for x in h)
-
-
-def test_a_per_step_bank_splits_its_rate_by_the_union_bound():
-    """Its members' false alarms overlap less than a count bank's (at a quarter of the rate each the
-    bank alarmed 0.043 times a version-day on the diurnal day, against 1/30): one share per member."""
-    sizes = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-    assert counting_design(0.001, 0.5, sizes).rate_share() == 6.0
-    assert BankDesign.for_budget(0.001, 0.5, sizes).rate_share() == 4.0
-    month = Promise(days=30, step_seconds=1.0)
-    per_step = counting_design(0.001, 0.5, sizes)
-    wider = thresholds(per_step, month, 40.0, member_share=6.0)
-    assert thresholds(per_step, month, 40.0) == wider
