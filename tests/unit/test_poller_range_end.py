@@ -57,10 +57,9 @@ class _ScrapedHistogram:
         return RangeResult(query, [Series(labels, tuple(t), tuple(RATE * s for s in scraped))])
 
 
-@pytest.mark.parametrize("incremental", [True, False])
-async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_bucket_and_the_count(
-        tmp_path: Path, incremental: bool) -> None:
-    prom = _ScrapedHistogram(1_800_000_000.0, 0.0)
+async def _healthy_cycles(tmp_path: Path, prom: _ScrapedHistogram, incremental: bool, phase: float) -> None:
+    """Twelve poll cycles, each `phase` s past a scrape, the count answered 0.15 s after the bucket:
+    a healthy histogram must not fire, and each cycle's range ends no later than its clock."""
     fired: list[Any] = []
 
     async def emit(signal: Any) -> None:
@@ -75,10 +74,8 @@ async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_b
                         incremental_range_queries=incremental)
         poller.sync(load_policies_text(POLICY, "p.yaml", action_registry(), detector_registry()))
         (group,) = poller.groups.values()
-        # Polls 4.9 s past a scrape (the client would round their end up to the next one), the count
-        # answered 0.15 s after the bucket: across that scrape.
         for cycle in range(12):
-            now = 1_800_000_000.0 + SCRAPE * cycle + 4.9
+            now = 1_800_000_000.0 + SCRAPE * cycle + phase
             prom.now, prom.per_answer = now + 0.05, 0.15
             await poller.poll_group(group, now)
             assert all(round(end) <= now for _, end in prom.asked), prom.asked  # as the client sends it
@@ -88,36 +85,22 @@ async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_b
 
 
 @pytest.mark.parametrize("incremental", [True, False])
+async def test_a_healthy_histogram_never_fires_when_a_scrape_lands_between_the_bucket_and_the_count(
+        tmp_path: Path, incremental: bool) -> None:
+    """Polls 4.9 s past a scrape: the client would round their end up to the next scrape, which lands
+    between the bucket's answer and the count's."""
+    await _healthy_cycles(tmp_path, _ScrapedHistogram(1_800_000_000.0, 0.0), incremental, 4.9)
+
+
+@pytest.mark.parametrize("incremental", [True, False])
 async def test_a_healthy_histogram_never_fires_when_a_scrape_is_ingested_between_the_bucket_and_the_count(
         tmp_path: Path, incremental: bool) -> None:
     """A scrape stamped at or before the range's end but still being read when the bucket is answered
     (its samples committed 0.1 s after its stamp) is in the count's answer and not the bucket's: a
-    whole step's requests read as slow. The range ends a second (INGESTING) before the clock, so such
-    a scrape is in neither answer until both have it."""
-    prom = _ScrapedHistogram(1_800_000_000.0, 0.0, ingest=0.1)
-    fired: list[Any] = []
-
-    async def emit(signal: Any) -> None:
-        fired.append(signal)
-
-    async def offload(fn: Any, *args: Any) -> Any:
-        return fn(*args)
-
-    journal = Journal(tmp_path / "j.db")
-    try:
-        poller = Poller(prom, journal, Metrics(), detector_registry(), emit, offload,  # type: ignore[arg-type]
-                        incremental_range_queries=incremental)
-        poller.sync(load_policies_text(POLICY, "p.yaml", action_registry(), detector_registry()))
-        (group,) = poller.groups.values()
-        # Polls 0.02 s after a scrape began: the bucket answered at 0.07 s (the scrape not yet in), the
-        # count at 0.22 s (in).
-        for cycle in range(12):
-            now = 1_800_000_000.0 + SCRAPE * cycle + 0.02
-            prom.now, prom.per_answer = now + 0.05, 0.15
-            await poller.poll_group(group, now)
-        assert fired == [] and group.watches[0].latest is not None
-    finally:
-        journal.close()
+    whole step's requests read as slow. Polls 0.02 s after a scrape began: the bucket answered at
+    0.07 s (the scrape not yet in), the count at 0.22 s (in). The range ends a second (INGESTING)
+    before the clock, so such a scrape is in neither answer until both have it."""
+    await _healthy_cycles(tmp_path, _ScrapedHistogram(1_800_000_000.0, 0.0, ingest=0.1), incremental, 0.02)
 
 
 async def test_polls_stay_on_the_grid_of_the_range_caches_full_query_however_late_the_loop_ticks(
