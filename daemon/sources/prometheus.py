@@ -19,6 +19,12 @@ MALFORMED = (PrometheusApiClientException, requests.RequestException, ValueError
 """What a failed or malformed answer raises (an answer of 200 without `data`: KeyError; `data` not an
 object, points not pairs: TypeError, IndexError, ValueError): each is the query's error, never the poller's."""
 
+INGESTING = 1.0
+"""Seconds a range ends behind the clock: Prometheus stamps a scrape with the time it began and
+commits its samples once it has read it whole, so a query and its companion (two answers) evaluated
+where a scrape is still being read may straddle it: a new count over an old bucket, a healthy model
+fires. A scrape shorter than this is in both answers or in neither."""
+
 
 class RangeResult:
     """A range query's answer: series, or an error. Empty series means no data. `partial` names the

@@ -23,7 +23,7 @@ from daemon.storage.journal import Journal
 from daemon.storage.records import Verdict
 from daemon.common.lifecycle import Spawn, plain_spawn, wait_or_stop
 from daemon.common.metrics import Metrics
-from daemon.sources.prometheus import PrometheusClient, RangeResult
+from daemon.sources.prometheus import INGESTING, PrometheusClient, RangeResult
 from daemon.sources.range_cache import RangeCache
 from daemon.sources.triton_metrics import TritonMetricsSource, metrics_url
 from daemon.workers.emit import Emit
@@ -34,7 +34,6 @@ from detectors.tail_excess_start import RemembersStarts
 from policies.loader import BoundDetector, LoadedPolicy, PolicySet
 
 log = structlog.get_logger("tailguard.poller")
-INGESTING = 1.0  # s: Prometheus commits a scrape's samples (stamped at its start) once it is read whole
 
 
 @dataclass
@@ -303,14 +302,12 @@ class Poller:
             await self._evaluate(watch, result, companions, now)
 
     async def _fetch(self, group: QueryGroup, query: str, now: float) -> RangeResult:
-        """The group's range of `query` from its source (from Prometheus: to the whole second at least
-        INGESTING before `now`, so every scrape stamped up to the range's end is in both answers)."""
+        """The group's range of `query` from its source (from Prometheus: to the whole second INGESTING before `now`)."""
         if group.source == "triton":
             if self._triton is None:
                 return RangeResult(query, error="source: triton is not available in this process")
             return await self._triton.query_range(query, now - group.lookback, now, group.interval, group.endpoints)
-        # A second behind the clock: a query and its companion (two answers) evaluated where a scrape is
-        # still being ingested may straddle it, a new count over an old bucket (a healthy model fires).
+        # Behind the clock: a query and its companion must not straddle a scrape being ingested.
         source, end = (self._ranges if self._ranges is not None else self._prom), float(math.floor(now - INGESTING))
         return await source.query_range(query, end - group.lookback, end, group.interval)
 
