@@ -23,7 +23,8 @@ INGESTING = 1.0
 """Seconds a range ends behind the clock: Prometheus stamps a scrape with the time it began and
 commits its samples once it has read it whole, so a query and its companion (two answers) evaluated
 where a scrape is still being read may straddle it: a new count over an old bucket, a healthy model
-fires. A scrape shorter than this is in both answers or in neither."""
+fires. A scrape shorter than this is in both answers or in neither. A backtest's replay of stored
+history has none (`ReplayPrometheus.ingesting`)."""
 
 
 class RangeResult:
@@ -45,6 +46,8 @@ class RangeResult:
 
 class PrometheusClient:
     """One client (one HTTP session) per Prometheus for the daemon's lifetime."""
+
+    ingesting = INGESTING  # how far behind the clock its ranges end
 
     def __init__(self, url: str, timeout_seconds: float = 10.0) -> None:
         # Retries are the poller's business (with backoff and staleness), not the HTTP adapter's.

@@ -51,6 +51,8 @@ class ReplayPrometheus(PrometheusClient):
     """A Prometheus client whose range queries are answered from history read once per (query,
     step) with range queries in chunks, then cut into the windows the poller asks for."""
 
+    ingesting = 0.0  # stored history is whole: no scrape is still being read
+
     def __init__(self, url: str, timeout_seconds: float, end: float) -> None:
         super().__init__(url, timeout_seconds)
         self._end = end

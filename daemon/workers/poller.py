@@ -302,13 +302,13 @@ class Poller:
             await self._evaluate(watch, result, companions, now)
 
     async def _fetch(self, group: QueryGroup, query: str, now: float) -> RangeResult:
-        """The group's range of `query` from its source (from Prometheus: to the whole second INGESTING before `now`)."""
+        """The group's range of `query` from its source (Prometheus: to the whole second `ingesting` before `now`)."""
         if group.source == "triton":
             if self._triton is None:
                 return RangeResult(query, error="source: triton is not available in this process")
             return await self._triton.query_range(query, now - group.lookback, now, group.interval, group.endpoints)
-        # Behind the clock: a query and its companion must not straddle a scrape being ingested.
-        source, end = (self._ranges if self._ranges is not None else self._prom), float(math.floor(now - INGESTING))
+        end = float(math.floor(now - getattr(self._prom, "ingesting", INGESTING)))
+        source = self._ranges if self._ranges is not None else self._prom
         return await source.query_range(query, end - group.lookback, end, group.interval)
 
     def _mark_failed(self, group: QueryGroup, result: RangeResult, now: float) -> None:
