@@ -24,7 +24,7 @@ MEASURED_BY = ("histogram, and counters read as mass: python bench/bench_operati
                "--traffic 4 (2026-12-03) and --traffic 40,400,diurnal (2026-12-02), re-run 2026-12-06 on 6685822, "
                "the same tables (200 seeds per defect, 3,000 version-days per healthy case); counters counted per "
                "step: python bench/bench_operating_curve.py --quick --skip-replay --skip-baselines --traffic 4, "
-               "--traffic 40, --traffic 400 and --traffic 40 --step 5, 2026-12-07 on 3869e90 (40 seeds per "
+               "--traffic 40, --traffic 400 and --traffic 40 --step 5, 2026-12-07 on 1e38b1d (40 seeds per "
                "defect, 300 version-days per healthy case); 1 s steps unless --step, the line at 500 ms")
 """The commands that produced CURVE and HEAVY_TAIL (docs/detectors.md, "The operating curve" and its
 "Counters counted per step" subsection)."""
