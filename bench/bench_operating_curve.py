@@ -17,6 +17,9 @@ a rate holds when its Poisson 95% lower bound is at most the stated rate and the
 Counters are read as the live detector reads them at 1 s steps (Triton's /metrics): slow requests
 counted per step (detectors/_slow_counts.py), so their healthy cases include tails far heavier
 than the line (0.05% at 3,000 ms) and a heavy sub-line tail (2% at 300 ms, none above the line).
+Beside them, on each defect: the limit on counters' steps (the best any test on 1 s counters can
+do) and the bank on held steps (the counters' bank fed whether each step truly holds a slow
+request), which split the counters' gap to the limit into the evidence, the bank and the counting.
 """
 from __future__ import annotations
 
