@@ -216,7 +216,8 @@ def _blocks(u: NDArray[np.float64], n: NDArray[np.float64], st: BankState, desig
         block = slice(r0, min(rows, r0 + height))
         m = block.stop - block.start
         bu, bn, bx, bw = cu[:m], cn[:m], xs[:m], work[:m]
-        np.cumsum(u[block], axis=1, out=bu)
+        if not design.per_step:  # a per-step member sums its own rises (member_x)
+            np.cumsum(u[block], axis=1, out=bu)
         np.cumsum(n[block], axis=1, out=bn)
 
         begun = st.statistic[:, block]  # each member's statistic before the block's first column

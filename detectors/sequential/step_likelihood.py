@@ -37,4 +37,7 @@ def held_rises(null: float, ratio: float, units: NDArray[np.float64], requests: 
     """`held_rise` on the steps whose units say they hold a request above the line (units > 0), 0
     on the others: what the member adds per step before its drain."""
     held = np.asarray(units) > 0
-    return np.where(held, held_rise(null, ratio, requests), 0.0)
+    out = np.zeros(held.shape)
+    # Held steps are rare (a few in a hundred): the logarithms on them alone, not on every step.
+    out[held] = held_rise(null, ratio, np.asarray(requests, dtype=np.float64)[held])
+    return out
